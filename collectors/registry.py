@@ -1,0 +1,40 @@
+"""Every collector skewd ships, by name. Each package exposes ``COLLECTOR`` (a Collector subclass)."""
+from __future__ import annotations
+
+import importlib
+from typing import Iterable
+
+from skewd.model import Catalogue
+
+from .base import Collector
+
+NAMES = ("netdev", "pkt", "rdma", "pcie", "gpu", "host", "vllm", "exporter")
+
+
+def collector_class(name: str) -> type[Collector]:
+    if name not in NAMES:
+        raise KeyError(f"unknown collector {name!r}; known: {', '.join(NAMES)}")
+    mod = importlib.import_module(f"skewd.collectors.{name}")
+    return mod.COLLECTOR
+
+
+def available_names() -> list[str]:
+    """Names whose package is importable (all of them, once every collector has landed)."""
+    out = []
+    for n in NAMES:
+        try:
+            collector_class(n)
+        except ModuleNotFoundError as e:
+            if e.name and e.name.startswith(f"skewd.collectors.{n}"):
+                continue
+            raise
+        out.append(n)
+    return out
+
+
+def catalogue(names: Iterable[str] | None = None) -> Catalogue:
+    """The union of the collectors' catalogues (the contract rules are checked against)."""
+    cat = Catalogue()
+    for n in (available_names() if names is None else names):
+        cat = cat.merge(collector_class(n).catalogue)
+    return cat
