@@ -1,0 +1,290 @@
+"""The one rule engine: windows + a time in, state transitions (Findings) out.
+
+Used unchanged by the agent (node rules), the controller (group rules over node summaries) and
+replay. ``evaluate(now)`` never reads the clock, so the same samples and times always give
+the same findings.
+
+Alert state follows Prometheus: inactive → pending (expression true, waiting out ``for``) →
+firing → resolved (expression false for longer than ``keep_firing_for``), keyed by a
+fingerprint of the rule and the entity's labels. ``replace_rules`` carries state over for
+rules whose definition is unchanged, so a hot reload never re-fires or forgets an alert.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from skewd.model import Finding, Layer, Scope, Severity, State, fingerprint
+
+from .expr import Compiled, EvalContext
+from .store import WindowStore
+
+ENGINE_VERSION = 1
+
+
+@dataclass
+class Rule:
+    """A compiled rule. ``digest`` identifies its effective definition (for hot reload)."""
+
+    id: str
+    pathology: str
+    desc: str
+    scope: Scope
+    requires: list[str]
+    params: dict[str, Any]
+    expr: str
+    for_s: float
+    keep_firing_for_s: float
+    severity: Severity
+    layer: Layer
+    mitigation: str
+    labels: dict[str, str]
+    tags: list[str]
+    enabled: bool
+    summary: str
+    compiled: Compiled
+    digest: str
+    source: str = ""  # file:line
+
+    @property
+    def maturity(self) -> str:
+        for t in self.tags:
+            if t in ("stable", "incubating", "sandbox"):
+                return t
+        return "sandbox"
+
+
+@dataclass
+class RuleSet:
+    rules: list[Rule]
+    files: list[str] = field(default_factory=list)
+    version: str = ""  # digest of all rule digests, shown in reports and health
+
+    def by_id(self) -> dict[str, Rule]:
+        return {r.id: r for r in self.rules}
+
+
+@dataclass
+class AlertState:
+    rule_id: str
+    node: str
+    entity: str
+    state: State
+    active_at: float
+    last_true_at: float
+    fired_at: float | None = None
+    evidence: dict[str, float | None] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class _Frame:
+    eids: np.ndarray
+    node_eids: np.ndarray
+    groups: np.ndarray
+    names: np.ndarray
+    nodes: np.ndarray
+    group_labels: list[dict[str, str]]
+
+
+class Engine:
+    def __init__(self, rules: RuleSet, store: WindowStore, lookback: float = 60.0, cluster: str = "") -> None:
+        self.store = store
+        self.lookback = float(lookback)
+        self.cluster = cluster
+        self.rules = rules
+        self.states: dict[str, dict[str, AlertState]] = {r.id: {} for r in rules.rules}
+        self.available: set[str] | None = None
+        self.inactive: dict[str, str] = {}
+        self._frames: dict[tuple, tuple[int, int, _Frame]] = {}
+        self.evaluations = 0
+        self.last_eval_errors: dict[str, str] = {}
+        self._refresh_inactive()
+
+    # -- configuration -----------------------------------------------------------------------
+    def set_available_signals(self, signals: Iterable[str] | None, reasons: Mapping[str, str] | None = None) -> None:
+        """Declare which signals this host can supply (None = assume all). Rules whose
+        ``requires`` are not all available are reported inactive instead of evaluated."""
+        self.available = None if signals is None else set(signals)
+        self._signal_reasons = dict(reasons or {})
+        self._refresh_inactive()
+
+    def _refresh_inactive(self) -> None:
+        self.inactive = {}
+        reasons = getattr(self, "_signal_reasons", {})
+        for r in self.rules.rules:
+            if not r.enabled:
+                self.inactive[r.id] = "disabled"
+                continue
+            if self.available is None:
+                continue
+            missing = [s for s in r.requires if s not in self.available]
+            if missing:
+                why = sorted({reasons.get(s, "no collector on this host supplies it") for s in missing})
+                self.inactive[r.id] = f"needs {', '.join(missing)}: {'; '.join(why)}"
+
+    def replace_rules(self, rules: RuleSet) -> list[str]:
+        """Swap in a new (already validated) rule set; returns ids whose state carried over."""
+        old = self.rules.by_id()
+        carried = []
+        states: dict[str, dict[str, AlertState]] = {}
+        for r in rules.rules:
+            prev = old.get(r.id)
+            if prev is not None and prev.digest == r.digest:
+                states[r.id] = self.states.get(r.id, {})
+                carried.append(r.id)
+            else:
+                states[r.id] = {}
+        self.rules = rules
+        self.states = states
+        self._frames.clear()
+        self._refresh_inactive()
+        return carried
+
+    # -- evaluation --------------------------------------------------------------------------
+    def evaluate(self, now: float) -> list[Finding]:
+        """Evaluate every active rule at time ``now``; return the transitions, in rule order."""
+        memo: dict = {}
+        out: list[Finding] = []
+        self.last_eval_errors = {}
+        for rule in self.rules.rules:
+            if rule.id in self.inactive:
+                continue
+            frame = self._frame(rule)
+            if frame is None or len(frame.eids) == 0:
+                result = np.zeros(0)
+                ctx = None
+            else:
+                ctx = EvalContext(self.store, now, frame.eids, frame.node_eids, frame.groups, frame.names,
+                                  frame.nodes, self.lookback, memo)
+                try:
+                    result = rule.compiled.fn(ctx)
+                except (FloatingPointError, ValueError, IndexError, TypeError) as e:  # defensive: never kill the loop
+                    self.last_eval_errors[rule.id] = f"{type(e).__name__}: {e}"
+                    continue
+                result = np.broadcast_to(np.asarray(result, dtype=float), (len(frame.eids),))
+            out.extend(self._transition(rule, frame, ctx, result, now))
+        self.evaluations += 1
+        return out
+
+    def _frame(self, rule: Rule) -> _Frame | None:
+        sigs = rule.compiled.signals
+        key = (rule.scope, frozenset(sigs))
+        reg = self.store.registry
+        cached = self._frames.get(key)
+        if cached and cached[0] == self.store.version and cached[1] == reg.version:
+            return cached[2]
+        frame = self._build_frame(rule.scope, sigs)
+        self._frames[key] = (self.store.version, reg.version, frame)
+        return frame
+
+    def _build_frame(self, scope: Scope, sigs: set[str]) -> _Frame:
+        store = self.store
+        reg = store.registry
+        group_scope = scope in (Scope.TP_GROUP, Scope.CLUSTER)
+        want = Scope.NODE if group_scope else scope
+        parts = [store.entities(s) for s in sorted(sigs) if store.catalogue[s].scope == want]
+        eids = np.unique(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
+        keys = [reg.keys[e] for e in eids]
+        nodes = np.array([k[1] for k in keys], dtype=object)
+        names = np.array([k[2] for k in keys], dtype=object)
+        node_eids = np.array([reg.node_id(n) for n in nodes], dtype=np.int64)
+        group_labels: list[dict[str, str]] = [{} for _ in keys]
+        if group_scope:
+            label = "tp_group" if scope == Scope.TP_GROUP else "cluster"
+            vals = [reg.node_labels.get(n, {}).get(label, "" if label == "cluster" else None) for n in nodes]
+            keep = np.array([v is not None for v in vals], dtype=bool)
+            eids, nodes, names, node_eids = eids[keep], nodes[keep], names[keep], node_eids[keep]
+            vals = [v for v in vals if v is not None]
+            codes = {v: i for i, v in enumerate(sorted(set(vals)))}
+            groups = np.array([codes[v] for v in vals], dtype=np.int64)
+            group_labels = [{label: v} if v else {} for v in vals]
+        elif scope == Scope.NODE:
+            groups = np.zeros(len(eids), dtype=np.int64)
+        else:
+            groups = node_eids.copy()
+        # the node eids may have been created just now: a later frame build sees them cached
+        return _Frame(eids, node_eids, groups, names, nodes, group_labels)
+
+    def _transition(self, rule: Rule, frame: _Frame | None, ctx: EvalContext | None, result: np.ndarray,
+                    now: float) -> list[Finding]:
+        states = self.states.setdefault(rule.id, {})
+        out: list[Finding] = []
+        true_idx = np.flatnonzero(result == 1.0) if len(result) else np.empty(0, dtype=np.int64)
+        seen: set[str] = set()
+        for i in true_idx:
+            node, entity = str(frame.nodes[i]), str(frame.names[i])
+            labels = {**rule.labels, **frame.group_labels[i]}
+            fp = fingerprint(rule.id, node, entity, labels)
+            seen.add(fp)
+            ev = _evidence(ctx, i)
+            st = states.get(fp)
+            if st is None:
+                st = AlertState(rule.id, node, entity, State.PENDING, now, now, None, ev, labels)
+                states[fp] = st
+                if rule.for_s <= 0:
+                    st.state, st.fired_at = State.FIRING, now
+                out.append(self._finding(rule, st, now))
+                continue
+            st.last_true_at = now
+            st.evidence = ev
+            if st.state is State.PENDING and now - st.active_at >= rule.for_s:
+                st.state, st.fired_at = State.FIRING, now
+                out.append(self._finding(rule, st, now))
+        for fp in list(states):
+            if fp in seen:
+                continue
+            st = states[fp]
+            if st.state is State.PENDING:
+                del states[fp]
+            elif st.state is State.FIRING:
+                if rule.keep_firing_for_s > 0 and now - st.last_true_at < rule.keep_firing_for_s:
+                    continue
+                st.state = State.RESOLVED
+                out.append(self._finding(rule, st, now, resolved_at=now))
+                del states[fp]
+        return out
+
+    def _finding(self, rule: Rule, st: AlertState, now: float, resolved_at: float | None = None) -> Finding:
+        summary = _render(rule.summary or rule.desc, st, rule.params)
+        return Finding(
+            rule_id=rule.id, pathology=rule.pathology, severity=rule.severity, layer=rule.layer,
+            scope=rule.scope, node=st.node, entity=st.entity, state=st.state, active_at=st.active_at,
+            evaluated_at=now, fired_at=st.fired_at, resolved_at=resolved_at, labels=dict(st.labels),
+            evidence=dict(st.evidence), params=_plain_params(rule.params), mitigation=rule.mitigation,
+            summary=summary, cluster=self.cluster,
+        )
+
+    # -- introspection ------------------------------------------------------------------------
+    def alerts(self) -> list[AlertState]:
+        """Current pending and firing alerts, in a stable order."""
+        out = [st for r in self.rules.rules for st in self.states.get(r.id, {}).values()]
+        return sorted(out, key=lambda s: (s.rule_id, s.node, s.entity))
+
+
+def _evidence(ctx: EvalContext | None, i: int) -> dict[str, float | None]:
+    if ctx is None:
+        return {}
+    ev: dict[str, float | None] = {}
+    for label, arr in ctx.evidence:
+        v = arr[i] if isinstance(arr, np.ndarray) and arr.ndim else arr
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            continue
+        ev[label] = None if f != f else round(f, 9)
+    return ev
+
+
+def _plain_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in params.items() if isinstance(v, (int, float, str))}
+
+
+def _render(template: str, st: AlertState, params: Mapping[str, Any]) -> str:
+    """``{node}``, ``{entity}`` and ``{param}`` placeholders only: no format-spec, no attributes."""
+    import re
+
+    values = {"node": st.node, "entity": st.entity or st.node, **{k: str(v) for k, v in params.items()}}
+    return re.sub(r"\{([a-z_][a-z0-9_]*)\}", lambda m: values.get(m.group(1), m.group(0)), template)

@@ -1,0 +1,878 @@
+"""The rule expression language: parsed with ``ast`` from a whitelist, compiled to closures.
+
+Nothing is ever ``eval``-ed. The parser accepts Python expression syntax, then every node is
+checked against a whitelist and compiled into a small closure tree that computes one value per
+entity with numpy. Names resolve, in order, to rule params, macros, lists, the special
+``entity``/``node`` names, and catalogued signals; anything else is a compile error.
+
+Durations are written as literals (``30s``, ``5m``, ``1h30m``, ``250ms``) or as params whose
+value is a duration string. A lexical pre-pass turns literals into placeholder names so the
+Python parser accepts them; error columns are mapped back to the original text.
+
+Three-valued logic: a comparison with a missing value is *unknown* (NaN); ``and``/``or``/``not``
+follow Kleene logic, and a rule fires only where its expression is exactly true, so missing
+data never fires a rule through a negation.
+"""
+from __future__ import annotations
+
+import ast
+import difflib
+import re
+import warnings
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from skewd.model import Catalogue, Kind, Scope, parse_duration
+
+from . import functions as F
+
+MAX_EXPR_LEN = 8192
+MAX_DEPTH = 64
+
+
+class Code(str, Enum):
+    YAML_SYNTAX = "E001"
+    UNKNOWN_KEY = "E002"
+    MISSING_KEY = "E003"
+    DUPLICATE_ID = "E004"
+    UNCATALOGUED_SIGNAL = "E005"
+    EXPR_SYNTAX = "E006"
+    UNKNOWN_FUNCTION = "E007"
+    WRONG_TYPE = "E008"
+    BAD_DURATION = "E009"
+    UNKNOWN_PARAM = "E010"
+    BAD_VALUE = "E011"
+    ENGINE_VERSION = "E012"
+    MACRO_CYCLE = "E013"
+    OVERRIDE_TARGET = "E014"
+    FORBIDDEN_SYNTAX = "E015"
+    SCOPE_MISMATCH = "E016"
+    REQUIRES_MISMATCH = "E017"
+    IO = "E018"
+
+    @property
+    def slug(self) -> str:
+        return self.name.lower().replace("_", "-")
+
+
+class ExprError(Exception):
+    """A compile error inside an expression. ``offset`` is 0-based into the original text."""
+
+    def __init__(self, code: Code, message: str, offset: int = 0) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.offset = offset
+
+
+class T(str, Enum):
+    NUM = "number"
+    DUR = "duration"
+    VEC = "per-entity value"
+    STR = "string"
+    STRVEC = "per-entity name"
+    LIST = "list"
+
+
+# -- duration literals ------------------------------------------------------------------------
+_DUR_LIT = re.compile(r"(?<![\w.])((?:\d+(?:\.\d+)?(?:ms|s|m|h|d))+)(?![\w.])")
+_PLACEHOLDER = "_d{}_"
+
+
+def _split_strings(text: str) -> list[tuple[int, int, bool]]:
+    """Segments (start, end, is_string_literal) so duration rewriting skips quoted text."""
+    segs = []
+    i = 0
+    start = 0
+    n = len(text)
+    while i < n:
+        c = text[i]
+        if c in "'\"":
+            if i > start:
+                segs.append((start, i, False))
+            j = i + 1
+            while j < n and text[j] != c:
+                j += 2 if text[j] == "\\" else 1
+            j = min(j + 1, n)
+            segs.append((i, j, True))
+            i = start = j
+        else:
+            i += 1
+    if start < n:
+        segs.append((start, n, False))
+    return segs
+
+
+def rewrite_durations(text: str) -> tuple[str, list[float], list[tuple[int, int, int]]]:
+    """Replace duration literals by placeholder names.
+
+    Returns (new text, durations by placeholder index, spans (new_start, new_len, orig_len))."""
+    out: list[str] = []
+    durs: list[float] = []
+    spans: list[tuple[int, int, int]] = []
+    pos = 0
+    for a, b, is_str in _split_strings(text):
+        seg = text[a:b]
+        if is_str:
+            out.append(seg)
+            pos += len(seg)
+            continue
+        last = 0
+        for m in _DUR_LIT.finditer(seg):
+            out.append(seg[last: m.start()])
+            pos += m.start() - last
+            name = _PLACEHOLDER.format(len(durs))
+            durs.append(parse_duration(m.group(1)))
+            spans.append((pos, len(name), len(m.group(1))))
+            out.append(name)
+            pos += len(name)
+            last = m.end()
+        out.append(seg[last:])
+        pos += len(seg) - last
+    return "".join(out), durs, spans
+
+
+def map_offset(new_off: int, spans: Sequence[tuple[int, int, int]]) -> int:
+    shift = 0
+    for start, new_len, orig_len in spans:
+        if new_off >= start + new_len:
+            shift += new_len - orig_len
+        elif new_off >= start:
+            return start - shift
+    return new_off - shift
+
+
+# -- compiled program --------------------------------------------------------------------------
+@dataclass
+class EvalContext:
+    """Per-rule, per-tick evaluation state handed to compiled closures."""
+
+    store: Any  # rules.store.WindowStore
+    now: float
+    eids: np.ndarray  # entity ids, one per evaluated entity
+    node_eids: np.ndarray  # the node-scope entity id of each evaluated entity
+    groups: np.ndarray  # peer-group code per entity
+    names: np.ndarray  # entity names (object array)
+    nodes: np.ndarray  # node names (object array)
+    lookback: float
+    memo: dict
+    evidence: list = field(default_factory=list)
+
+
+@dataclass
+class Compiled:
+    fn: Callable[[EvalContext], Any]
+    signals: set[str]
+    max_window: float
+    evidence_labels: list[str]
+    uses_peers: bool
+
+
+@dataclass
+class CompileEnv:
+    catalogue: Catalogue
+    scope: Scope
+    params: Mapping[str, Any] = field(default_factory=dict)  # name → number or duration string
+    macros: Mapping[str, str] = field(default_factory=dict)
+    lists: Mapping[str, list] = field(default_factory=dict)
+
+
+@dataclass
+class _Node:
+    t: T
+    fn: Callable[[EvalContext], Any]
+    const: Any = None  # for NUM/DUR/STR/LIST constants
+
+
+# window functions: name → (kernel, needs counter, needs gauge)
+_WINDOW: dict[str, tuple[Callable, str | None]] = {
+    "rate": (F.rate, "counter"),
+    "increase": (F.increase, "counter"),
+    "resets": (F.resets, "counter"),
+    "delta": (F.delta, "gauge"),
+    "avg": (F.avg, None),
+    "min": (F.wmin, None),
+    "max": (F.wmax, None),
+    "sum": (F.wsum, None),
+    "count": (F.count, None),
+    "stddev": (F.stddev, None),
+    "cov": (F.cov, None),
+    "burstiness": (F.burstiness, None),
+    "changes": (F.changes, None),
+    "absent": (F.absent, None),
+    "present": (F.present, None),
+    "p50": (lambda t, W: F.quantile(t, W, 0.5), None),
+    "p90": (lambda t, W: F.quantile(t, W, 0.9), None),
+    "p95": (lambda t, W: F.quantile(t, W, 0.95), None),
+    "p99": (lambda t, W: F.quantile(t, W, 0.99), None),
+}
+_COND_WINDOW = {"gaps", "longest_gap"}
+_PEER = {
+    "peer_median": lambda x, g: F.peer_reduce(x, g, "median"),
+    "peer_mean": lambda x, g: F.peer_reduce(x, g, "mean"),
+    "peer_min": lambda x, g: F.peer_reduce(x, g, "min"),
+    "peer_max": lambda x, g: F.peer_reduce(x, g, "max"),
+    "peer_count": lambda x, g: F.peer_reduce(x, g, "count"),
+    "peer_zscore": F.peer_zscore,
+    "peer_dev": F.peer_dev,
+    "spread": F.spread,
+    "rank": F.rank,
+}
+_ELEMENTWISE = {"abs", "greatest", "least", "default", "bitand"}
+FUNCTIONS = sorted(set(_WINDOW) | _COND_WINDOW | set(_PEER) | _ELEMENTWISE | {"quantile", "age", "last"})
+
+FUNCTION_DOCS = {
+    "rate": "rate(counter, 1m): per-second increase over the window; survives resets and wraps",
+    "increase": "increase(counter, 1m): total increase over the window",
+    "resets": "resets(counter, 1h): number of counter resets in the window",
+    "delta": "delta(gauge, 1m): last minus first value in the window",
+    "avg": "avg(x, 1m)", "min": "min(x, 1m)", "max": "max(x, 1m)", "sum": "sum(x, 1m)",
+    "count": "count(x, 1m): number of samples",
+    "stddev": "stddev(x, 1m): population standard deviation",
+    "cov": "cov(x, 1m): coefficient of variation, stddev / mean",
+    "burstiness": "burstiness(x, 1m): peak / mean",
+    "changes": "changes(x, 10m): how many times the value changed",
+    "absent": "absent(x, 1m): 1 when the entity has no sample in the window",
+    "present": "present(x, 1m): 1 when it has at least one",
+    "p50": "p50(x, 1m)", "p90": "p90(x, 1m)", "p95": "p95(x, 1m)", "p99": "p99(x, 1m)",
+    "quantile": "quantile(x, 0.9, 1m)",
+    "gaps": "gaps(x > t, 1m): number of runs of samples where the condition is false",
+    "longest_gap": "longest_gap(x > t, 1m): longest seconds between samples where the condition holds",
+    "age": "age(x): seconds since the entity's latest sample",
+    "last": "last(x, 5m): latest value within the window (a bare name uses the engine's lookback)",
+    "peer_median": "peer_median(v): median of v across the entity's peer group",
+    "peer_mean": "peer_mean(v)", "peer_min": "peer_min(v)", "peer_max": "peer_max(v)",
+    "peer_count": "peer_count(v): members with a value",
+    "peer_zscore": "peer_zscore(v): (v - group mean) / group stddev",
+    "peer_dev": "peer_dev(v): (v - median of the other members) / that median",
+    "spread": "spread(v): group max - group min",
+    "rank": "rank(v): 1 = largest in the group",
+    "abs": "abs(v)", "greatest": "greatest(a, b, ...)", "least": "least(a, b, ...)",
+    "default": "default(v, 0): v, or the number where v is missing",
+    "bitand": "bitand(v, 0x8): bitwise and of integer values (clock event reason masks)",
+}
+
+
+def _err(code: Code, msg: str, node: ast.AST | None) -> ExprError:
+    return ExprError(code, msg, getattr(node, "col_offset", 0) if node is not None else 0)
+
+
+def _truth(x: Any) -> Any:
+    """Kleene truth of a value: 1.0 true, 0.0 false, NaN unknown."""
+    if isinstance(x, np.ndarray):
+        return np.where(np.isnan(x), np.nan, (x != 0).astype(float))
+    if x != x:
+        return np.nan
+    return 1.0 if x else 0.0
+
+
+def _and(a: Any, b: Any) -> Any:
+    a, b = _truth(a), _truth(b)
+    with np.errstate(invalid="ignore"):
+        false = (a == 0) | (b == 0)
+        unknown = np.isnan(a) | np.isnan(b)
+    return np.where(false, 0.0, np.where(unknown, np.nan, 1.0))
+
+
+def _or(a: Any, b: Any) -> Any:
+    a, b = _truth(a), _truth(b)
+    with np.errstate(invalid="ignore"):
+        true = (a == 1) | (b == 1)
+        unknown = np.isnan(a) | np.isnan(b)
+    return np.where(true, 1.0, np.where(unknown, np.nan, 0.0))
+
+
+def _not(a: Any) -> Any:
+    a = _truth(a)
+    return np.where(np.isnan(a), np.nan, 1.0 - a)
+
+
+_CMP = {
+    ast.Lt: np.less, ast.LtE: np.less_equal, ast.Gt: np.greater, ast.GtE: np.greater_equal,
+    ast.Eq: np.equal, ast.NotEq: np.not_equal,
+}
+_BIN = {
+    ast.Add: np.add, ast.Sub: np.subtract, ast.Mult: np.multiply, ast.Div: np.true_divide,
+    ast.Mod: np.mod, ast.Pow: np.power,
+}
+
+
+def _num_cmp(op: Callable, a: Any, b: Any) -> Any:
+    with np.errstate(invalid="ignore"):
+        r = op(a, b).astype(float) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) else float(op(a, b))
+        unknown = np.isnan(a) | np.isnan(b)
+    return np.where(unknown, np.nan, r)
+
+
+class Compiler:
+    def __init__(self, env: CompileEnv, text: str) -> None:
+        self.env = env
+        self.text = text
+        self.signals: set[str] = set()
+        self.max_window = 0.0
+        self.evidence_labels: list[str] = []
+        self.uses_peers = False
+        self._macro_stack: list[str] = []
+        self._durs: list[float] = []
+        self._spans: list = []
+        self._src = ""
+
+    # -- entry -------------------------------------------------------------------------------
+    def compile(self) -> Compiled:
+        try:
+            tree = self._parse(self.text)
+            node = self._expr(tree.body, 0)
+            if node.t not in (T.VEC, T.NUM):
+                raise _err(Code.WRONG_TYPE, f"the expression must be a condition, not a {node.t.value}", tree.body)
+        except ExprError as e:
+            e.offset = max(0, min(map_offset(e.offset, self._spans), len(self.text)))
+            raise
+        fn = node.fn
+        return Compiled(fn, self.signals, self.max_window, self.evidence_labels, self.uses_peers)
+
+    def _parse(self, text: str) -> ast.Expression:
+        if not isinstance(text, str) or not text.strip():
+            raise ExprError(Code.EXPR_SYNTAX, "empty expression", 0)
+        if len(text) > MAX_EXPR_LEN:
+            raise ExprError(Code.EXPR_SYNTAX, f"expression longer than {MAX_EXPR_LEN} characters", 0)
+        try:
+            src, durs, spans = rewrite_durations(text)
+        except ValueError as e:
+            raise ExprError(Code.BAD_DURATION, str(e), 0) from None
+        self._durs, self._spans = durs, spans
+        for a, b, is_str in _split_strings(src):
+            if not is_str and "#" in src[a:b]:
+                raise ExprError(Code.EXPR_SYNTAX, "comments are not allowed inside expr (use a YAML comment)",
+                                a + src[a:b].index("#"))
+        # one line, same length: AST column offsets are then offsets into the original text
+        src = src.replace("\r", " ").replace("\n", " ").replace("\t", " ")
+        self._src = src
+        body = src.lstrip()
+        lead = len(src) - len(body)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # SyntaxWarning for e.g. "1if": we report our own errors
+                tree = ast.parse(body, mode="eval")
+        except SyntaxError as e:
+            raise ExprError(Code.EXPR_SYNTAX, f"syntax error: {e.msg}", (e.offset or 1) - 1 + lead) from None
+        except (RecursionError, MemoryError, ValueError, OverflowError) as e:
+            raise ExprError(Code.EXPR_SYNTAX, f"expression cannot be parsed: {type(e).__name__}", 0) from None
+        if lead:
+            for n in ast.walk(tree):
+                if hasattr(n, "col_offset"):
+                    n.col_offset += lead
+                    if getattr(n, "end_col_offset", None) is not None:
+                        n.end_col_offset += lead
+        self._src = " " * lead + body
+        return tree
+
+    @staticmethod
+    def _fix(e: ExprError) -> ExprError:
+        """Offsets are mapped back to the original text once, in compile()."""
+        return e
+
+    def _label(self, node: ast.AST) -> str:
+        seg = ast.get_source_segment(self._src, node) or ""
+        for i, d in enumerate(self._durs):
+            seg = seg.replace(_PLACEHOLDER.format(i), _fmt_dur(d))
+        return " ".join(seg.split())
+
+    # -- nodes -------------------------------------------------------------------------------
+    def _expr(self, node: ast.AST, depth: int) -> _Node:
+        if depth > MAX_DEPTH:
+            raise self._fix(_err(Code.EXPR_SYNTAX, f"expression nested deeper than {MAX_DEPTH}", node))
+        try:
+            return self._dispatch(node, depth + 1)
+        except ExprError:
+            raise
+        except RecursionError:
+            raise ExprError(Code.EXPR_SYNTAX, "expression nested too deeply", 0) from None
+
+    def _dispatch(self, node: ast.AST, depth: int) -> _Node:
+        if isinstance(node, ast.BoolOp):
+            parts = [self._need(self._expr(v, depth), (T.VEC, T.NUM), v, "and/or") for v in node.values]
+            op = _and if isinstance(node.op, ast.And) else _or
+            fns = [p.fn for p in parts]
+
+            def boolop(ctx, fns=fns, op=op):
+                acc = fns[0](ctx)
+                for f in fns[1:]:
+                    acc = op(acc, f(ctx))
+                return acc
+
+            return _Node(T.VEC, boolop)
+        if isinstance(node, ast.UnaryOp):
+            inner = self._expr(node.operand, depth)
+            if isinstance(node.op, ast.Not):
+                self._need(inner, (T.VEC, T.NUM), node.operand, "not")
+                f = inner.fn
+                return _Node(T.VEC, lambda ctx: _not(f(ctx)))
+            if isinstance(node.op, (ast.USub, ast.UAdd)):
+                self._need(inner, (T.VEC, T.NUM, T.DUR), node.operand, "unary minus")
+                sign = -1.0 if isinstance(node.op, ast.USub) else 1.0
+                if inner.const is not None:
+                    return _Node(inner.t, lambda ctx, c=sign * inner.const: c, sign * inner.const)
+                f = inner.fn
+                return _Node(inner.t, lambda ctx: sign * f(ctx))
+            raise self._fix(_err(Code.FORBIDDEN_SYNTAX, "operator not allowed (use and/or/not, + - * / % **)", node))
+        if isinstance(node, ast.BinOp):
+            op = _BIN.get(type(node.op))
+            if op is None:
+                raise self._fix(_err(Code.FORBIDDEN_SYNTAX, f"operator {type(node.op).__name__} not allowed", node))
+            a = self._need(self._expr(node.left, depth), (T.VEC, T.NUM, T.DUR), node.left, "arithmetic")
+            b = self._need(self._expr(node.right, depth), (T.VEC, T.NUM, T.DUR), node.right, "arithmetic")
+            t = T.VEC if T.VEC in (a.t, b.t) else (T.DUR if T.DUR in (a.t, b.t) else T.NUM)
+            if a.const is not None and b.const is not None:
+                with np.errstate(all="ignore"):
+                    try:
+                        c = float(op(float(a.const), float(b.const)))
+                    except (OverflowError, ZeroDivisionError):
+                        c = float("nan")
+                return _Node(t, lambda ctx, c=c: c, c)
+            fa, fb = a.fn, b.fn
+
+            def binop(ctx, fa=fa, fb=fb, op=op):
+                with np.errstate(all="ignore"):
+                    return op(np.asarray(fa(ctx), dtype=float), fb(ctx))
+
+            return _Node(t, binop)
+        if isinstance(node, ast.Compare):
+            return self._compare(node, depth)
+        if isinstance(node, ast.Call):
+            return self._call(node, depth)
+        if isinstance(node, ast.Name):
+            return self._name(node, depth)
+        if isinstance(node, ast.Constant):
+            v = node.value
+            if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+                raise self._fix(_err(Code.FORBIDDEN_SYNTAX, f"literal {v!r} not allowed; use numbers and strings", node))
+            if isinstance(v, str):
+                return _Node(T.STR, lambda ctx, v=v: v, v)
+            try:
+                fv = float(v)
+            except OverflowError:
+                raise self._fix(_err(Code.EXPR_SYNTAX, "number too large", node)) from None
+            return _Node(T.NUM, lambda ctx, fv=fv: fv, fv)
+        if isinstance(node, (ast.Tuple, ast.List)):
+            items = []
+            for elt in node.elts:
+                sub = self._expr(elt, depth)
+                if sub.const is None or sub.t not in (T.NUM, T.STR):
+                    raise self._fix(_err(Code.WRONG_TYPE, "list items must be numbers or strings", elt))
+                items.append(sub.const)
+            return _Node(T.LIST, lambda ctx, items=items: items, items)
+        raise self._fix(_err(Code.FORBIDDEN_SYNTAX,
+                             f"{type(node).__name__} is not part of the rule language "
+                             "(no attributes, indexing, lambdas, comprehensions or keywords)", node))
+
+    def _need(self, n: _Node, types: tuple[T, ...], node: ast.AST, what: str) -> _Node:
+        if n.t not in types:
+            raise self._fix(_err(Code.WRONG_TYPE, f"{what} needs a {' or '.join(t.value for t in types)}, "
+                                                  f"got a {n.t.value}", node))
+        return n
+
+    def _compare(self, node: ast.Compare, depth: int) -> _Node:
+        left = self._expr(node.left, depth)
+        parts: list[Callable] = []
+        prev = left
+        prev_node = node.left
+        for op, comp in zip(node.ops, node.comparators):
+            right = self._expr(comp, depth)
+            parts.append(self._cmp_one(op, prev, right, prev_node, comp))
+            prev, prev_node = right, comp
+
+        def compare(ctx, parts=parts):
+            acc = parts[0](ctx)
+            for p in parts[1:]:
+                acc = _and(acc, p(ctx))
+            return acc
+
+        return _Node(T.VEC, compare)
+
+    def _cmp_one(self, op: ast.cmpop, a: _Node, b: _Node, an: ast.AST, bn: ast.AST) -> Callable:
+        if isinstance(op, (ast.In, ast.NotIn)):
+            if b.t is not T.LIST:
+                raise self._fix(_err(Code.WRONG_TYPE, "'in' needs a list on the right (a lists: name or (a, b))", bn))
+            self._need(a, (T.VEC, T.NUM, T.STRVEC, T.STR), an, "'in'")
+            items = b.const
+            neg = isinstance(op, ast.NotIn)
+            fa = a.fn
+            if a.t in (T.STRVEC, T.STR):
+                sitems = [str(i) for i in items]
+
+                def member(ctx):
+                    r = np.isin(np.asarray(fa(ctx), dtype=object), sitems).astype(float)
+                    return 1.0 - r if neg else r
+            else:
+                nitems = np.array([i for i in items if isinstance(i, (int, float))], dtype=float)
+
+                def member(ctx):
+                    x = np.asarray(fa(ctx), dtype=float)
+                    r = np.where(np.isnan(x), np.nan, np.isin(x, nitems).astype(float))
+                    return np.where(np.isnan(r), np.nan, 1.0 - r) if neg else r
+            return member
+        cmp = _CMP.get(type(op))
+        if cmp is None:
+            raise self._fix(_err(Code.FORBIDDEN_SYNTAX, f"comparison {type(op).__name__} not allowed", an))
+        if a.t in (T.STRVEC, T.STR) or b.t in (T.STRVEC, T.STR):
+            if not (a.t in (T.STRVEC, T.STR) and b.t in (T.STRVEC, T.STR)) or type(op) not in (ast.Eq, ast.NotEq):
+                raise self._fix(_err(Code.WRONG_TYPE, "names compare only with == or != against strings", an))
+            fa, fb = a.fn, b.fn
+            return lambda ctx: cmp(np.asarray(fa(ctx), dtype=object), fb(ctx)).astype(float)
+        self._need(a, (T.VEC, T.NUM, T.DUR), an, "comparison")
+        self._need(b, (T.VEC, T.NUM, T.DUR), bn, "comparison")
+        fa, fb = a.fn, b.fn
+        return lambda ctx: _num_cmp(cmp, fa(ctx), fb(ctx))
+
+    # -- names -------------------------------------------------------------------------------
+    def _name(self, node: ast.Name, depth: int) -> _Node:
+        name = node.id
+        m = re.fullmatch(r"_d(\d+)_", name)
+        if m and int(m.group(1)) < len(self._durs):
+            d = self._durs[int(m.group(1))]
+            return _Node(T.DUR, lambda ctx, d=d: d, d)
+        if name.startswith("_"):
+            raise self._fix(_err(Code.FORBIDDEN_SYNTAX, f"names starting with '_' are not allowed: {name}", node))
+        env = self.env
+        if name in env.params:
+            v = env.params[name]
+            if isinstance(v, bool):
+                raise self._fix(_err(Code.WRONG_TYPE, f"param {name} must be a number or a duration", node))
+            if isinstance(v, (int, float)):
+                fv = float(v)
+                return _Node(T.NUM, lambda ctx, fv=fv: fv, fv)
+            if isinstance(v, list):
+                return _Node(T.LIST, lambda ctx, v=v: v, list(v))
+            try:
+                d = parse_duration(str(v))
+            except ValueError as e:
+                raise self._fix(_err(Code.BAD_DURATION, f"param {name}: {e}", node)) from None
+            return _Node(T.DUR, lambda ctx, d=d: d, d)
+        if name in env.macros:
+            if name in self._macro_stack:
+                cyc = " -> ".join(self._macro_stack + [name])
+                raise self._fix(_err(Code.MACRO_CYCLE, f"macro cycle: {cyc}", node))
+            self._macro_stack.append(name)
+            try:
+                sub = Compiler(self.env, env.macros[name])
+                sub._macro_stack = list(self._macro_stack)
+                tree = sub._parse(env.macros[name])
+                res = sub._expr(tree.body, depth)
+            except ExprError as e:
+                raise ExprError(e.code, f"in macro {name}: {e.message}", node.col_offset) from None
+            finally:
+                self._macro_stack.pop()
+            self.signals |= sub.signals
+            self.max_window = max(self.max_window, sub.max_window)
+            self.uses_peers |= sub.uses_peers
+            self.evidence_labels += sub.evidence_labels
+            return res
+        if name in env.lists:
+            items = list(env.lists[name])
+            return _Node(T.LIST, lambda ctx, items=items: items, items)
+        if name == "entity":
+            return _Node(T.STRVEC, lambda ctx: ctx.names)
+        if name == "node":
+            return _Node(T.STRVEC, lambda ctx: ctx.nodes)
+        if name in env.catalogue:
+            self._signal_ok(name, node)
+            label = name
+            self.evidence_labels.append(label)
+            key = ("last", name)
+
+            def instant(ctx, name=name, key=key, label=label):
+                v = _window_vec(ctx, name, ctx.lookback, key, lambda t, W: F.last(t, W))
+                ctx.evidence.append((label, v))
+                return v
+
+            return _Node(T.VEC, instant)
+        if name in FUNCTIONS:
+            raise self._fix(_err(Code.WRONG_TYPE, f"{name} is a function: call it, e.g. {FUNCTION_DOCS.get(name, name)}", node))
+        raise self._fix(self._unknown_name(name, node))
+
+    def _unknown_name(self, name: str, node: ast.AST) -> ExprError:
+        collectors = {s.collector for s in self.env.catalogue.values()}
+        looks_like_signal = "_" in name and name.split("_", 1)[0] in collectors
+        pool = list(self.env.catalogue) if looks_like_signal else list(self.env.params) + list(self.env.macros) + list(self.env.lists)
+        hint = difflib.get_close_matches(name, pool, n=1)
+        hint_s = f"; did you mean {hint[0]}?" if hint else ""
+        if looks_like_signal:
+            return _err(Code.UNCATALOGUED_SIGNAL, f"{name} is not a catalogued signal{hint_s} "
+                                                  "(skewd signals lists them)", node)
+        return _err(Code.UNKNOWN_PARAM, f"unknown name {name}: not a param, macro, list or signal{hint_s}", node)
+
+    def _signal_ok(self, name: str, node: ast.AST) -> None:
+        spec = self.env.catalogue[name]
+        rs = self.env.scope
+        ok = spec.scope == rs or (spec.scope == Scope.NODE) or (rs in (Scope.TP_GROUP, Scope.CLUSTER) and spec.scope == Scope.NODE)
+        if not ok:
+            raise self._fix(_err(Code.SCOPE_MISMATCH,
+                                 f"{name} is per {spec.scope.value}, but this rule's scope is {rs.value}: "
+                                 f"use scope: {spec.scope.value}", node))
+        self.signals.add(name)
+
+    # -- calls -------------------------------------------------------------------------------
+    def _call(self, node: ast.Call, depth: int) -> _Node:
+        if not isinstance(node.func, ast.Name):
+            raise self._fix(_err(Code.FORBIDDEN_SYNTAX, "only plain function names can be called", node))
+        if node.keywords:
+            raise self._fix(_err(Code.FORBIDDEN_SYNTAX, "keyword arguments are not allowed", node))
+        if any(isinstance(a, ast.Starred) for a in node.args):
+            raise self._fix(_err(Code.FORBIDDEN_SYNTAX, "*args are not allowed", node))
+        name = node.func.id
+        args = node.args
+        if name in _WINDOW or name in _COND_WINDOW or name in ("quantile", "last"):
+            return self._window_call(node, name, args, depth)
+        if name == "age":
+            if len(args) != 1:
+                raise self._fix(_err(Code.WRONG_TYPE, "age(x) takes one signal", node))
+            sig = self._series_signal(args[0])
+            label = self._label(node)
+            self.evidence_labels.append(label)
+            self.max_window = max(self.max_window, 0.0)
+
+            def age_fn(ctx, sig=sig, label=label):
+                v = _window_vec(ctx, sig, ctx.store.horizon, ("age", sig),
+                                lambda t, W: F.age(t, W, ctx.now))
+                ctx.evidence.append((label, v))
+                return v
+
+            return _Node(T.VEC, age_fn)
+        if name in _PEER:
+            if len(args) != 1:
+                raise self._fix(_err(Code.WRONG_TYPE, f"{name}(v) takes one argument", node))
+            inner = self._need(self._expr(args[0], depth), (T.VEC,), args[0], name)
+            self.uses_peers = True
+            f, kernel = inner.fn, _PEER[name]
+            label = self._label(node)
+            self.evidence_labels.append(label)
+
+            def peer(ctx, f=f, kernel=kernel, label=label):
+                v = kernel(np.asarray(f(ctx), dtype=float), ctx.groups)
+                ctx.evidence.append((label, v))
+                return v
+
+            return _Node(T.VEC, peer)
+        if name in _ELEMENTWISE:
+            return self._elementwise(node, name, args, depth)
+        hint = difflib.get_close_matches(name, FUNCTIONS, n=1)
+        extra = ""
+        if name in ("min", "max"):
+            extra = " (window min/max need a duration; for two values use least/greatest)"
+        raise self._fix(_err(Code.UNKNOWN_FUNCTION, f"unknown function {name}()"
+                             + (f"; did you mean {hint[0]}()?" if hint else "") + extra, node))
+
+    def _elementwise(self, node: ast.Call, name: str, args: list, depth: int) -> _Node:
+        subs = [self._need(self._expr(a, depth), (T.VEC, T.NUM, T.DUR), a, f"{name}()") for a in args]
+        fns = [s.fn for s in subs]
+        if name == "abs":
+            if len(subs) != 1:
+                raise self._fix(_err(Code.WRONG_TYPE, "abs(v) takes one argument", node))
+            f = fns[0]
+            return _Node(T.VEC, lambda ctx: np.abs(f(ctx)))
+        if name in ("greatest", "least"):
+            if len(subs) < 2:
+                raise self._fix(_err(Code.WRONG_TYPE, f"{name}(a, b, ...) takes at least two arguments", node))
+            red = np.fmax if name == "greatest" else np.fmin
+
+            def gl(ctx, fns=fns, red=red):
+                acc = np.asarray(fns[0](ctx), dtype=float)
+                for f in fns[1:]:
+                    acc = red(acc, f(ctx))
+                return acc
+
+            return _Node(T.VEC, gl)
+        if name == "default":
+            if len(subs) != 2 or subs[1].t is not T.NUM:
+                raise self._fix(_err(Code.WRONG_TYPE, "default(v, number) takes a value and a number", node))
+            f, d = fns[0], subs[1].const
+            return _Node(T.VEC, lambda ctx: np.where(np.isnan(np.asarray(f(ctx), dtype=float)), d, f(ctx)))
+        # bitand
+        if len(subs) != 2 or subs[1].t is not T.NUM:
+            raise self._fix(_err(Code.WRONG_TYPE, "bitand(v, mask) takes a value and an integer mask", node))
+        f, mask = fns[0], int(subs[1].const)
+
+        def bitand(ctx):
+            x = np.asarray(f(ctx), dtype=float)
+            ok = ~np.isnan(x) & (x >= 0) & (x < 2.0 ** 62)
+            xi = np.where(ok, x, 0).astype(np.int64)
+            return np.where(ok, (xi & mask).astype(float), np.nan)
+
+        return _Node(T.VEC, bitand)
+
+    def _series_signal(self, arg: ast.AST) -> str:
+        if not isinstance(arg, ast.Name):
+            raise self._fix(_err(Code.WRONG_TYPE, "expected a signal name", arg))
+        if arg.id not in self.env.catalogue:
+            if arg.id in self.env.params or arg.id in self.env.macros or arg.id.startswith("_"):
+                raise self._fix(_err(Code.WRONG_TYPE, f"expected a signal name, got {arg.id}", arg))
+            raise self._fix(self._unknown_name(arg.id, arg))
+        self._signal_ok(arg.id, arg)
+        return arg.id
+
+    def _series_expr(self, arg: ast.AST, depth: int) -> tuple[str, Callable[[np.ndarray], np.ndarray], str]:
+        """A window function's first argument: one signal, optionally inside an elementwise
+        expression with constants (``x > 0.9``). Returns (signal, transform(W), cache key)."""
+        names = [n for n in ast.walk(arg) if isinstance(n, ast.Name)]
+        sigs = {n.id for n in names if n.id in self.env.catalogue}
+        if isinstance(arg, ast.Name):
+            return self._series_signal(arg), _identity, ""
+        if len(sigs) != 1:
+            raise self._fix(_err(Code.WRONG_TYPE, "a window function's first argument must use exactly one "
+                                                 "signal (e.g. x or x > 0.9)", arg))
+        sig = next(iter(sigs))
+        self._signal_ok(sig, arg)
+        fn = self._series_fn(arg, sig, depth)
+        return sig, fn, self._label(arg)
+
+    def _series_fn(self, node: ast.AST, sig: str, depth: int) -> Callable[[np.ndarray], np.ndarray]:
+        if depth > MAX_DEPTH:
+            raise self._fix(_err(Code.EXPR_SYNTAX, "expression nested too deeply", node))
+        if isinstance(node, ast.Name) and node.id == sig:
+            return lambda W: W
+        if isinstance(node, ast.Compare):
+            if len(node.ops) != 1 or type(node.ops[0]) not in _CMP:
+                raise self._fix(_err(Code.WRONG_TYPE, "only one <, <=, >, >=, ==, != per window condition", node))
+            a = self._series_fn(node.left, sig, depth + 1)
+            b = self._series_fn(node.comparators[0], sig, depth + 1)
+            cmp = _CMP[type(node.ops[0])]
+            return lambda W: _num_cmp(cmp, a(W), b(W))
+        if isinstance(node, ast.BinOp) and type(node.op) in _BIN:
+            a = self._series_fn(node.left, sig, depth + 1)
+            b = self._series_fn(node.right, sig, depth + 1)
+            op = _BIN[type(node.op)]
+
+            def binop(W):
+                with np.errstate(all="ignore"):
+                    return op(a(W), b(W))
+
+            return binop
+        if isinstance(node, ast.BoolOp):
+            parts = [self._series_fn(v, sig, depth + 1) for v in node.values]
+            op = _and if isinstance(node.op, ast.And) else _or
+
+            def boolop(W):
+                acc = parts[0](W)
+                for p in parts[1:]:
+                    acc = op(acc, p(W))
+                return acc
+
+            return boolop
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.Not)):
+            a = self._series_fn(node.operand, sig, depth + 1)
+            return (lambda W: -a(W)) if isinstance(node.op, ast.USub) else (lambda W: _not(a(W)))
+        sub = self._expr(node, depth + 1)
+        if sub.const is None or sub.t not in (T.NUM, T.DUR):
+            raise self._fix(_err(Code.WRONG_TYPE, "inside a window function only the signal, numbers, params "
+                                                 "and arithmetic/comparisons are allowed", node))
+        c = float(sub.const)
+        return lambda W: c
+
+    def _duration_arg(self, arg: ast.AST, fname: str, depth: int) -> float:
+        sub = self._expr(arg, depth)
+        if sub.t is not T.DUR:
+            raise self._fix(_err(Code.WRONG_TYPE if sub.t is not T.NUM else Code.BAD_DURATION,
+                                 f"{fname}() needs a duration here (e.g. 30s, 5m), got a {sub.t.value}", arg))
+        if not sub.const or sub.const <= 0:
+            raise self._fix(_err(Code.BAD_DURATION, f"{fname}() window must be longer than 0s", arg))
+        return float(sub.const)
+
+    def _window_call(self, node: ast.Call, name: str, args: list, depth: int) -> _Node:
+        want = 3 if name == "quantile" else 2
+        if len(args) != want:
+            usage = FUNCTION_DOCS.get(name, name)
+            raise self._fix(_err(Code.WRONG_TYPE, f"{name}() takes {want} arguments: {usage}", node))
+        dur = self._duration_arg(args[-1], name, depth)
+        self.max_window = max(self.max_window, dur)
+        label = self._label(node)
+        self.evidence_labels.append(label)
+        if name in _COND_WINDOW:
+            sig, tf, tkey = self._series_expr(args[0], depth)
+            key = (name, sig, tf, dur)
+
+            def cond_win(ctx, sig=sig, key=key, tf=tf, name=name, label=label):
+                if name == "gaps":
+                    k = lambda t, W: F.gaps(t, _truth(tf(W)))
+                else:
+                    k = lambda t, W: F.longest_gap(t, _truth(tf(W)), ctx.now - dur, ctx.now)
+                v = _window_vec(ctx, sig, dur, key, k)
+                ctx.evidence.append((label, v))
+                return v
+
+            return _Node(T.VEC, cond_win)
+        if name == "quantile":
+            q = self._expr(args[1], depth)
+            if q.t is not T.NUM or not (0.0 <= q.const <= 1.0):
+                raise self._fix(_err(Code.WRONG_TYPE, "quantile(x, q, 1m): q must be a number in [0, 1]", args[1]))
+            qq = float(q.const)
+            kernel = lambda t, W, qq=qq: F.quantile(t, W, qq)
+            need = None
+        elif name == "last":
+            kernel, need = F.last, None
+        else:
+            kernel, need = _WINDOW[name]
+        sig, tf, tkey = self._series_expr(args[0], depth)
+        spec = self.env.catalogue[sig]
+        if need == "counter" and spec.kind is not Kind.COUNTER:
+            raise self._fix(_err(Code.WRONG_TYPE, f"{name}() needs a counter, but {sig} is a gauge: "
+                                                 "use delta(), avg() or max()", args[0]))
+        if need == "gauge" and spec.kind is Kind.COUNTER:
+            raise self._fix(_err(Code.WRONG_TYPE, f"{name}() needs a gauge, but {sig} is a counter: "
+                                                 "use increase() or rate()", args[0]))
+        if need == "counter" and tkey:
+            raise self._fix(_err(Code.WRONG_TYPE, f"{name}() takes the counter itself, not an expression", args[0]))
+        if name in ("rate", "increase"):
+            wb = spec.wrap_bits
+            base = kernel
+            kernel = lambda t, W, base=base, wb=wb: base(t, W, wb)
+        if tkey:
+            inner = kernel
+            kernel = lambda t, W, inner=inner, tf=tf: inner(t, tf(W))
+        key = (name, sig, tf, dur) if name != "quantile" else (name, sig, tf, dur, qq)
+
+        def win(ctx, sig=sig, key=key, kernel=kernel, dur=dur, label=label):
+            v = _window_vec(ctx, sig, dur, key, kernel)
+            ctx.evidence.append((label, v))
+            return v
+
+        return _Node(T.VEC, win)
+
+
+def _identity(W: np.ndarray) -> np.ndarray:
+    """The shared no-op transform: window results over a bare signal are memoised across rules
+    (a transformed series gets its own closure, so params never leak between rules)."""
+    return W
+
+
+def _fmt_dur(d: float) -> str:
+    from skewd.model import format_duration
+
+    return format_duration(d)
+
+
+def _window_vec(ctx: EvalContext, sig: str, dur: float, key: tuple, kernel: Callable) -> np.ndarray:
+    """Evaluate a window kernel over every block of ``sig`` and align to the rule's entities.
+
+    Results are memoised per tick in a dense array indexed by entity id, so rules sharing a
+    window (common: many rules read the same rate) compute it once."""
+    dense = ctx.memo.get(key)
+    if dense is None:
+        store = ctx.store
+        dense = np.full(len(store.registry), np.nan)
+        start = ctx.now - dur
+        for blk in store.signal_blocks(sig):
+            t, W = blk.window(start, ctx.now)
+            vals = kernel(t, W)
+            dense[blk.eids[: blk.nrows]] = vals
+        ctx.memo[key] = dense
+    spec = ctx.store.catalogue[sig]
+    if spec.scope == Scope.NODE:
+        return dense[ctx.node_eids]
+    return dense[ctx.eids]
+
+
+def compile_expr(text: str, env: CompileEnv) -> Compiled:
+    return Compiler(env, text).compile()

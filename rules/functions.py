@@ -1,0 +1,316 @@
+"""Vectorised kernels behind the rule language's functions.
+
+Window kernels take the column times ``t`` (shape [k]) and values ``W`` (shape [rows, k], NaN =
+missing sample) of one block and return one value per row. Peer kernels take a per-entity
+vector and integer group codes and return one value per entity. All are pure numpy; the
+per-entity reference implementations in tests/rules/test_functions_property.py check them.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+_NAN = np.nan
+
+
+def _quiet(fn):
+    """NaN rows are normal (missing samples): silence numpy's all-NaN warnings."""
+
+    def wrapper(*a, **kw):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            with np.errstate(all="ignore"):
+                return fn(*a, **kw)
+
+    wrapper.__name__ = fn.__name__
+    wrapper.__doc__ = fn.__doc__
+    return wrapper
+
+
+def _valid(W: np.ndarray) -> np.ndarray:
+    return ~np.isnan(W)
+
+
+def _ffill_index(valid: np.ndarray) -> np.ndarray:
+    """For each cell, the column index of the latest valid cell at or before it (-1 = none)."""
+    k = valid.shape[1]
+    idx = np.where(valid, np.arange(k)[None, :], -1)
+    return np.maximum.accumulate(idx, axis=1)
+
+
+def _ffill(W: np.ndarray, valid: np.ndarray | None = None) -> np.ndarray:
+    if valid is None:
+        valid = _valid(W)
+    idx = _ffill_index(valid)
+    rows = np.arange(W.shape[0])[:, None]
+    out = W[rows, np.maximum(idx, 0)]
+    out[idx < 0] = _NAN
+    return out
+
+
+def first_last(t: np.ndarray, W: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(first value, last value, first time, last time, count) of valid samples per row."""
+    valid = _valid(W)
+    cnt = valid.sum(axis=1)
+    k = W.shape[1]
+    if k == 0:
+        nan = np.full(W.shape[0], _NAN)
+        return nan, nan.copy(), nan.copy(), nan.copy(), cnt
+    has = cnt > 0
+    fi = np.argmax(valid, axis=1)
+    li = k - 1 - np.argmax(valid[:, ::-1], axis=1)
+    rows = np.arange(W.shape[0])
+    fv = np.where(has, W[rows, fi], _NAN)
+    lv = np.where(has, W[rows, li], _NAN)
+    ft = np.where(has, t[fi], _NAN)
+    lt = np.where(has, t[li], _NAN)
+    return fv, lv, ft, lt, cnt
+
+
+# -- instant -----------------------------------------------------------------------------------
+def last(t: np.ndarray, W: np.ndarray) -> np.ndarray:
+    return first_last(t, W)[1]
+
+
+def age(t: np.ndarray, W: np.ndarray, now: float) -> np.ndarray:
+    return now - first_last(t, W)[3]
+
+
+# -- counters ------------------------------------------------------------------------------------
+@_quiet
+def increase(t: np.ndarray, W: np.ndarray, wrap_bits: int | None = None) -> np.ndarray:
+    """Sum of increases between consecutive valid samples; a decrease is a reset (the new
+    value counts from zero) unless the counter wraps at 2**wrap_bits and the previous value
+    was in the top quarter of its range, in which case the wrapped distance is counted."""
+    if W.shape[1] == 0:
+        return np.full(W.shape[0], _NAN)
+    valid = _valid(W)
+    F = _ffill(W, valid)
+    prev = F[:, :-1]
+    cur = W[:, 1:]
+    d = cur - prev
+    neg = d < 0
+    if neg.any():
+        if wrap_bits:
+            mod = float(2 ** wrap_bits)
+            wrapped = prev >= 0.75 * mod
+            d = np.where(neg & wrapped, cur + (mod - prev), np.where(neg, cur, d))
+        else:
+            d = np.where(neg, cur, d)
+    d = np.where(np.isnan(d), 0.0, d)
+    cnt = valid.sum(axis=1)
+    return np.where(cnt >= 2, d.sum(axis=1), _NAN)
+
+
+@_quiet
+def rate(t: np.ndarray, W: np.ndarray, wrap_bits: int | None = None) -> np.ndarray:
+    """Per-second increase between the first and last valid sample of the window."""
+    inc = increase(t, W, wrap_bits)
+    _, _, ft, lt, cnt = first_last(t, W)
+    span = lt - ft
+    return np.where((cnt >= 2) & (span > 0), inc / span, _NAN)
+
+
+@_quiet
+def resets(t: np.ndarray, W: np.ndarray) -> np.ndarray:
+    if W.shape[1] == 0:
+        return np.full(W.shape[0], _NAN)
+    valid = _valid(W)
+    F = _ffill(W, valid)
+    d = W[:, 1:] - F[:, :-1]
+    cnt = valid.sum(axis=1)
+    return np.where(cnt >= 1, (d < 0).sum(axis=1).astype(float), _NAN)
+
+
+# -- gauges ------------------------------------------------------------------------------------
+@_quiet
+def delta(t: np.ndarray, W: np.ndarray) -> np.ndarray:
+    fv, lv, _, _, cnt = first_last(t, W)
+    return np.where(cnt >= 2, lv - fv, _NAN)
+
+
+@_quiet
+def avg(t: np.ndarray, W: np.ndarray) -> np.ndarray:
+    return np.nanmean(W, axis=1) if W.shape[1] else np.full(W.shape[0], _NAN)
+
+
+@_quiet
+def wmin(t: np.ndarray, W: np.ndarray) -> np.ndarray:
+    return np.nanmin(W, axis=1) if W.shape[1] else np.full(W.shape[0], _NAN)
+
+
+@_quiet
+def wmax(t: np.ndarray, W: np.ndarray) -> np.ndarray:
+    return np.nanmax(W, axis=1) if W.shape[1] else np.full(W.shape[0], _NAN)
+
+
+@_quiet
+def wsum(t: np.ndarray, W: np.ndarray) -> np.ndarray:
+    cnt = _valid(W).sum(axis=1)
+    return np.where(cnt > 0, np.nansum(W, axis=1), _NAN)
+
+
+def count(t: np.ndarray, W: np.ndarray) -> np.ndarray:
+    return _valid(W).sum(axis=1).astype(float)
+
+
+@_quiet
+def stddev(t: np.ndarray, W: np.ndarray) -> np.ndarray:
+    """Population standard deviation (as Prometheus' stddev_over_time)."""
+    return np.nanstd(W, axis=1) if W.shape[1] else np.full(W.shape[0], _NAN)
+
+
+@_quiet
+def cov(t: np.ndarray, W: np.ndarray) -> np.ndarray:
+    """Coefficient of variation: stddev / mean (NaN when the mean is 0)."""
+    m = avg(t, W)
+    s = stddev(t, W)
+    return np.where(m != 0, s / np.abs(m), _NAN)
+
+
+@_quiet
+def burstiness(t: np.ndarray, W: np.ndarray) -> np.ndarray:
+    """Peak over mean (1 = perfectly smooth)."""
+    m = avg(t, W)
+    return np.where(m > 0, wmax(t, W) / m, _NAN)
+
+
+@_quiet
+def quantile(t: np.ndarray, W: np.ndarray, q: float) -> np.ndarray:
+    if W.shape[1] == 0:
+        return np.full(W.shape[0], _NAN)
+    return np.nanquantile(W, q, axis=1)
+
+
+@_quiet
+def changes(t: np.ndarray, W: np.ndarray) -> np.ndarray:
+    if W.shape[1] == 0:
+        return np.full(W.shape[0], _NAN)
+    valid = _valid(W)
+    F = _ffill(W, valid)
+    d = (W[:, 1:] != F[:, :-1]) & valid[:, 1:] & ~np.isnan(F[:, :-1])
+    cnt = valid.sum(axis=1)
+    return np.where(cnt > 0, d.sum(axis=1).astype(float), _NAN)
+
+
+def absent(t: np.ndarray, W: np.ndarray) -> np.ndarray:
+    return (_valid(W).sum(axis=1) == 0).astype(float)
+
+
+def present(t: np.ndarray, W: np.ndarray) -> np.ndarray:
+    return (_valid(W).sum(axis=1) > 0).astype(float)
+
+
+# -- conditions over a window -------------------------------------------------------------------
+def gaps(t: np.ndarray, C: np.ndarray) -> np.ndarray:
+    """Number of maximal runs of samples where the condition is false.
+
+    ``C`` holds 1.0 (true), 0.0 (false) or NaN (no sample); missing samples neither start
+    nor end a run."""
+    if C.shape[1] == 0:
+        return np.full(C.shape[0], _NAN)
+    valid = _valid(C)
+    F = _ffill(C, valid)
+    false = F == 0.0
+    starts = false.copy()
+    starts[:, 1:] &= ~false[:, :-1]
+    starts &= valid
+    cnt = valid.sum(axis=1)
+    return np.where(cnt > 0, starts.sum(axis=1).astype(float), _NAN)
+
+
+def longest_gap(t: np.ndarray, C: np.ndarray, start: float, now: float) -> np.ndarray:
+    """Longest time in seconds between consecutive true samples, counting the window's start
+    and ``now`` as the outer edges (a row that was never true inside the window scores the
+    whole window). NaN for a row with no sample at all."""
+    rows, k = C.shape
+    valid = _valid(C)
+    cnt = valid.sum(axis=1)
+    if k == 0:
+        return np.full(rows, _NAN)
+    true = C == 1.0
+    tt = np.where(true, t[None, :], _NAN)
+    # previous true time before each column (window start if none)
+    prev = _ffill(tt)
+    prev_shift = np.full_like(prev, start)
+    prev_shift[:, 1:] = np.where(np.isnan(prev[:, :-1]), start, prev[:, :-1])
+    inner = np.where(true, t[None, :] - prev_shift, -np.inf).max(axis=1)
+    last_true = np.where(np.isnan(prev[:, -1]), start, prev[:, -1])
+    tail = now - last_true
+    return np.where(cnt > 0, np.maximum(inner, tail), _NAN)
+
+
+# -- peers ---------------------------------------------------------------------------------------
+def _groups(groups: np.ndarray):
+    if len(groups) == 0:
+        return []
+    if groups.min() == groups.max():
+        return [np.arange(len(groups))]
+    order = np.argsort(groups, kind="stable")
+    g = groups[order]
+    cut = np.flatnonzero(g[1:] != g[:-1]) + 1
+    return np.split(order, cut)
+
+
+@_quiet
+def peer_reduce(x: np.ndarray, groups: np.ndarray, how: str) -> np.ndarray:
+    """Broadcast a per-group reduction of ``x`` back to every member."""
+    out = np.full(len(x), _NAN)
+    red = {
+        "median": np.nanmedian, "mean": np.nanmean, "min": np.nanmin, "max": np.nanmax,
+        "std": np.nanstd, "count": lambda v: float(np.sum(~np.isnan(v))),
+    }[how]
+    for idx in _groups(groups):
+        v = x[idx]
+        if how != "count" and np.all(np.isnan(v)):
+            continue
+        out[idx] = red(v)
+    return out
+
+
+@_quiet
+def spread(x: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    return peer_reduce(x, groups, "max") - peer_reduce(x, groups, "min")
+
+
+@_quiet
+def peer_zscore(x: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """(x − group mean) / group stddev; NaN where the group has no spread."""
+    m = peer_reduce(x, groups, "mean")
+    s = peer_reduce(x, groups, "std")
+    return np.where(s > 0, (x - m) / s, _NAN)
+
+
+@_quiet
+def peer_dev(x: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """Robust deviation from peers: (x − median of the OTHER members) / that median.
+    0.5 means 50 % above the others; the natural "one GPU much lower/higher than its peers"
+    measure, stable with small groups where a z-score saturates."""
+    out = np.full(len(x), _NAN)
+    for idx in _groups(groups):
+        v = x[idx]
+        n = len(idx)
+        if n < 2:
+            continue
+        for j in range(n):
+            others = np.delete(v, j)
+            med = np.nanmedian(others) if not np.all(np.isnan(others)) else _NAN
+            if med == med and med != 0 and v[j] == v[j]:
+                out[idx[j]] = (v[j] - med) / abs(med)
+    return out
+
+
+def rank(x: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """1 = largest in its group; ties share the better rank; NaN stays NaN."""
+    out = np.full(len(x), _NAN)
+    for idx in _groups(groups):
+        v = x[idx]
+        ok = ~np.isnan(v)
+        vv = v[ok]
+        # rank = 1 + number of strictly larger values
+        r = 1.0 + (vv[None, :] > vv[:, None]).sum(axis=1)
+        sub = np.full(len(v), _NAN)
+        sub[ok] = r
+        out[idx] = sub
+    return out

@@ -1,0 +1,82 @@
+"""The ``skewd`` command. Subcommands live with the code they drive; this only dispatches."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Sequence
+
+from skewd import __version__
+
+
+def _availability():
+    """Which catalogued signals this host can supply, and why the others are missing."""
+    from skewd.agent.check import host_availability
+
+    return host_availability()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="skewd", description="Skew detection for GPU inference clusters.")
+    p.add_argument("--version", action="version", version=f"skewd {__version__}")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    from skewd.rules import cli as rules_cli
+
+    rules_cli.add_parser(sub)
+    sig = sub.add_parser("signals", help="list the signal catalogue")
+    sig.add_argument("--json", action="store_true")
+    # commands implemented by other packages register lazily (their modules may be heavy)
+    for name, mod, help_ in (
+        ("pkt", "skewd.collectors.pkt.cli", "per-flow packet timing features of a pcap/pcapng file"),
+        ("agent", "skewd.agent.main", "run the node agent (or --check what this host supports)"),
+        ("up", "skewd.agent.up", "embedded local stack: nats-server, controller, agent, live view"),
+        ("record", "skewd.agent.record", "record a capture bundle from this host's collectors"),
+        ("replay", "skewd.agent.replay", "replay capture bundles through the rules"),
+        ("controller", "skewd.controller.main", "run the controller"),
+        ("demo", "skewd.controller.demo", "a simulated 4-node cluster, live"),
+    ):
+        sp = sub.add_parser(name, help=help_, add_help=False)
+        sp.add_argument("rest", nargs=argparse.REMAINDER)
+        sp.set_defaults(module=mod)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.cmd == "rules":
+        from skewd.catalogue import full_catalogue
+        from skewd.rules import cli as rules_cli
+
+        return rules_cli.run(args, full_catalogue(), _availability)
+    if args.cmd == "signals":
+        return _signals(args.json)
+    mod_name = getattr(args, "module", None)
+    try:
+        mod = importlib.import_module(mod_name)
+    except ModuleNotFoundError as e:
+        if e.name and mod_name.startswith(e.name):
+            print(f"skewd {args.cmd}: not available in this build ({mod_name} missing)", file=sys.stderr)
+            return 2
+        raise
+    return int(mod.main(args.rest) or 0)
+
+
+def _signals(as_json: bool) -> int:
+    import json
+
+    from skewd.catalogue import full_catalogue
+
+    cat = full_catalogue()
+    if as_json:
+        print(json.dumps([{"name": s.name, "kind": s.kind.value, "unit": s.unit, "scope": s.scope.value,
+                           "collector": s.collector, "desc": s.desc} for s in cat.values()], indent=2))
+        return 0
+    for s in sorted(cat.values(), key=lambda s: (s.collector, s.name)):
+        print(f"{s.collector:9} {s.name:48} {s.kind.value:7} {s.unit:10} {s.scope.value:10} {s.desc}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,134 @@
+"""Loader: every error at once, each with file:line:col and a code; overrides; hot reload."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from skewd.rules.loader import load_rules
+from skewd.rules.expr import Code
+
+from .conftest import DATA
+
+
+def expected_errors(path: Path) -> list[tuple[int, str]]:
+    out = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        m = re.search(r"# expect: (E\d{3})", line)
+        if m:
+            out.append((n, m.group(1)))
+    return out
+
+
+def test_good_file_loads_every_rule(cat):
+    res = load_rules([DATA / "example.good.yaml"], cat)
+    assert res.ok, [str(i) for i in res.issues]
+    ids = [r.id for r in res.ruleset.rules]
+    assert ids == ["EX-1-starved-feed", "EX-2-kv", "EX-3-retrans", "EX-4-straggler", "EX-5-rdma", "EX-6-gaps",
+                   "EX-7-backlog"]
+    r = res.ruleset.by_id()["EX-1-starved-feed"]
+    assert r.for_s == 10 and r.keep_firing_for_s == 5 and r.maturity == "incubating"
+    assert set(r.requires) == {"pcie_rx_bytes_total", "gpu_util_ratio"}
+
+
+@pytest.mark.parametrize("bad", sorted(DATA.glob("*.bad.yaml")), ids=lambda p: p.name)
+def test_bad_file_reports_every_error_at_its_line(cat, bad):
+    res = load_rules([bad], cat)
+    got = sorted((i.pos.line, i.code.value) for i in res.issues)
+    assert got == sorted(expected_errors(bad)), "\n".join(map(str, res.issues))
+    assert all(i.pos.file == str(bad) for i in res.issues)
+
+
+def test_error_columns_point_into_the_expression(cat):
+    res = load_rules([DATA / "errors.bad.yaml"], cat)
+    by_rule = {i.rule_id: i for i in res.issues}
+    text = (DATA / "errors.bad.yaml").read_text().splitlines()
+    # the column of an uncatalogued signal is where its name starts on that line
+    i = by_rule["BAD-3"]
+    assert text[i.pos.line - 1][i.pos.col - 1:].startswith("vllm_kv_cache_usage_perc")
+    i = by_rule["BAD-8"]
+    assert text[i.pos.line - 1][i.pos.col - 1:].startswith("kv_hihg")
+    i = by_rule["BAD-5"]
+    assert text[i.pos.line - 1][i.pos.col - 1:].startswith("avgg(")
+
+
+def test_block_scalar_expression_error_position(cat, tmp_path):
+    f = tmp_path / "r.yaml"
+    f.write_text("required_engine_version: 1\nrules:\n  - id: R\n    pathology: GPU-2\n    scope: engine\n"
+                 "    layer: engine\n    expr: |\n      avg(vllm_kv_cache_usage_ratio, 1m) > 0.5\n"
+                 "        and nosuch_thing > 1\n")
+    res = load_rules([f], cat)
+    [i] = res.issues
+    assert (i.pos.line, i.pos.col) == (9, 13)
+    assert i.code is Code.UNKNOWN_PARAM
+
+
+def test_typo_in_top_level_and_missing_version(cat, tmp_path):
+    f = tmp_path / "r.yaml"
+    f.write_text("rulez: []\n")
+    res = load_rules([f], cat)
+    codes = sorted(i.code.value for i in res.issues)
+    assert codes == ["E002", "E003"]
+    assert "did you mean rules?" in str(res.issues[0]) + str(res.issues[1])
+
+
+def test_newer_engine_version_is_refused(cat, tmp_path):
+    f = tmp_path / "r.yaml"
+    f.write_text("required_engine_version: 99\nrules: []\n")
+    [i] = load_rules([f], cat).issues
+    assert i.code is Code.ENGINE_VERSION and (i.pos.line, i.pos.col) == (1, 26)
+
+
+def test_yaml_syntax_error_position(cat, tmp_path):
+    f = tmp_path / "r.yaml"
+    f.write_text("required_engine_version: 1\nrules:\n  - id: [unclosed\n")
+    [i] = load_rules([f], cat).issues
+    assert i.code is Code.YAML_SYNTAX and i.pos.line >= 3
+
+
+def test_duplicate_yaml_key_is_an_error(cat, tmp_path):
+    f = tmp_path / "r.yaml"
+    f.write_text("required_engine_version: 1\nrules:\n  - id: R\n    id: S\n")
+    issues = load_rules([f], cat).issues
+    assert any(i.code is Code.YAML_SYNTAX and i.pos.line == 4 and "duplicate key" in i.message for i in issues)
+
+
+def test_site_override_tunes_params_and_appends_expr(cat, tmp_path):
+    site = tmp_path / "site.yaml"
+    site.write_text(
+        "required_engine_version: 1\nrules:\n"
+        "  - id: EX-2-kv\n    override: {params: replace, expr: append, severity: replace}\n"
+        "    params: {kv_high: 0.97}\n    expr: vllm_num_requests_waiting > 5\n    severity: critical\n"
+        "  - id: EX-3-retrans\n    enabled: false\n")
+    res = load_rules([DATA / "example.good.yaml", site], cat)
+    assert res.ok, [str(i) for i in res.issues]
+    r = res.ruleset.by_id()["EX-2-kv"]
+    assert r.params["kv_high"] == 0.97 and r.severity.value == "critical"
+    assert "vllm_num_requests_waiting > 5" in r.expr and r.expr.startswith("(")
+    assert res.ruleset.by_id()["EX-3-retrans"].enabled is False
+
+
+def test_override_errors_point_at_the_site_file(cat, tmp_path):
+    site = tmp_path / "site.yaml"
+    site.write_text(
+        "required_engine_version: 1\nrules:\n"
+        "  - id: EX-2-kv\n    override: {params: replace}\n    params: {kv_hihg: 0.97}\n"
+        "  - id: NOPE\n    override: {severity: replace}\n    severity: info\n"
+        "  - id: EX-2-kv\n    override: {expr: append}\n    expr: vllm_num_requests_waiting >\n")
+    res = load_rules([DATA / "example.good.yaml", site], cat)
+    got = sorted((i.pos.file == str(site), i.pos.line, i.code.value) for i in res.issues)
+    assert got == [(True, 5, "E010"), (True, 6, "E014"), (True, 11, "E006")]
+
+
+def test_directory_loads_in_sorted_order_and_skips_tests(cat, tmp_path):
+    (tmp_path / "b.yaml").write_text((DATA / "example.good.yaml").read_text())
+    (tmp_path / "a.test.yaml").write_text("not: a rule file\n")
+    res = load_rules([tmp_path], cat)
+    assert res.ok and len(res.ruleset.rules) == 7
+
+
+def test_unreadable_path_is_reported(cat, tmp_path):
+    res = load_rules([tmp_path / "missing.yaml"], cat)
+    [i] = res.issues
+    assert i.code is Code.IO and "missing.yaml" in str(i)
