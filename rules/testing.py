@@ -42,7 +42,8 @@ SERIES_KEYS = {"series", "signal", "node", "entity", "values"}
 ART_KEYS = {"eval_time", "rule", "exp_findings"}
 EXP_KEYS = {"node", "entity", "labels", "state"}
 
-_TERM = re.compile(r"^(?P<a>-?[\d.eE+]+|_)(?:(?P<op>[+-])(?P<b>[\d.eE+]+))?x(?P<n>\d+)$")
+_NUM = r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"
+_TERM = re.compile(rf"^(?P<a>{_NUM}|_)(?:(?P<op>[+-])(?P<b>{_NUM[2:]}))?x(?P<n>\d+)$")
 _SELECTOR = re.compile(r'^\s*([a-z][a-z0-9_]*)\s*(?:\{(.*)\})?\s*$')
 _LABEL = re.compile(r'\s*([a-z_]+)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
 
