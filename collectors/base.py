@@ -97,6 +97,11 @@ class Collector(ABC):
     def collect(self, t: float) -> SampleBatch:
         """Read and parse one round of samples stamped ``t``. May raise CollectorError."""
 
+    def provides(self) -> set[str]:
+        """Signals this collector supplies when active (rules needing others are inactive).
+        Mapping collectors (exporter scrapes) override this with what their mapping yields."""
+        return {s.name for s in self.catalogue}
+
     # -- helpers ---------------------------------------------------------------------------
     def collect_counted(self, t: float) -> SampleBatch:
         """collect() with self-telemetry; errors are counted and re-raised."""

@@ -90,7 +90,11 @@ class _Frame:
 
 
 class Engine:
-    def __init__(self, rules: RuleSet, store: WindowStore, lookback: float = 60.0, cluster: str = "") -> None:
+    def __init__(self, rules: RuleSet, store: WindowStore, lookback: float = 60.0, cluster: str = "",
+                 scopes: Iterable[Scope] | None = None) -> None:
+        """``scopes`` limits evaluation to rules of those scopes: agents evaluate node-local
+        scopes, the controller the group scopes (tp_group, cluster) over node summaries."""
+        self.scopes = None if scopes is None else set(scopes)
         self.store = store
         self.lookback = float(lookback)
         self.cluster = cluster
@@ -150,7 +154,7 @@ class Engine:
         out: list[Finding] = []
         self.last_eval_errors = {}
         for rule in self.rules.rules:
-            if rule.id in self.inactive:
+            if rule.id in self.inactive or (self.scopes is not None and rule.scope not in self.scopes):
                 continue
             frame = self._frame(rule)
             if frame is None or len(frame.eids) == 0:
@@ -256,6 +260,9 @@ class Engine:
             evidence=dict(st.evidence), params=_plain_params(rule.params), mitigation=rule.mitigation,
             summary=summary, cluster=self.cluster,
         )
+
+    def evaluates(self, rule: Rule) -> bool:
+        return self.scopes is None or rule.scope in self.scopes
 
     # -- introspection ------------------------------------------------------------------------
     def alerts(self) -> list[AlertState]:

@@ -13,7 +13,7 @@ def full_catalogue() -> Catalogue:
     from skewd.collectors import registry
 
     cat = registry.catalogue()
-    for mod, attr in (("skewd.agent.summary", "CATALOGUE"),):
+    for mod, attr in (("skewd.agent.summary", "CATALOGUE"), ("skewd.controller.catalogue", "CATALOGUE")):
         try:
             m = importlib.import_module(mod)
         except ModuleNotFoundError as e:

@@ -45,6 +45,8 @@ class Scope(str, Enum):
 
 #: Scopes whose entities are nodes, grouped for peer comparison by a node label.
 GROUP_SCOPES = {Scope.TP_GROUP: "tp_group", Scope.CLUSTER: "cluster"}
+#: Scopes an agent evaluates on its own node; the controller evaluates GROUP_SCOPES.
+NODE_SCOPES = frozenset(s for s in Scope if s not in GROUP_SCOPES)
 
 
 class Layer(str, Enum):

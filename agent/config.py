@@ -1,0 +1,257 @@
+"""Agent configuration: one YAML file, validated strictly, with environment overrides.
+
+Unknown keys are errors (with a did-you-mean and file:line:col), every error is reported at
+once, and defaults make an empty file a working local agent. Environment variables override
+the file, for containers: ``SKEWD_NODE``, ``SKEWD_CLUSTER``, ``SKEWD_NATS_URL``,
+``SKEWD_SYS_ROOT``, ``SKEWD_PROC_ROOT``, ``SKEWD_RULES`` (``:``-separated paths),
+``SKEWD_METRICS_LISTEN``, and generically ``SKEWD__section__key=value`` (value parsed as YAML),
+e.g. ``SKEWD__collectors__pkt__interface=eth0``.
+"""
+from __future__ import annotations
+
+import copy
+import difflib
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from skewd.model import parse_duration
+from skewd.rules.yamlpos import PMap, Pos, YamlError, load
+
+DEFAULTS: dict[str, Any] = {
+    "node": "",  # default: the host name
+    "cluster": "default",
+    "labels": {},  # node labels, e.g. {tp_group: tp0, model: llama-70b}
+    "sys_root": "/sys",
+    "proc_root": "/proc",
+    "rules": [],  # default: the shipped packs
+    "reload": {"watch": True, "poll_interval": "2s"},
+    "evaluation_interval": "1s",
+    "lookback": "60s",
+    "horizon": "10m",
+    "summary_interval": "1s",
+    "collectors": {},  # name → {enabled, interval, timeout, ...collector keys}
+    "nats": {},  # see skewd.natsutil.NatsConfig; empty url → no publishing
+    "spool": {"dir": "/var/lib/skewd/spool", "max_bytes": 256 * 1024 * 1024},
+    "metrics": {"listen": "127.0.0.1:9465"},
+    "record": {"dir": "", "max_bytes": 1024 * 1024 * 1024, "max_duration": "1h", "rotate": 4},
+    "log": {"level": "info", "format": "json"},
+}
+SECTION_KEYS: dict[str, set[str]] = {
+    "reload": {"watch", "poll_interval"},
+    "spool": {"dir", "max_bytes", "max_messages", "fsync"},
+    "metrics": {"listen"},
+    "record": {"dir", "max_bytes", "max_duration", "rotate"},
+    "log": {"level", "format"},
+    "nats": {"url", "servers", "user", "password", "token", "nkey_seed", "creds", "tls", "name",
+             "connect_timeout", "publish_timeout"},
+}
+COMMON_COLLECTOR_KEYS = {"enabled", "interval", "timeout", "required"}
+
+
+class ConfigError(Exception):
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+@dataclass
+class AgentConfig:
+    node: str
+    cluster: str
+    labels: dict[str, str]
+    sys_root: Path
+    proc_root: Path
+    rules: list[str]
+    reload_watch: bool
+    reload_poll: float
+    evaluation_interval: float
+    lookback: float
+    horizon: float
+    summary_interval: float
+    collectors: dict[str, dict[str, Any]]
+    nats: dict[str, Any]
+    spool: dict[str, Any]
+    metrics_listen: str
+    record: dict[str, Any]
+    log: dict[str, Any]
+    source: str = "<defaults>"
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    def collector_config(self, name: str) -> dict[str, Any]:
+        return dict(self.collectors.get(name, {}))
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
+    over: dict[str, Any] = {}
+    simple = {"SKEWD_NODE": "node", "SKEWD_CLUSTER": "cluster", "SKEWD_SYS_ROOT": "sys_root",
+              "SKEWD_PROC_ROOT": "proc_root"}
+    for var, key in simple.items():
+        if env.get(var):
+            over[key] = env[var]
+    if env.get("SKEWD_NATS_URL"):
+        over.setdefault("nats", {})["url"] = env["SKEWD_NATS_URL"]
+    if env.get("SKEWD_RULES"):
+        over["rules"] = [p for p in env["SKEWD_RULES"].split(":") if p]
+    if env.get("SKEWD_METRICS_LISTEN"):
+        over.setdefault("metrics", {})["listen"] = env["SKEWD_METRICS_LISTEN"]
+    for var, val in env.items():
+        if var.startswith("SKEWD__"):
+            path = [p for p in var[len("SKEWD__"):].split("__") if p]
+            if not path:
+                continue
+            cur = over
+            for p in path[:-1]:
+                cur = cur.setdefault(p.lower(), {})
+            try:
+                cur[path[-1].lower()] = yaml.safe_load(val)
+            except yaml.YAMLError:
+                cur[path[-1].lower()] = val
+    return over
+
+
+def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = None,
+                overrides: Mapping[str, Any] | None = None,
+                collector_keys: Mapping[str, set[str]] | None = None) -> AgentConfig:
+    """Read, merge (defaults < file < env < overrides) and validate. Raises ConfigError."""
+    env = os.environ if env is None else env
+    problems: list[str] = []
+    doc: Any = {}
+    where = "<defaults>"
+    key_pos: dict[tuple, Pos] = {}
+    if path is not None:
+        where = str(path)
+        try:
+            text = Path(path).read_text()
+        except OSError as e:
+            raise ConfigError([f"{path}: cannot read config: {e.strerror or e}"]) from None
+        try:
+            doc, dupes = load(text, where)
+        except YamlError as e:
+            raise ConfigError([f"{e.pos}: {e.message}"]) from None
+        problems += [f"{d.pos}: {d.message}" for d in dupes]
+        if doc is None:
+            doc = {}
+        if not isinstance(doc, dict):
+            raise ConfigError([f"{where}:1:1: the agent config is a mapping of settings"])
+        _collect_positions(doc, (), key_pos)
+    merged = _merge(DEFAULTS, doc)
+    merged = _merge(merged, _env_overrides(env))
+    merged = _merge(merged, overrides or {})
+
+    def pos(*keys: str) -> str:
+        p = key_pos.get(tuple(keys))
+        return str(p) if p else where
+
+    for k in merged:
+        if k not in DEFAULTS:
+            hint = difflib.get_close_matches(k, DEFAULTS, n=1)
+            problems.append(f"{pos(k)}: unknown key {k!r}" + (f"; did you mean {hint[0]}?" if hint else ""))
+    for sec, allowed in SECTION_KEYS.items():
+        val = merged.get(sec)
+        if not isinstance(val, dict):
+            problems.append(f"{pos(sec)}: {sec} must be a mapping")
+            continue
+        for k in val:
+            if k not in allowed:
+                hint = difflib.get_close_matches(k, allowed, n=1)
+                problems.append(f"{pos(sec, k)}: unknown key {sec}.{k}" + (f"; did you mean {hint[0]}?" if hint else ""))
+    collectors = merged.get("collectors") or {}
+    if not isinstance(collectors, dict):
+        problems.append(f"{pos('collectors')}: collectors must map collector names to settings")
+        collectors = {}
+    known = collector_keys or {}
+    for name, cc in collectors.items():
+        if known and name not in known:
+            hint = difflib.get_close_matches(name, known, n=1)
+            problems.append(f"{pos('collectors', name)}: unknown collector {name!r}"
+                            + (f"; did you mean {hint[0]}?" if hint else f" (known: {', '.join(sorted(known))})"))
+            continue
+        if cc is None:
+            collectors[name] = cc = {}
+        if not isinstance(cc, dict):
+            problems.append(f"{pos('collectors', name)}: collectors.{name} must be a mapping")
+            continue
+        allowed = COMMON_COLLECTOR_KEYS | set(known.get(name, set()))
+        for k in cc:
+            if known and k not in allowed:
+                hint = difflib.get_close_matches(k, allowed, n=1)
+                problems.append(f"{pos('collectors', name, k)}: unknown key collectors.{name}.{k}"
+                                + (f"; did you mean {hint[0]}?" if hint else ""))
+        for dk in ("interval", "timeout"):
+            if dk in cc:
+                try:
+                    cc[dk] = parse_duration(cc[dk])
+                except ValueError as e:
+                    problems.append(f"{pos('collectors', name, dk)}: collectors.{name}.{dk}: {e}")
+        if "interval" in cc and "timeout" in cc and cc["timeout"] >= cc["interval"]:
+            problems.append(f"{pos('collectors', name, 'timeout')}: collectors.{name}.timeout must be shorter "
+                            f"than its interval ({cc['interval']:g}s)")
+    durations = {}
+    for k in ("evaluation_interval", "lookback", "horizon", "summary_interval"):
+        try:
+            durations[k] = parse_duration(merged[k])
+            if durations[k] <= 0:
+                raise ValueError("must be longer than 0s")
+        except ValueError as e:
+            problems.append(f"{pos(k)}: {k}: {e}")
+    reload = merged["reload"] if isinstance(merged.get("reload"), dict) else {}
+    try:
+        reload_poll = parse_duration(reload.get("poll_interval", "2s"))
+    except ValueError as e:
+        problems.append(f"{pos('reload', 'poll_interval')}: reload.poll_interval: {e}")
+        reload_poll = 2.0
+    rules = merged.get("rules")
+    if isinstance(rules, str):
+        rules = [rules]
+    if not isinstance(rules, list) or not all(isinstance(r, str) for r in rules):
+        problems.append(f"{pos('rules')}: rules must be a list of files or directories")
+        rules = []
+    labels = merged.get("labels") or {}
+    if not isinstance(labels, dict):
+        problems.append(f"{pos('labels')}: labels must be a mapping of strings")
+        labels = {}
+    node = str(merged.get("node") or socket.gethostname())
+    for k in ("node", "cluster"):
+        v = node if k == "node" else str(merged.get(k, ""))
+        if not v or any(c in v for c in " .*>\t"):
+            problems.append(f"{pos(k)}: {k} {v!r} must be non-empty without spaces, dots, '*' or '>' (NATS subject token)")
+    record = merged.get("record") if isinstance(merged.get("record"), dict) else {}
+    if record.get("max_duration"):
+        try:
+            record["max_duration"] = parse_duration(record["max_duration"])
+        except ValueError as e:
+            problems.append(f"{pos('record', 'max_duration')}: record.max_duration: {e}")
+    if problems:
+        raise ConfigError(problems)
+    return AgentConfig(
+        node=node, cluster=str(merged["cluster"]), labels={str(k): str(v) for k, v in labels.items()},
+        sys_root=Path(merged["sys_root"]), proc_root=Path(merged["proc_root"]), rules=list(rules),
+        reload_watch=bool(reload.get("watch", True)), reload_poll=reload_poll,
+        evaluation_interval=durations["evaluation_interval"], lookback=durations["lookback"],
+        horizon=durations["horizon"], summary_interval=durations["summary_interval"],
+        collectors=collectors, nats=dict(merged.get("nats") or {}), spool=dict(merged["spool"]),
+        metrics_listen=str(merged["metrics"].get("listen", "")), record=record, log=dict(merged["log"]),
+        source=where, raw=merged,
+    )
+
+
+def _collect_positions(m: Any, prefix: tuple, out: dict[tuple, Pos]) -> None:
+    if isinstance(m, PMap):
+        for k, v in m.items():
+            out[prefix + (k,)] = m.key_pos[k]
+            _collect_positions(v, prefix + (k,), out)

@@ -1,0 +1,93 @@
+"""The agent's own ``/metrics`` (Vector's component spec, prometheus_client conventions).
+
+Values are read from the live objects at scrape time (a custom collector), so nothing on the
+hot path updates metric objects. Bound to 127.0.0.1 unless configured otherwise.
+"""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Iterator
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+if TYPE_CHECKING:
+    from .runner import Agent
+
+log = logging.getLogger("skewd.agent.metrics")
+
+
+class AgentMetrics:
+    def __init__(self, agent: "Agent") -> None:
+        self.agent = agent
+
+    def collect(self) -> Iterator[Any]:
+        a = self.agent
+        up = GaugeMetricFamily("skewd_collector_up", "1 when the collector is active", labels=["collector", "state"])
+        dur = GaugeMetricFamily("skewd_collector_duration_seconds", "duration of the last collection",
+                                labels=["collector"])
+        samples = CounterMetricFamily("skewd_collector_samples", "samples emitted", labels=["collector"])
+        errs = CounterMetricFamily("skewd_collector_errors", "collection errors by stage", labels=["collector", "stage"])
+        over = CounterMetricFamily("skewd_collector_overruns", "collections skipped: previous one still running",
+                                   labels=["collector"])
+        for s in a.slots:
+            up.add_metric([s.name, s.status.availability.value], 1.0 if s.active else 0.0)
+            if s.collector is None:
+                continue
+            st = s.collector.stats
+            dur.add_metric([s.name], st.last_duration_s)
+            samples.add_metric([s.name], st.samples_emitted)
+            over.add_metric([s.name], s.overruns)
+            for stage, n in st.errors.items():
+                errs.add_metric([s.name, stage], n)
+        yield from (up, dur, samples, errs, over)
+        p = a.pipeline
+        if p is not None:
+            yield CounterMetricFamily("skewd_samples_ingested", "samples ingested by the window store",
+                                      value=p.store.samples_ingested)
+            yield CounterMetricFamily("skewd_samples_dropped_out_of_order", "samples older than their series' newest",
+                                      value=p.store.dropped_out_of_order)
+            yield CounterMetricFamily("skewd_rule_evaluations", "evaluation ticks", value=p.engine.evaluations)
+            rules = GaugeMetricFamily("skewd_rules", "rules by status", labels=["status"])
+            n_inactive = len(p.engine.inactive)
+            rules.add_metric(["active"], len(p.engine.rules.rules) - n_inactive)
+            rules.add_metric(["inactive"], n_inactive)
+            yield rules
+            f = CounterMetricFamily("skewd_findings", "finding transitions by state", labels=["state"])
+            for state, n in sorted(p.findings_total.items()):
+                f.add_metric([state], n)
+            yield f
+            alerts = GaugeMetricFamily("skewd_alerts", "current alerts by state", labels=["state"])
+            counts: dict[str, int] = {}
+            for st in p.engine.alerts():
+                counts[st.state.value] = counts.get(st.state.value, 0) + 1
+            for state in ("pending", "firing"):
+                alerts.add_metric([state], counts.get(state, 0))
+            yield alerts
+        pub = a.publisher
+        if pub is not None:
+            m = pub.metrics()
+            for k, v in sorted(m.items()):
+                name = f"skewd_publisher_{k}"
+                yield GaugeMetricFamily(name, f"publisher {k.replace('_', ' ')}", value=float(v))
+        yield _reloads(a)
+
+
+def _reloads(a: "Agent") -> CounterMetricFamily:
+    c = CounterMetricFamily("skewd_rule_reloads", "rule reloads by result", labels=["result"])
+    c.add_metric(["ok"], a.reloads_ok)
+    c.add_metric(["rejected"], a.reloads_rejected)
+    return c
+
+
+def serve(agent: "Agent", listen: str):
+    """Start the endpoint; returns the server (call .shutdown()) or None when disabled."""
+    if not listen:
+        return None
+    host, _, port = listen.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(AgentMetrics(agent))
+    server, _thread = start_http_server(int(port), addr=host, registry=registry)
+    log.info("metrics on http://%s:%s/metrics", host, server.server_port)
+    return server

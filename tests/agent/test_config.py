@@ -1,0 +1,55 @@
+"""Agent config: strict keys with positions and hints, env overrides, timeouts < intervals."""
+from __future__ import annotations
+
+import pytest
+
+from skewd.agent.config import ConfigError, load_config
+
+KEYS = {"pkt": {"interface", "filter"}, "gpu": set()}
+
+
+def write(tmp_path, text):
+    f = tmp_path / "agent.yaml"
+    f.write_text(text)
+    return f
+
+
+def test_defaults_make_a_working_config():
+    cfg = load_config(None, env={})
+    assert cfg.cluster == "default" and cfg.node and cfg.evaluation_interval == 1.0
+    assert cfg.metrics_listen.startswith("127.0.0.1:")
+
+
+def test_every_problem_is_reported_with_its_position(tmp_path):
+    f = write(tmp_path, "node: n1\ncolectors: {}\ncollectors:\n  pkt:\n    interfce: eth0\n    interval: 1s\n"
+                        "    timeout: 2s\n  gpuu: {}\nevaluation_interval: soon\n")
+    with pytest.raises(ConfigError) as ei:
+        load_config(f, env={}, collector_keys=KEYS)
+    msgs = ei.value.problems
+    assert any(m.startswith(f"{f}:2:1: unknown key 'colectors'; did you mean collectors?") for m in msgs)
+    assert any(f"{f}:5:5: unknown key collectors.pkt.interfce; did you mean interface?" in m for m in msgs)
+    assert any(":7:5:" in m and "timeout must be shorter than its interval" in m for m in msgs)
+    assert any(":8:3:" in m and "unknown collector 'gpuu'; did you mean gpu?" in m for m in msgs)
+    assert any(":9:1:" in m and "evaluation_interval" in m for m in msgs)
+    assert len(msgs) == 5
+
+
+def test_env_overrides_file(tmp_path):
+    f = write(tmp_path, "node: n1\ncluster: c1\ncollectors: {pkt: {interface: eth0}}\n")
+    cfg = load_config(f, env={"SKEWD_NODE": "n9", "SKEWD_NATS_URL": "nats://127.0.0.1:4222",
+                              "SKEWD__collectors__pkt__interface": "veth1", "SKEWD_RULES": "/a:/b"},
+                      collector_keys=KEYS)
+    assert cfg.node == "n9" and cfg.cluster == "c1" and cfg.nats["url"] == "nats://127.0.0.1:4222"
+    assert cfg.collector_config("pkt")["interface"] == "veth1" and cfg.rules == ["/a", "/b"]
+
+
+def test_node_name_must_be_a_subject_token(tmp_path):
+    with pytest.raises(ConfigError) as ei:
+        load_config(write(tmp_path, "node: my.node\n"), env={})
+    assert "NATS subject token" in ei.value.problems[0]
+
+
+def test_yaml_syntax_error_names_the_line(tmp_path):
+    with pytest.raises(ConfigError) as ei:
+        load_config(write(tmp_path, "node: n1\ncollectors: [\n"), env={})
+    assert str(tmp_path / "agent.yaml") in ei.value.problems[0]
