@@ -235,9 +235,13 @@ class BatchBuilder:
                            np.array(self._value, dtype=np.float64))
 
 
-def fingerprint(rule_id: str, node: str, entity: str, labels: Mapping[str, str] | None = None) -> str:
-    """Stable identity of one alert instance: rule + entity labels (Prometheus-style)."""
+def fingerprint(rule_id: str, node: str, entity: str, labels: Mapping[str, str] | None = None,
+                cluster: str = "") -> str:
+    """Stable identity of one alert instance: rule + entity labels (Prometheus-style). The
+    cluster is part of it so clusters sharing one NATS account never de-duplicate each other."""
     items = [("rule", rule_id), ("node", node), ("entity", entity)]
+    if cluster:
+        items.append(("cluster", cluster))
     items += sorted((labels or {}).items())
     h = hashlib.sha256(json.dumps(items, separators=(",", ":")).encode()).hexdigest()
     return h[:16]
@@ -274,7 +278,7 @@ class Finding:
 
     @property
     def fingerprint(self) -> str:
-        return fingerprint(self.rule_id, self.node, self.entity, self.labels)
+        return fingerprint(self.rule_id, self.node, self.entity, self.labels, self.cluster)
 
     @property
     def id(self) -> str:
