@@ -1,0 +1,100 @@
+"""host collector: CPU time per core and per node, NET_RX/NET_TX softirqs, TCP/UDP counters.
+
+Reads ``<proc_root>/stat``, ``softirqs``, ``net/snmp`` and ``loadavg``. ``net/snmp`` belongs to
+the reading process's network namespace: in a container, mount the host's /proc and point
+``proc_root`` at it (``/host/proc``) to see the node's TCP counters.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from skewd.collectors.base import Availability, Collector, CollectorError, Status
+from skewd.collectors.sysfs import read_str
+from skewd.model import BatchBuilder, SampleBatch
+
+from . import parse
+from .catalogue import CATALOGUE
+
+_OPTIONAL: dict[str, Callable[[str], list[parse.Sample]]] = {
+    "softirqs": parse.parse_softirqs,
+    "net/snmp": parse.parse_snmp,
+    "loadavg": parse.parse_loadavg,
+}
+
+
+class HostCollector(Collector):
+    """Config: ``user_hz`` (default 100, the Linux ABI value) and ``loadavg`` (default true)."""
+
+    name = "host"
+    catalogue = CATALOGUE
+    default_interval = 1.0
+    config_keys = frozenset({"user_hz", "loadavg"})
+
+    def __init__(self, node: str, config: Mapping[str, Any] | None = None,
+                 sys_root: str | Path = "/sys", proc_root: str | Path = "/proc") -> None:
+        super().__init__(node, config, sys_root, proc_root)
+        hz = self.config.get("user_hz", parse.USER_HZ)
+        if isinstance(hz, bool) or not isinstance(hz, int) or hz <= 0:
+            raise ValueError("host: 'user_hz' must be a positive integer (Linux uses 100)")
+        self.user_hz = hz
+        self.loadavg = bool(self.config.get("loadavg", True))
+        # last value per (entity, signal) of the /proc/stat CPU times, see _monotonic()
+        self._last: dict[tuple[str, str], float] = {}
+
+    def probe(self) -> Status:
+        stat = self.proc_root / "stat"
+        if read_str(stat) is None:
+            return Status(Availability.NEEDS_OPERATOR,
+                          f"cannot read {stat}: mount the host's /proc and set proc_root to it")
+        missing = [f for f in _OPTIONAL if read_str(self.proc_root / f) is None
+                   and (f != "loadavg" or self.loadavg)]
+        if missing:
+            return Status(Availability.ACTIVE,
+                          f"reading {stat}; not readable: {', '.join(str(self.proc_root / m) for m in missing)}")
+        return Status(Availability.ACTIVE, f"reading {self.proc_root}/stat, softirqs, net/snmp")
+
+    def stop(self) -> None:
+        self._last.clear()
+        super().stop()
+
+    def _monotonic(self, samples: list[parse.Sample]) -> list[parse.Sample]:
+        """Hold CPU times at their previous value when the kernel reports a smaller one.
+
+        Per-CPU idle and iowait can step backwards on tickless kernels (documented in
+        proc(5)); the window store would read a decrease as a counter reset and produce a huge
+        false increase. /proc/stat CPU times never reset while the machine is up.
+        """
+        out = []
+        for s in samples:
+            if s.signal.endswith("_seconds_total"):
+                key = (s.entity, s.signal)
+                prev = self._last.get(key)
+                if prev is not None and s.value < prev:
+                    s = parse.Sample(s.entity, s.signal, prev)
+                self._last[key] = s.value
+            out.append(s)
+        return out
+
+    def collect(self, t: float) -> SampleBatch:
+        text = read_str(self.proc_root / "stat")
+        if text is None:
+            raise CollectorError(f"cannot read {self.proc_root / 'stat'}", stage="read")
+        try:
+            samples = self._monotonic(parse.parse_stat(text, self.user_hz))
+        except ValueError as e:
+            raise CollectorError(f"{self.proc_root / 'stat'}: {e}", stage="parse") from e
+        for rel, fn in _OPTIONAL.items():
+            if rel == "loadavg" and not self.loadavg:
+                continue
+            body = read_str(self.proc_root / rel)
+            if body is None:
+                continue  # absent on this kernel/namespace; probe() said so
+            try:
+                samples += fn(body)
+            except ValueError:
+                self.stats.error("parse")
+        b = BatchBuilder(self.node)
+        for s in samples:
+            b.add(t, s.entity, s.signal, s.value)
+        return b.build()
