@@ -199,7 +199,10 @@ class Agent:
     async def _send_summary(self, now: float) -> None:
         msg = summary_mod.make_summary(self.pipeline.store, self.cfg.node, self.cfg.cluster, now,
                                        self.cfg.summary_interval)
-        self.last_summary = {k: v[""] for k, v in msg.signals.items()}
+        self.last_summary = {k: v[""] for k, v in msg.signals.items() if "" in v}
+        # node rules may combine scopes through the summaries (e.g. a NIC rule that also looks
+        # at the engines' waiting queue), so they enter the local store like any sample
+        self.pipeline.ingest(summary_mod.to_batch(self.cfg.node, now, self.last_summary))
         if self.recorder is not None:
             self.recorder.on_summary(msg)
         if self.publisher is not None and await self.publisher.publish_summary(msg):

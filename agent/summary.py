@@ -33,12 +33,12 @@ class SummarySpec:
 
 #: What each node reports upwards. Signals a node does not have are simply absent.
 SPECS: tuple[SummarySpec, ...] = (
-    SummarySpec("summary_gpu_util_mean_ratio", "gpu_util_ratio", "avg", "mean", "ratio",
+    SummarySpec("summary_gpu_util_mean_ratio", "gpu_utilization_ratio", "avg", "mean", "ratio",
                 "mean GPU utilisation over the node's GPUs"),
-    SummarySpec("summary_gpu_util_min_ratio", "gpu_util_ratio", "avg", "min", "ratio",
+    SummarySpec("summary_gpu_util_min_ratio", "gpu_utilization_ratio", "avg", "min", "ratio",
                 "lowest GPU utilisation on the node"),
     SummarySpec("summary_gpu_power_watts", "gpu_power_watts", "avg", "sum", "watts", "node GPU power draw"),
-    SummarySpec("summary_gpu_throttled", "gpu_throttle_hw_slowdown", "max", "max", "bool",
+    SummarySpec("summary_gpu_throttled", "gpu_clocks_event_hw_slowdown", "max", "max", "bool",
                 "1 when any GPU reports a hardware slowdown"),
     SummarySpec("summary_pcie_rx_bytes_per_second", "pcie_gpu_rx_bytes_per_second", "avg", "sum", "bytes/s",
                 "host→device PCIe throughput, all GPUs"),
@@ -48,11 +48,11 @@ SPECS: tuple[SummarySpec, ...] = (
                 "RDMA bytes received per second, all ports"),
     SummarySpec("summary_rdma_xmit_wait_per_second", "rdma_port_xmit_wait_total", "rate", "sum", "ticks/s",
                 "RDMA transmit-wait ticks per second (credit starvation / congestion)"),
-    SummarySpec("summary_rdma_ecn_marked_per_second", "rdma_np_ecn_marked_roce_packets_total", "rate", "sum",
+    SummarySpec("summary_rdma_ecn_marked_per_second", "rdma_port_np_ecn_marked_roce_packets_total", "rate", "sum",
                 "packets/s", "ECN-marked RoCE packets received per second"),
-    SummarySpec("summary_rdma_cnp_sent_per_second", "rdma_np_cnp_sent_total", "rate", "sum", "packets/s",
+    SummarySpec("summary_rdma_cnp_sent_per_second", "rdma_port_np_cnp_sent_total", "rate", "sum", "packets/s",
                 "congestion notification packets sent per second"),
-    SummarySpec("summary_rdma_retrans_per_second", "rdma_roce_adp_retrans_total", "rate", "sum", "packets/s",
+    SummarySpec("summary_rdma_retrans_per_second", "rdma_port_roce_adp_retrans_total", "rate", "sum", "packets/s",
                 "RoCE adaptive retransmissions per second"),
     SummarySpec("summary_net_rx_bytes_per_second", "netdev_rx_bytes_total", "rate", "sum", "bytes/s",
                 "NIC bytes received per second, all interfaces"),
@@ -60,14 +60,22 @@ SPECS: tuple[SummarySpec, ...] = (
                 "NIC bytes sent per second, all interfaces"),
     SummarySpec("summary_kv_cache_usage_ratio", "vllm_kv_cache_usage_ratio", "last", "max", "ratio",
                 "highest KV-cache usage of the node's engines"),
-    SummarySpec("summary_requests_waiting", "vllm_num_requests_waiting", "last", "sum", "requests",
+    SummarySpec("summary_requests_waiting", "vllm_requests_waiting", "last", "sum", "requests",
                 "requests waiting in the node's engines"),
+    SummarySpec("summary_requests_running", "vllm_requests_running", "last", "sum", "requests",
+                "requests running in the node's engines (0 = not serving)"),
+    SummarySpec("summary_cpu_busy_cores", "host_node_cpu_busy_seconds_total", "rate", "sum", "cores",
+                "CPU cores busy (non-idle seconds per second)"),
     SummarySpec("summary_engine_phase", "vllm_phase", "last", "max", "enum",
                 "engine phase: 0 idle, 1 decode-heavy, 2 prefill-heavy"),
-    SummarySpec("summary_burst_start_seconds", "pkt_flow_burst_start_seconds", "last", "max", "seconds",
-                "start time of the node's latest collective burst (RoCE flows)"),
-    SummarySpec("summary_burst_bytes", "pkt_flow_burst_bytes", "last", "sum", "bytes",
-                "bytes of the latest collective burst over all flows"),
+    SummarySpec("summary_burst_start_seconds", "pkt_burst_start_seconds", "last", "max", "seconds",
+                "start time of the node's latest collective burst (aggregate traffic of the capture port)"),
+    SummarySpec("summary_burst_bytes", "pkt_burst_bytes", "last", "sum", "bytes",
+                "bytes of the node's latest collective burst"),
+    SummarySpec("summary_ingress_bytes_per_second", "pkt_ingress_bytes_per_second", "avg", "sum", "bytes/s",
+                "received bytes per second on the capture ports (NS-2 peer comparison)"),
+    SummarySpec("summary_ingress_gap_p99_seconds", "pkt_ingress_gap_p99_seconds", "max", "max", "seconds",
+                "p99 gap between received packets (NS-2)"),
 )
 
 CATALOGUE = [signal(s.name, "gauge", s.unit, "node", s.desc, "agent") for s in SPECS]
@@ -99,6 +107,20 @@ def compute(store: WindowStore, node: str, t: float, interval: float, lookback: 
     return out
 
 
+def burst_starts(store: WindowStore, node: str, t: float, interval: float) -> list[float]:
+    """Distinct collective-burst start times seen during the interval, in time order: the
+    controller aligns these across TP peers step by step (EW-1). The pkt collector reports the
+    latest burst start of the capture port at every collection, so a collection interval shorter
+    than the decode step period yields every step."""
+    blk = store.blocks.get("pkt_burst_start_seconds", {}).get(node)
+    if blk is None:
+        return []
+    _, W = blk.window(t - interval, t)
+    v = W[~np.isnan(W)]
+    v = v[(v > t - interval - 1.0) & (v <= t)]
+    return sorted(set(float(x) for x in v))
+
+
 def to_batch(node: str, t: float, values: dict[str, float]) -> SampleBatch:
     b = BatchBuilder(node)
     for name, v in values.items():
@@ -112,8 +134,11 @@ def make_summary(store: WindowStore, node: str, cluster: str, t: float, interval
     from skewd import wire
 
     values = compute(store, node, t, interval)
-    return wire.Summary(node=node, cluster=cluster, t=t, interval=interval,
-                        signals={k: {"": v} for k, v in values.items()},
+    signals: dict[str, dict[str, float | None]] = {k: {"": v} for k, v in values.items()}
+    starts = burst_starts(store, node, t, interval)
+    if starts:
+        signals["collective_burst_starts"] = {str(k): v for k, v in enumerate(starts)}
+    return wire.Summary(node=node, cluster=cluster, t=t, interval=interval, signals=signals,
                         clock_sync=wire.ClockSync(synced=clock_synced, max_error_s=clock_error),
                         agent_version=__version__)
 
