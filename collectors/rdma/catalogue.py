@@ -89,4 +89,9 @@ CATALOGUE: list[SignalSpec] = [
     _g("rdma_port_rate_bytes", "bytes/s",
        "Active link rate in bytes per second (ports/<p>/rate, e.g. '100 Gb/sec (4X EDR)')."),
     _g("rdma_port_link_layer", "enum", "Link layer: 1 InfiniBand, 2 Ethernet (RoCE), 0 unknown."),
+    _g("rdma_dev_mrs", "regions",
+       "Memory regions registered on the device right now (RDMA netlink resource tracking, "
+       "'rdma resource show'); entity is the device name. Rapid changes mean registration churn "
+       "(PCIE-9): buffers registered and deregistered around transfers."),
+    _g("rdma_dev_qps", "queue pairs", "Queue pairs on the device right now (RDMA netlink resource tracking)."),
 ]

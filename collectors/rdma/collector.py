@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import fnmatch
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from skewd.collectors.base import Availability, Collector, CollectorError, Status
 from skewd.collectors.sysfs import list_dir, read_str
@@ -23,7 +23,7 @@ class RdmaCollector(Collector):
     name = "rdma"
     catalogue = CATALOGUE
     default_interval = 1.0
-    config_keys = frozenset({"devices"})
+    config_keys = frozenset({"devices", "resources"})
 
     def __init__(self, node: str, config: Mapping[str, Any] | None = None,
                  sys_root: str | Path = "/sys", proc_root: str | Path = "/proc") -> None:
@@ -32,6 +32,10 @@ class RdmaCollector(Collector):
         if devs is not None and (isinstance(devs, str) or not all(isinstance(d, str) for d in devs)):
             raise ValueError("rdma: 'devices' must be a list of device names or globs (mlx5_*)")
         self._patterns: list[str] | None = list(devs) if devs else None
+        #: MR/QP counts from RDMA netlink through iproute2's ``rdma -j resource show``; injectable
+        self.resources = bool(self.config.get("resources", True))
+        self.resource_reader: Callable[[], str | None] = self._run_rdma_tool
+        self._resource_error = ""
 
     @property
     def class_dir(self) -> Path:
@@ -80,4 +84,28 @@ class RdmaCollector(Collector):
         for dev, port in self.ports():
             for s in parse.port_samples(f"{dev}/{port}", self.read_port(dev, port)):
                 b.add(t, s.entity, s.signal, s.value)
+        if self.resources:
+            for s in parse.resource_samples(self.resource_reader()):
+                if self._wanted(s.entity):
+                    b.add(t, s.entity, s.signal, s.value)
         return b.build()
+
+    def _run_rdma_tool(self) -> str | None:
+        """One ``rdma -j resource show`` (a netlink dump, ~ms). None when the tool or RDMA
+        netlink is missing; the reason is kept for ``skewd agent --check``-style reporting."""
+        import shutil
+        import subprocess
+
+        exe = shutil.which("rdma")
+        if exe is None:
+            self._resource_error = "iproute2 'rdma' tool not installed: no MR registration counts"
+            return None
+        try:
+            r = subprocess.run([exe, "-j", "resource", "show"], capture_output=True, text=True, timeout=1.0)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            self._resource_error = f"rdma resource show failed: {e}"
+            return None
+        if r.returncode != 0:
+            self._resource_error = f"rdma resource show: {r.stderr.strip() or r.returncode}"
+            return None
+        return r.stdout

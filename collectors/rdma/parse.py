@@ -114,3 +114,30 @@ def port_files() -> list[str]:
     """The relative paths a collector should read for one port (nothing else is needed)."""
     return (["state", "phys_state", "rate", "link_layer"]
             + [f"counters/{n}" for n in COUNTERS] + [f"hw_counters/{n}" for n in HW_COUNTERS])
+
+
+def resource_samples(text: str | None) -> list[Sample]:
+    """``rdma -j resource show`` (iproute2's JSON summary of RDMA netlink resources) →
+    per-device object counts. Entities are device names (``mlx5_0``): resource tracking is per
+    device, not per port.
+
+    [{"ifindex":1,"ifname":"mlx5_0","pd":3,"cq":7,"qp":4,"cm_id":0,"mr":12,"ctx":1,"srq":0}]
+    """
+    import json
+
+    if not text:
+        return []
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return []
+    out: list[Sample] = []
+    for dev in data if isinstance(data, list) else []:
+        name = dev.get("ifname") if isinstance(dev, dict) else None
+        if not isinstance(name, str):
+            continue
+        for key, sig in (("mr", "rdma_dev_mrs"), ("qp", "rdma_dev_qps")):
+            v = dev.get(key)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                out.append(Sample(name, sig, float(v)))
+    return out

@@ -136,9 +136,25 @@ def test_probe_on_this_host() -> None:
     c.stop()
 
 
+RESOURCES = Path(__file__).parent.parent / "fixtures" / "rdma" / "iproute2-6.1" / "resource-show.json"
+
+
+def test_mr_and_qp_counts_from_rdma_resource_show() -> None:
+    c = Rdma("n", sys_root=SYS)
+    c.resource_reader = RESOURCES.read_text
+    b = c.collect(5.0)
+    got = {(e, s): v for _, _, e, s, v in b.rows() if s.startswith("rdma_dev_")}
+    assert got == {("mlx5_0", "rdma_dev_mrs"): 18.0, ("mlx5_0", "rdma_dev_qps"): 7.0,
+                   ("mlx5_1", "rdma_dev_mrs"): 0.0, ("mlx5_1", "rdma_dev_qps"): 1.0}
+    c.resource_reader = lambda: "Failed to open NETLINK_RDMA socket"
+    assert not [s for s in c.collect(6.0).signals() if s.startswith("rdma_dev_")]
+
+
 def test_catalogue_covers_exactly_what_the_fixture_emits() -> None:
     cat = {s.name: s for s in Rdma.catalogue}
-    emitted = Rdma("n", sys_root=SYS).collect(0.0).signals()
+    c = Rdma("n", sys_root=SYS)
+    c.resource_reader = RESOURCES.read_text
+    emitted = c.collect(0.0).signals()
     assert emitted - set(cat) == set()
     assert set(cat) - emitted == set()
     for s in cat.values():
