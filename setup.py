@@ -12,6 +12,7 @@ package_dir = {"skewd": "skewd", **{f"skewd.{d}": d for d in LAYOUT}}
 setup(
     packages=packages,
     package_dir=package_dir,
-    package_data={"skewd.rules": ["packs/*.yaml", "tests/*.yaml"], "skewd.collectors": ["*/*.yaml", "*/*.csv"]},
+    package_data={"skewd.rules": ["packs/*.yaml", "tests/*.yaml"],
+                  "skewd.collectors": ["*/*.yaml", "*/*.csv", "exporter/mappings/*.yaml"]},
     include_package_data=True,
 )
