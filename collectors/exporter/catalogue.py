@@ -47,8 +47,21 @@ OWN: list[SignalSpec] = [
        "not documented: compare GPUs of one node with each other, not with link capacity."),
 ]
 
+#: The BlueField DPU's view of its host's PCIe link (DTS diagnostic-data provider). Only a DPU
+#: sees TLP counts: they tell many small DMAs (pinned-memory shortage, PCIE-7) from few large ones.
+DPU_PCIE: list[SignalSpec] = [
+    signal("dpu_pcie_inbound_bytes_per_second", "gauge", "bytes_per_second", "pci_device",
+           "Host-to-device payload bytes per second on the host PCIe link, seen from the DPU "
+           "(DTS diagnostic data; name unconfirmed, see mappings/dts.yaml).", "exporter"),
+    signal("dpu_pcie_inbound_tlps_per_second", "gauge", "tlps_per_second", "pci_device",
+           "Host-to-device TLPs per second on the host PCIe link, seen from the DPU: bytes per TLP "
+           "far below the max payload size means many small DMAs.", "exporter"),
+]
+OWN += DPU_PCIE
+
 SHIPPED = Path(__file__).resolve().parent / "mappings"
 DEFAULT_MAPPING = SHIPPED / "dcgm-exporter.yaml"
+DTS_MAPPING = SHIPPED / "dts.yaml"
 
 
 def _targets(path: Path) -> list[str]:
@@ -68,4 +81,4 @@ def known_for_shipped() -> dict[str, SignalSpec]:
 
 _known = known_for_shipped()
 CATALOGUE: list[SignalSpec] = [UP] + [_known[n] for n in _targets(DEFAULT_MAPPING)
-                                      if n in _known and n != UP.name]
+                                      if n in _known and n != UP.name] + DPU_PCIE

@@ -125,9 +125,24 @@ def test_rules_combine_several_series_of_one_entity(known):
 
 
 # -- catalogue ---------------------------------------------------------------------------------
-def test_every_catalogued_signal_comes_from_the_fixture_and_nothing_else(dcgm):
+DTS_PAGE = Path(__file__).parent.parent / "fixtures" / "exporter" / "dts-template-bf3" / "metrics.prom"
+
+
+def test_every_catalogued_signal_comes_from_the_fixtures_and_nothing_else(dcgm):
     emitted = {s for _, s in parse.apply(dcgm, page(DCGM_PAGE)).values} | {"exporter_up"}
-    assert emitted == {s.name for s in CATALOGUE}
+    own = {s.name for s in OWN}
+    dts = mapping.load(mapping.resolve("dts"), known_signals())
+    from_dts = {s for _, s in parse.apply(dts, DTS_PAGE.read_text()).values}
+    assert emitted | (from_dts & own) == {s.name for s in CATALOGUE}
+
+
+def test_dpu_sees_small_tlps_through_the_dts_mapping():
+    dts = mapping.load(mapping.resolve("dts"), known_signals())
+    v = parse.apply(dts, DTS_PAGE.read_text()).values
+    nbytes = v[("0000:3b:00.0", "dpu_pcie_inbound_bytes_per_second")]
+    tlps = v[("0000:3b:00.0", "dpu_pcie_inbound_tlps_per_second")]
+    assert (nbytes, tlps) == (1.2e9, 1.9e7) and nbytes / tlps < 64  # ~63 B per TLP: small DMAs
+    assert v[("mlx5_0/1", "rdma_port_xmit_bytes_total")] == 4 * 2.5e10
 
 
 def test_mapped_signals_are_the_gpu_and_pcie_collectors_own(dcgm):
@@ -262,7 +277,7 @@ def test_probe_flags_a_page_without_any_mapped_metric(server):
     server.body = page(VLLM / "v0.33" / "idle.prom")
     st = ExporterCollector("node1", {"targets": [{"url": server.url, "mapping": "dts"}]}).probe()
     assert st.availability is Availability.UNAVAILABLE
-    assert "shows none of the 16 metrics" in st.reason and "unconfirmed" in st.reason
+    assert "shows none of the 18 metrics" in st.reason and "unconfirmed" in st.reason
 
 
 def test_probe_unavailable_names_url_and_error():
