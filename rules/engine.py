@@ -18,6 +18,7 @@ import numpy as np
 
 from skewd.model import Finding, Layer, Scope, Severity, State, fingerprint
 
+from . import functions as F
 from .expr import Compiled, EvalContext
 from .store import WindowStore
 
@@ -103,6 +104,7 @@ class Engine:
         self.available: set[str] | None = None
         self.inactive: dict[str, str] = {}
         self._frames: dict[tuple, tuple[int, int, _Frame]] = {}
+        self._fp_cache: dict[tuple, tuple[tuple[str, str], str]] = {}
         self.evaluations = 0
         self.last_eval_errors: dict[str, str] = {}
         self._refresh_inactive()
@@ -150,6 +152,14 @@ class Engine:
     # -- evaluation --------------------------------------------------------------------------
     def evaluate(self, now: float) -> list[Finding]:
         """Evaluate every active rule at time ``now``; return the transitions, in rule order."""
+        with F.quiet():
+            F._ACTIVE[0] = True
+            try:
+                return self._evaluate(now)
+            finally:
+                F._ACTIVE[0] = False
+
+    def _evaluate(self, now: float) -> list[Finding]:
         memo: dict = {}
         out: list[Finding] = []
         self.last_eval_errors = {}
@@ -221,21 +231,26 @@ class Engine:
         for i in true_idx:
             node, entity = str(frame.nodes[i]), str(frame.names[i])
             labels = {**rule.labels, **frame.group_labels[i]}
-            fp = fingerprint(rule.id, node, entity, labels)
+            fkey = (rule.id, int(frame.eids[i]), tuple(sorted(labels.items())))
+            fp = self._fp_cache.get(fkey)
+            if fp is None or fp[0] != (node, entity):
+                fp = ((node, entity), fingerprint(rule.id, node, entity, labels))
+                self._fp_cache[fkey] = fp
+            fp = fp[1]
             seen.add(fp)
-            ev = _evidence(ctx, i)
             st = states.get(fp)
             if st is None:
-                st = AlertState(rule.id, node, entity, State.PENDING, now, now, None, ev, labels)
+                st = AlertState(rule.id, node, entity, State.PENDING, now, now, None, _evidence(ctx, i), labels)
                 states[fp] = st
                 if rule.for_s <= 0:
                     st.state, st.fired_at = State.FIRING, now
                 out.append(self._finding(rule, st, now))
                 continue
             st.last_true_at = now
-            st.evidence = ev
             if st.state is State.PENDING and now - st.active_at >= rule.for_s:
                 st.state, st.fired_at = State.FIRING, now
+                # evidence is gathered when a transition is published, not on every tick
+                st.evidence = _evidence(ctx, i)
                 out.append(self._finding(rule, st, now))
         for fp in list(states):
             if fp in seen:

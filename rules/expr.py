@@ -271,17 +271,15 @@ def _truth(x: Any) -> Any:
 
 def _and(a: Any, b: Any) -> Any:
     a, b = _truth(a), _truth(b)
-    with np.errstate(invalid="ignore"):
-        false = (a == 0) | (b == 0)
-        unknown = np.isnan(a) | np.isnan(b)
+    false = (a == 0) | (b == 0)
+    unknown = np.isnan(a) | np.isnan(b)
     return np.where(false, 0.0, np.where(unknown, np.nan, 1.0))
 
 
 def _or(a: Any, b: Any) -> Any:
     a, b = _truth(a), _truth(b)
-    with np.errstate(invalid="ignore"):
-        true = (a == 1) | (b == 1)
-        unknown = np.isnan(a) | np.isnan(b)
+    true = (a == 1) | (b == 1)
+    unknown = np.isnan(a) | np.isnan(b)
     return np.where(true, 1.0, np.where(unknown, np.nan, 0.0))
 
 
@@ -301,10 +299,10 @@ _BIN = {
 
 
 def _num_cmp(op: Callable, a: Any, b: Any) -> Any:
-    with np.errstate(invalid="ignore"):
-        r = op(a, b).astype(float) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) else float(op(a, b))
-        unknown = np.isnan(a) | np.isnan(b)
-    return np.where(unknown, np.nan, r)
+    """Comparison with NaN = unknown. (The engine runs inside functions.quiet(): no warnings.)"""
+    r = op(a, b)
+    unknown = np.isnan(a) | np.isnan(b)
+    return np.where(unknown, np.nan, r.astype(float) if isinstance(r, np.ndarray) else float(r))
 
 
 class Compiler:
@@ -435,8 +433,7 @@ class Compiler:
             fa, fb = a.fn, b.fn
 
             def binop(ctx, fa=fa, fb=fb, op=op):
-                with np.errstate(all="ignore"):
-                    return op(np.asarray(fa(ctx), dtype=float), fb(ctx))
+                return op(np.asarray(fa(ctx), dtype=float), fb(ctx))
 
             return _Node(t, binop)
         if isinstance(node, ast.Compare):
@@ -746,8 +743,7 @@ class Compiler:
             op = _BIN[type(node.op)]
 
             def binop(W):
-                with np.errstate(all="ignore"):
-                    return op(a(W), b(W))
+                return op(a(W), b(W))
 
             return binop
         if isinstance(node, ast.BoolOp):

@@ -91,6 +91,7 @@ class Block:
     rows: dict[str, int] = field(default_factory=dict)  # entity name → row
     n: int = 0
     last_seen: np.ndarray = field(default_factory=lambda: np.empty(0))  # row → last sample time
+    cache: tuple | None = None  # (entities of the last append, their rows)
 
     @classmethod
     def new(cls, node: str, scope: Scope, cap: int = 64, rows: int = 4) -> "Block":
@@ -136,14 +137,23 @@ class WindowStore:
         sig = batch.signal
         node = batch.node
         t = batch.t
-        # group by (signal, node, t): stable sort keeps arrival order inside a group
-        keys = np.char.add(np.char.add(sig.astype(str), "\x00"), node.astype(str))
-        order = np.lexsort((t, keys))
-        keys_s = keys[order]
-        t_s = t[order]
-        cut = np.flatnonzero((keys_s[1:] != keys_s[:-1]) | (t_s[1:] != t_s[:-1])) + 1
+        # factorise signals with a dict (strings are interned by the collectors: cheap)
+        codes_of: dict = {}
+        codes = np.fromiter((codes_of.setdefault(x, len(codes_of)) for x in sig), dtype=np.int64, count=len(sig))
+        one_node = bool((node == node[0]).all())
+        one_t = bool((t == t[0]).all())
+        if one_node and one_t:
+            key = codes  # the common case: one collector, one node, one tick
+        else:
+            ncodes: dict = {}
+            nc = np.fromiter((ncodes.setdefault(x, len(ncodes)) for x in node), dtype=np.int64, count=len(node))
+            _, tc = np.unique(t, return_inverse=True)
+            key = (codes * (len(ncodes) + 1) + nc) * (int(tc.max()) + 2) + tc.reshape(-1)
+        order = np.argsort(key, kind="stable")
+        ks = key[order]
+        cut = np.flatnonzero(ks[1:] != ks[:-1]) + 1
         bounds = np.concatenate(([0], cut, [len(order)]))
-        for a, b in zip(bounds[:-1], bounds[1:]):
+        for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
             idx = order[a:b]
             i0 = idx[0]
             self._append(sig[i0], node[i0], float(t[i0]), batch.entity[idx], batch.value[idx])
@@ -169,7 +179,13 @@ class WindowStore:
             blk.times[blk.n] = t
             blk.n += 1
         col = blk.n - 1
-        rows = np.fromiter((self._row(blk, str(e)) for e in entities), dtype=np.int64, count=len(entities))
+        # collectors report the same entities in the same order tick after tick: reuse the rows
+        cached = blk.cache
+        if cached is not None and len(cached[0]) == len(entities) and (cached[0] == entities).all():
+            rows = cached[1]
+        else:
+            rows = np.fromiter((self._row(blk, str(e)) for e in entities), dtype=np.int64, count=len(entities))
+            blk.cache = (entities.copy(), rows)
         blk.values[rows, col] = values
         blk.last_seen[rows] = t
         if t > self.latest_t:
