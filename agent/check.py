@@ -8,6 +8,7 @@ import json
 from typing import TextIO
 
 from skewd.collectors.base import Availability
+from skewd.model import NODE_SCOPES
 
 from .config import AgentConfig, load_config
 from .scheduler import availability, build_slots, collector_config_keys
@@ -19,7 +20,10 @@ def host_availability(cfg: AgentConfig | None = None) -> tuple[set[str], dict[st
         cfg = load_config(None, env={}, collector_keys=collector_config_keys())
     slots = build_slots(cfg)
     try:
-        return availability(slots)
+        signals, reasons = availability(slots)
+        from skewd.catalogue import full_catalogue
+
+        return signals | _derived_signals(full_catalogue()), reasons
     finally:
         for s in slots:
             if s.collector is not None:
@@ -42,11 +46,16 @@ def run_check(cfg: AgentConfig, out: TextIO, as_json: bool = False) -> int:
     res = load_rules(cfg.rules or [PACKS], cat)
     rule_rows: list[dict] = []
     if res.ok:
-        eng = Engine(res.ruleset, WindowStore(cat))
+        eng = Engine(res.ruleset, WindowStore(cat), scopes=NODE_SCOPES)
         eng.set_available_signals(signals | _derived_signals(cat), reasons)
         for r in res.ruleset.rules:
+            if not eng.evaluates(r):
+                rule_rows.append({"rule": r.id, "pathology": r.pathology, "active": False, "controller": True,
+                                  "reason": f"{r.scope.value} scope: evaluated by the controller over node summaries"})
+                continue
             why = eng.inactive.get(r.id, "")
-            rule_rows.append({"rule": r.id, "pathology": r.pathology, "active": not why, "reason": why})
+            rule_rows.append({"rule": r.id, "pathology": r.pathology, "active": not why, "reason": why,
+                              "controller": False})
     if as_json:
         out.write(json.dumps({
             "node": cfg.node, "cluster": cfg.cluster, "config": cfg.source,
@@ -66,9 +75,14 @@ def run_check(cfg: AgentConfig, out: TextIO, as_json: bool = False) -> int:
         for i in res.issues:
             out.write(f"  {i}\n")
         return 0
-    active = [r for r in rule_rows if r["active"]]
-    out.write(f"\nrules: {len(active)} active, {len(rule_rows) - len(active)} inactive\n")
-    for r in rule_rows:
+    local = [r for r in rule_rows if not r["controller"]]
+    active = [r for r in local if r["active"]]
+    remote = [r["rule"] for r in rule_rows if r["controller"]]
+    out.write(f"\nrules on this node: {len(active)} active, {len(local) - len(active)} inactive"
+              f" (+{len(remote)} cross-node rules the controller evaluates: {', '.join(remote)})\n")
+    for r in active:
+        out.write(f"  active   {r['rule']} ({r['pathology']})\n")
+    for r in local:
         if not r["active"]:
             out.write(f"  inactive {r['rule']} ({r['pathology']}): {r['reason']}\n")
     return 0

@@ -47,8 +47,9 @@ SECTION_KEYS: dict[str, set[str]] = {
     "metrics": {"listen"},
     "record": {"dir", "max_bytes", "max_duration", "rotate"},
     "log": {"level", "format"},
-    "nats": {"url", "servers", "user", "password", "token", "nkey_seed", "creds", "tls", "name",
-             "connect_timeout", "publish_timeout"},
+    "nats": {"url", "servers", "user", "password", "token", "nkey_seed_file", "creds_file", "tls_ca_file",
+             "tls_cert_file", "tls_key_file", "tls_hostname", "name", "connect_timeout", "reconnect_time_wait",
+             "pending_size"},
 }
 COMMON_COLLECTOR_KEYS = {"enabled", "interval", "timeout", "required"}
 
@@ -230,6 +231,14 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         v = node if k == "node" else str(merged.get(k, ""))
         if not v or any(c in v for c in " .*>\t"):
             problems.append(f"{pos(k)}: {k} {v!r} must be non-empty without spaces, dots, '*' or '>' (NATS subject token)")
+    nats = merged.get("nats") or {}
+    if isinstance(nats, dict) and (nats.get("url") or nats.get("servers")):
+        from skewd.natsutil import NatsConfig, NatsConfigError
+
+        try:
+            NatsConfig.from_dict(nats)
+        except NatsConfigError as e:
+            problems += [f"{pos('nats')}: {line.strip()}" for line in str(e).splitlines()[1:]]
     record = merged.get("record") if isinstance(merged.get("record"), dict) else {}
     if record.get("max_duration"):
         try:

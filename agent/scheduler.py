@@ -75,7 +75,11 @@ def availability(slots: list[CollectorSlot]) -> tuple[set[str], dict[str, str]]:
     for s in slots:
         cls = registry.collector_class(s.name)
         if s.active:
-            available |= s.collector.provides()
+            provided = s.collector.provides()
+            available |= provided
+            for spec in cls.catalogue:
+                if spec.name not in provided:
+                    reasons.setdefault(spec.name, s.collector.unavailable_reason(spec.name))
         else:
             for spec in cls.catalogue:
                 reasons.setdefault(spec.name, f"{s.name} collector {s.status.availability.value}: {s.status.reason}")

@@ -102,6 +102,10 @@ class Collector(ABC):
         Mapping collectors (exporter scrapes) override this with what their mapping yields."""
         return {s.name for s in self.catalogue}
 
+    def unavailable_reason(self, signal_name: str) -> str:
+        """Why an active collector does not supply one of its catalogued signals."""
+        return f"{self.name} collector does not supply it on this host"
+
     # -- helpers ---------------------------------------------------------------------------
     def collect_counted(self, t: float) -> SampleBatch:
         """collect() with self-telemetry; errors are counted and re-raised."""

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Mapping, Sequence, TextIO
 
-from skewd.model import Catalogue, format_duration
+from skewd.model import GROUP_SCOPES, Catalogue, format_duration
 
 from .engine import RuleSet
 from .loader import load_rules
@@ -153,13 +153,18 @@ def coverage(rs: RuleSet, avail: tuple[set[str], Mapping[str, str]] | None, as_j
         for r in rules:
             if not r.enabled:
                 status, why = "disabled", ""
+            elif r.scope in GROUP_SCOPES:
+                status, why = "controller", "cross-node rule: the controller evaluates it over node summaries"
             elif avail is None:
                 status, why = "not probed", ""
             else:
                 signals, reasons = avail
                 missing = [s for s in r.requires if s not in signals]
                 status = "inactive" if missing else "active"
-                why = "; ".join(sorted({f"{s}: {reasons.get(s, 'no collector supplies it')}" for s in missing}))
+                by_reason: dict[str, list[str]] = {}
+                for sig in missing:
+                    by_reason.setdefault(reasons.get(sig, "no collector supplies it"), []).append(sig)
+                why = "; ".join(f"{', '.join(sigs)}: {r}" for r, sigs in sorted(by_reason.items()))
             entries.append({"rule": r.id, "status": status, "reason": why, "scope": r.scope.value})
         rows.append({"pathology": pid, "title": p.title, "rules": entries})
     missing = [r["pathology"] for r in rows if not r["rules"]]

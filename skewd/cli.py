@@ -26,7 +26,16 @@ def build_parser() -> argparse.ArgumentParser:
     sig = sub.add_parser("signals", help="list the signal catalogue")
     sig.add_argument("--json", action="store_true")
     # commands implemented by other packages register lazily (their modules may be heavy)
-    for name, mod, help_ in (
+    for name, mod, help_ in DELEGATED:
+        sp = sub.add_parser(name, help=help_, add_help=False)
+        sp.add_argument("rest", nargs=argparse.REMAINDER)
+        sp.set_defaults(module=mod)
+    return p
+
+
+#: commands implemented by other packages: they parse their own arguments (their modules may be
+#: heavy, so they are imported only when used)
+DELEGATED = (
         ("pkt", "skewd.collectors.pkt.cli", "per-flow packet timing features of a pcap/pcapng file"),
         ("agent", "skewd.agent.main", "run the node agent (or --check what this host supports)"),
         ("up", "skewd.agent.up", "embedded local stack: nats-server, controller, agent, live view"),
@@ -34,15 +43,14 @@ def build_parser() -> argparse.ArgumentParser:
         ("replay", "skewd.agent.replay", "replay capture bundles through the rules"),
         ("controller", "skewd.controller.main", "run the controller"),
         ("demo", "skewd.controller.demo", "a simulated 4-node cluster, live"),
-    ):
-        sp = sub.add_parser(name, help=help_, add_help=False)
-        sp.add_argument("rest", nargs=argparse.REMAINDER)
-        sp.set_defaults(module=mod)
-    return p
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    delegated = {name: mod for name, mod, _ in DELEGATED}
+    if argv and argv[0] in delegated:
+        return _delegate(argv[0], delegated[argv[0]], argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.cmd == "rules":
@@ -52,15 +60,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return rules_cli.run(args, full_catalogue(), _availability)
     if args.cmd == "signals":
         return _signals(args.json)
-    mod_name = getattr(args, "module", None)
+    return _delegate(args.cmd, args.module, args.rest)
+
+
+def _delegate(cmd: str, mod_name: str, rest: list[str]) -> int:
     try:
         mod = importlib.import_module(mod_name)
     except ModuleNotFoundError as e:
         if e.name and mod_name.startswith(e.name):
-            print(f"skewd {args.cmd}: not available in this build ({mod_name} missing)", file=sys.stderr)
+            print(f"skewd {cmd}: not available in this build ({mod_name} missing)", file=sys.stderr)
             return 2
         raise
-    return int(mod.main(args.rest) or 0)
+    return int(mod.main(rest) or 0)
 
 
 def _signals(as_json: bool) -> int:

@@ -93,7 +93,12 @@ class NatsConfig:
         value are reported together in one :class:`NatsConfigError`."""
         d = dict(d or {})
         known = {f.name for f in fields(cls)}
-        errors = [f"{where}.{k}: unknown key (known: {', '.join(sorted(known))})" for k in d if k not in known]
+        errors: list[str] = []
+        if "url" in d:  # the usual single-server spelling
+            if "servers" in d:
+                errors.append(f"{where}: set url or servers, not both")
+            d["servers"] = d.pop("url")
+        errors += [f"{where}.{k}: unknown key (known: url, {', '.join(sorted(known))})" for k in d if k not in known]
         if "servers" in d:
             s = d["servers"]
             if isinstance(s, str):

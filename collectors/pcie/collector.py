@@ -133,6 +133,9 @@ class PcieCollector(Collector):
             return Status(Availability.NEEDS_OPERATOR,
                           f"configured PCI address(es) {', '.join(missing)} not present under "
                           f"{self.devices_dir}: fix collectors.pcie.addresses; {reason}")
+        self._sysfs_ok = bool(selected)
+        self._nvml_ok = nvml is not None and nvml.active
+        self._nvml_reason = nvml.reason if nvml is not None else "disabled (collectors.pcie.nvml: false)"
         if nvml is not None and nvml.availability is Availability.NEEDS_OPERATOR:
             return Status(Availability.NEEDS_OPERATOR, reason)
         if selected or (nvml is not None and nvml.active):
@@ -140,6 +143,22 @@ class PcieCollector(Collector):
         if nvml is not None and nvml.availability is Availability.UNAVAILABLE:
             return Status(Availability.UNAVAILABLE, reason)
         return Status(Availability.ABSENT, reason)
+
+    def provides(self) -> set[str]:
+        """Only the half that works: a host with PCI devices but no NVML supplies the sysfs link
+        and AER signals, not the per-GPU throughput (so rules needing it say why they are off)."""
+        out = set()
+        for spec in self.catalogue:
+            nvml_part = spec.scope.value == "gpu"
+            if (nvml_part and getattr(self, "_nvml_ok", False)) or (not nvml_part and getattr(self, "_sysfs_ok", False)):
+                out.add(spec.name)
+        return out
+
+    def unavailable_reason(self, signal_name: str) -> str:
+        spec = next((s for s in self.catalogue if s.name == signal_name), None)
+        if spec is not None and spec.scope.value == "gpu":
+            return f"pcie collector's NVML part inactive: {getattr(self, '_nvml_reason', 'not probed')}"
+        return "pcie collector matched no PCI device"
 
     def start(self) -> None:
         super().start()
