@@ -18,7 +18,13 @@ cmd=${1:-}
 shift || true
 case "$cmd" in
   up)   venv; exec .venv/bin/skewd up "$@" ;;
-  test) venv; set +e; .venv/bin/python -m pytest "$@"; rc=$?; set -e
+  test) venv
+        # the HTML report test renders in headless Chromium (Debian's package); as root, install it
+        if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+          (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium) \
+            >/dev/null 2>&1 || echo "dev.sh: could not install chromium; the report rendering test will skip" >&2
+        fi
+        set +e; .venv/bin/python -m pytest "$@"; rc=$?; set -e
         # pytest exits 5 when it collected nothing: that is a failure of the suite, not a pass
         exit $rc ;;
   *) echo "usage: ./dev.sh up [skewd up options] | ./dev.sh test [pytest options]" >&2; exit 2 ;;

@@ -130,6 +130,8 @@ class Agent:
         if res.ok:
             self.reloads_ok += 1
             self._apply_availability()
+            if self.recorder is not None:
+                self.recorder.set_rules(self.pipeline.engine.rules)
             log.info(res.describe())
         else:
             self.reloads_rejected += 1
@@ -243,6 +245,8 @@ class Agent:
             from .record import Recorder
 
             self.recorder = Recorder.for_agent(self.cfg, self.pipeline.engine.rules)
+            # replay must leave inactive the rules this host could not evaluate
+            self.recorder.set_available_signals(self.pipeline.engine.available)
             self.pipeline.add_sink(self.recorder)
 
     async def shutdown(self) -> None:
