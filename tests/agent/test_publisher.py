@@ -43,7 +43,7 @@ async def _pull_all(url: str, cluster: str, durable: str, expect: int, timeout: 
     """Every stored finding of ``cluster``, in stream order, via a durable pull consumer."""
     nc = await nats.connect(url)
     try:
-        js = nc.jetstream()
+        js = nc.jetstream(timeout=20)  # API calls: a loaded CI machine can be slow to answer
         sub = await js.pull_subscribe(wire.subject_filter("finding", cluster=cluster), durable=durable,
                                       stream=wire.FINDINGS_STREAM.name)
         got: list = []
