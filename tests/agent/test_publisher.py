@@ -108,7 +108,7 @@ async def test_streams_are_created_as_specified_and_ensure_is_idempotent(nats_se
         await pub.close()
     nc = await nats.connect(nats_server.url)
     try:
-        js = nc.jetstream()
+        js = nc.jetstream(timeout=20)
         info = await js.stream_info("SKEWD_FINDINGS")
         c = info.config
         assert c.subjects == ["skewd.v1.finding.>"] and c.storage == "file"

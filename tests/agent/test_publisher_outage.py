@@ -82,7 +82,7 @@ async def test_findings_survive_a_server_crash_exactly_once_and_in_order(nats_se
 
     nc = await nats.connect(srv.url)
     try:
-        js = nc.jetstream()
+        js = nc.jetstream(timeout=20)
         info = await js.stream_info(wire.FINDINGS_STREAM.name)
         sub = await js.pull_subscribe(wire.subject_filter("finding", cluster="outage"), durable="outage")
         got: list[str] = []

@@ -273,7 +273,7 @@ def test_publish_sends_findings_to_nats(live, nats_server) -> None:
     async def check() -> tuple[int, dict]:
         nc = await asyncio.wait_for(nats.connect(nats_server.url), 5)
         try:
-            js = nc.jetstream()
+            js = nc.jetstream(timeout=20)
             info = await js.stream_info("SKEWD_FINDINGS")
             msg = await js.get_last_msg("SKEWD_FINDINGS", "skewd.v1.finding.c1.n1.NS5-BACKLOG")
             return info.state.messages, json.loads(msg.data)
