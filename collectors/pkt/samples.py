@@ -1,0 +1,98 @@
+"""Interval features → catalogued samples (pure)."""
+from __future__ import annotations
+
+import numpy as np
+
+from skewd.model import SampleBatch
+
+from .features import IntervalFeatures
+
+#: feature column → flow-scope signal
+FLOW_SIGNALS = {
+    "packets_total": "pkt_flow_packets_total",
+    "bytes_total": "pkt_flow_bytes_total",
+    "packets_per_second": "pkt_flow_packets_per_second",
+    "bytes_per_second": "pkt_flow_bytes_per_second",
+    "bytes_share_ratio": "pkt_flow_bytes_share_ratio",
+    "gap_p50_seconds": "pkt_flow_gap_p50_seconds",
+    "gap_p99_seconds": "pkt_flow_gap_p99_seconds",
+    "gap_max_seconds": "pkt_flow_gap_max_seconds",
+    "jitter_cov": "pkt_flow_jitter_cov",
+    "bursts_total": "pkt_flow_bursts_total",
+    "burst_start_seconds": "pkt_flow_burst_start_seconds",
+    "burst_bytes": "pkt_flow_burst_bytes",
+    "burst_duration_seconds": "pkt_flow_burst_duration_seconds",
+    "burst_bytes_max": "pkt_flow_burst_bytes_max",
+    "inter_burst_gap_seconds": "pkt_flow_inter_burst_gap_seconds",
+    "tcp_retransmits_total": "pkt_flow_tcp_retransmits_total",
+    "roce_retransmits_total": "pkt_flow_roce_retransmits_total",
+    "ecn_ce_packets_total": "pkt_flow_ecn_ce_packets_total",
+    "start_seconds": "pkt_flow_start_seconds",
+    "end_seconds": "pkt_flow_end_seconds",
+    "idle_seconds": "pkt_flow_idle_seconds",
+    "closed": "pkt_flow_closed",
+    "egress": "pkt_flow_egress",
+}
+
+#: PortFeatures attribute → nic_port-scope signal
+PORT_SIGNALS = {
+    "packets_total": "pkt_packets_total",
+    "bytes_total": "pkt_bytes_total",
+    "other_total": "pkt_other_packets_total",
+    "kernel_drops_total": "pkt_kernel_drops_total",
+    "flows": "pkt_flows",
+    "share_max": "pkt_flow_bytes_share_max_ratio",
+    "gini": "pkt_flow_bytes_gini_ratio",
+    "ingress_pps": "pkt_ingress_packets_per_second",
+    "ingress_bps": "pkt_ingress_bytes_per_second",
+    "ingress_gap_p99": "pkt_ingress_gap_p99_seconds",
+    "ingress_gap_max": "pkt_ingress_gap_max_seconds",
+    "bursts_total": "pkt_bursts_total",
+    "burst_start": "pkt_burst_start_seconds",
+    "burst_bytes": "pkt_burst_bytes",
+    "inter_burst_gap": "pkt_inter_burst_gap_seconds",
+    "end_spread": "pkt_flow_end_spread_seconds",
+    "tcp_retransmits_total": "pkt_tcp_retransmits_total",
+}
+
+
+#: what a tracked flow without packets in the interval still reports (it is silent: its rate
+#: is 0 and its idle time grows); its gap and burst values would only repeat stale numbers
+IDLE_COLUMNS = frozenset({"packets_total", "bytes_total", "packets_per_second", "bytes_per_second",
+                          "idle_seconds", "start_seconds", "end_seconds", "closed"})
+
+
+def to_batch(f: IntervalFeatures, node: str, t: float) -> SampleBatch:
+    """Samples of one interval stamped ``t``; values that cannot be measured (NaN) are left out."""
+    ents = np.empty(len(f.entities), dtype=object)
+    ents[:] = f.entities
+    active = f.flows["packets"] > 0 if len(f.entities) else np.zeros(0, bool)
+    e_parts, s_parts, v_parts = [], [], []
+    for col, sig in FLOW_SIGNALS.items():
+        v = f.flows[col]
+        ok = ~np.isnan(v)
+        if col not in IDLE_COLUMNS:
+            ok &= active
+        if not ok.any():
+            continue
+        k = int(ok.sum())
+        e_parts.append(ents[ok])
+        s = np.empty(k, dtype=object)
+        s[:] = sig
+        s_parts.append(s)
+        v_parts.append(v[ok])
+    for p in f.ports:
+        for attr, sig in PORT_SIGNALS.items():
+            v = getattr(p, attr)
+            if v is None or v != v:
+                continue
+            e_parts.append(np.array([p.name], dtype=object))
+            s_parts.append(np.array([sig], dtype=object))
+            v_parts.append(np.array([float(v)]))
+    if not v_parts:
+        return SampleBatch.empty()
+    value = np.concatenate(v_parts)
+    node_col = np.empty(len(value), dtype=object)
+    node_col[:] = node
+    return SampleBatch(np.full(len(value), float(t)), node_col, np.concatenate(e_parts),
+                       np.concatenate(s_parts), value)
