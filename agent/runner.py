@@ -24,6 +24,7 @@ from skewd.rules.loader import rule_files
 from skewd.rules.reload import ReloadResult, RuleManager
 
 from . import summary as summary_mod
+from .clock import clock_state
 from .config import AgentConfig
 from .pipeline import Pipeline
 from .scheduler import CollectorSlot, LiveSource, availability, build_slots
@@ -75,6 +76,7 @@ class Agent:
         self.summaries_sent = 0
         self.last_summary: dict[str, float] = {}
         self.started = asyncio.Event()
+        self._clock: tuple[float, Any] | None = None
 
     # -- setup -------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -199,8 +201,12 @@ class Agent:
         return findings
 
     async def _send_summary(self, now: float) -> None:
+        if self._clock is None or now - self._clock[0] > 30.0:  # the discipline changes slowly
+            self._clock = (now, clock_state())
+        clk = self._clock[1]
         msg = summary_mod.make_summary(self.pipeline.store, self.cfg.node, self.cfg.cluster, now,
-                                       self.cfg.summary_interval)
+                                       self.cfg.summary_interval, clock_synced=clk.synced,
+                                       clock_error=clk.max_error_s, labels=self.cfg.labels)
         self.last_summary = {k: v[""] for k, v in msg.signals.items() if "" in v}
         # node rules may combine scopes through the summaries (e.g. a NIC rule that also looks
         # at the engines' waiting queue), so they enter the local store like any sample

@@ -129,7 +129,8 @@ def to_batch(node: str, t: float, values: dict[str, float]) -> SampleBatch:
 
 
 def make_summary(store: WindowStore, node: str, cluster: str, t: float, interval: float,
-                 clock_synced: bool = True, clock_error: float | None = None):
+                 clock_synced: bool = True, clock_error: float | None = None,
+                 labels: dict[str, str] | None = None):
     """The wire message for one interval (signals keyed by entity ``""``)."""
     from skewd import wire
 
@@ -140,5 +141,5 @@ def make_summary(store: WindowStore, node: str, cluster: str, t: float, interval
         signals["collective_burst_starts"] = {str(k): v for k, v in enumerate(starts)}
     return wire.Summary(node=node, cluster=cluster, t=t, interval=interval, signals=signals,
                         clock_sync=wire.ClockSync(synced=clock_synced, max_error_s=clock_error),
-                        agent_version=__version__)
+                        agent_version=__version__, labels=dict(labels or {}))
 

@@ -315,6 +315,9 @@ class Summary:
     signals: dict[str, dict[str, float | None]]
     clock_sync: ClockSync
     agent_version: str
+    #: the node's labels from its config (tp_group, tp_rank, pp_group, pp_stage, model): the
+    #: controller learns topology from them when its own config does not say (added in schema 1)
+    labels: dict[str, str] = field(default_factory=dict)
     schema: int = WIRE_SCHEMA
     kind: MessageKind = field(default=MessageKind.SUMMARY, init=False)
 
@@ -508,10 +511,14 @@ def summary_from_dict(d: Mapping[str, Any]) -> Summary:
         ents = sig.obj(name)
         signals[name] = {e: ents.num(e, optional=True) for e in ents.d}
     cs = r.obj("clock_sync")
+    raw_labels = d.get("labels") or {}
+    if not isinstance(raw_labels, Mapping) or not all(isinstance(v, str) for v in raw_labels.values()):
+        raise WireError("summary.labels: expected an object of strings")
     return Summary(node=r.text("node"), cluster=r.text("cluster"), t=r.num("t"), interval=r.num("interval"),  # type: ignore[arg-type]
                    signals=signals,
                    clock_sync=ClockSync(synced=cs.boolean("synced"), max_error_s=cs.num("max_error_s", optional=True)),
-                   agent_version=r.text("agent_version"), schema=WIRE_SCHEMA)
+                   agent_version=r.text("agent_version"), labels={str(k): v for k, v in raw_labels.items()},
+                   schema=WIRE_SCHEMA)
 
 
 def health_from_dict(d: Mapping[str, Any]) -> Health:

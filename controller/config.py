@@ -1,0 +1,351 @@
+"""Controller configuration: one YAML file, validated strictly (unknown keys are errors with a
+did-you-mean and ``file:line:col``; every problem is reported at once), defaults that make an
+empty file a working single-cluster controller, and the environment overrides containers use:
+``SKEWD_CLUSTER``, ``SKEWD_NATS_URL`` (comma-separated servers), ``SKEWD_RULES``
+(``:``-separated paths), ``SKEWD_CONTROLLER_ID``.
+
+The topology section names the tensor-parallel (TP) and pipeline-parallel (PP) groups and the
+models they serve. Agents may declare their own group through summary labels; the file wins
+where both speak (it is the operator's word), see :mod:`skewd.controller.topology`.
+"""
+from __future__ import annotations
+
+import copy
+import difflib
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from skewd.model import parse_duration
+from skewd.natsutil import NatsConfig, NatsConfigError
+from skewd.rules.yamlpos import PMap, Pos, YamlError, load
+
+DEFAULTS: dict[str, Any] = {
+    "cluster": "default",
+    "controller_id": "",  # default: <hostname>-<pid>
+    "nats": {},
+    "rules": [],  # default: the shipped packs (skewd.rules.cli.PACKS)
+    "evaluation_interval": "1s",
+    "lookback": "30s",
+    "horizon": "10m",
+    "warmup": "10s",
+    "stale_after": "5s",
+    "alignment": {"window": "30s", "max_skew": "250ms", "unsynced_clock_error": "50ms",
+                  "min_group_fraction": 0.5},
+    "correlation": {"group_wait": "30s", "culprit_pathologies": ["EW-1", "EW-2", "EW-3", "EW-9"],
+                    "never_inhibit": ["GPU-1", "GPU-6"], "effect_window": "30s"},
+    "remap": {"ttl": "10m", "min_confidence": 0.3, "concurrency_factor": 0.75, "reroute_weight": 0.5},
+    "consumer": {"durable": "", "queue": "", "ack_wait": "10s", "batch": 64},  # default names: skewd-controller-<cluster>
+    "state": {"bucket": "SKEWD_CONTROLLER", "max_age": "7d"},
+    "topology": {"tp_groups": {}, "pp_groups": {}, "models": {}},
+    "log": {"level": "info"},
+}
+SECTIONS = {k: set(v) for k, v in DEFAULTS.items() if isinstance(v, dict) and k not in ("nats",)}
+TP_KEYS = {"nodes", "model", "engine"}
+PP_KEYS = {"stages", "model"}
+MODEL_KEYS = {"max_num_seqs", "max_model_len", "router", "engines"}
+
+
+class ConfigError(Exception):
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class TPGroup:
+    name: str
+    nodes: tuple[str, ...]  # in TP-rank order
+    model: str = ""
+    engine: str = ""  # "<node>/<engine>" of the vLLM front end serving this group, if known
+
+
+@dataclass(frozen=True)
+class PPGroup:
+    name: str
+    stages: tuple[str, ...]  # TP group names (or single nodes), stage 0 first
+    model: str = ""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    max_num_seqs: int | None = None
+    max_model_len: int | None = None
+    router: str = ""  # the name a router knows this model's pool by (reroute target)
+    engines: tuple[str, ...] = ()
+
+
+@dataclass
+class ControllerConfig:
+    cluster: str
+    controller_id: str
+    nats: NatsConfig
+    rules: list[str]
+    evaluation_interval: float
+    lookback: float
+    horizon: float
+    warmup: float
+    stale_after: float
+    align_window: float
+    max_skew: float
+    unsynced_clock_error: float
+    min_group_fraction: float
+    group_wait: float
+    culprit_pathologies: tuple[str, ...]
+    never_inhibit: tuple[str, ...]
+    effect_window: float
+    remap_ttl: float
+    min_confidence: float
+    concurrency_factor: float
+    reroute_weight: float
+    durable: str
+    queue: str
+    ack_wait: float
+    batch: int
+    bucket: str
+    state_max_age: float
+    tp_groups: dict[str, TPGroup] = field(default_factory=dict)
+    pp_groups: dict[str, PPGroup] = field(default_factory=dict)
+    models: dict[str, ModelSpec] = field(default_factory=dict)
+    log_level: str = "info"
+    source: str = "<defaults>"
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), dict) and k != "nats":
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _positions(m: Any, prefix: tuple, out: dict[tuple, Pos]) -> None:
+    if isinstance(m, PMap):
+        for k, v in m.items():
+            out[prefix + (k,)] = m.key_pos[k]
+            _positions(v, prefix + (k,), out)
+
+
+def _hint(word: str, options: Any) -> str:
+    m = difflib.get_close_matches(str(word), list(options), n=1)
+    return f"; did you mean {m[0]}?" if m else ""
+
+
+def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = None,
+                overrides: Mapping[str, Any] | None = None) -> ControllerConfig:
+    """Read, merge (defaults < file < env < overrides) and validate. Raises :class:`ConfigError`."""
+    env = os.environ if env is None else env
+    problems: list[str] = []
+    doc: Any = {}
+    where = "<defaults>"
+    pos_of: dict[tuple, Pos] = {}
+    if path is not None:
+        where = str(path)
+        try:
+            text = Path(path).read_text()
+        except OSError as e:
+            raise ConfigError([f"{path}: cannot read config: {e.strerror or e}"]) from None
+        try:
+            doc, dupes = load(text, where)
+        except YamlError as e:
+            raise ConfigError([f"{e.pos}: {e.message}"]) from None
+        problems += [f"{d.pos}: {d.message}" for d in dupes]
+        doc = doc if doc is not None else {}
+        if not isinstance(doc, dict):
+            raise ConfigError([f"{where}:1:1: the controller config is a mapping of settings"])
+        _positions(doc, (), pos_of)
+    over: dict[str, Any] = {}
+    if env.get("SKEWD_CLUSTER"):
+        over["cluster"] = env["SKEWD_CLUSTER"]
+    if env.get("SKEWD_CONTROLLER_ID"):
+        over["controller_id"] = env["SKEWD_CONTROLLER_ID"]
+    if env.get("SKEWD_RULES"):
+        over["rules"] = [p for p in env["SKEWD_RULES"].split(":") if p]
+    merged = _merge(_merge(DEFAULTS, doc), over)
+    if env.get("SKEWD_NATS_URL"):
+        merged["nats"] = {**(merged.get("nats") or {}), "servers": env["SKEWD_NATS_URL"]}
+    merged = _merge(merged, overrides or {})
+
+    def pos(*keys: Any) -> str:
+        for i in range(len(keys), 0, -1):
+            p = pos_of.get(tuple(keys[:i]))
+            if p:
+                return str(p)
+        return where
+
+    for k in merged:
+        if k not in DEFAULTS:
+            problems.append(f"{pos(k)}: unknown key {k!r}{_hint(k, DEFAULTS)}")
+    for sec, allowed in SECTIONS.items():
+        val = merged.get(sec)
+        if not isinstance(val, dict):
+            problems.append(f"{pos(sec)}: {sec} must be a mapping")
+            merged[sec] = copy.deepcopy(DEFAULTS[sec])
+            continue
+        for k in val:
+            if k not in allowed:
+                problems.append(f"{pos(sec, k)}: unknown key {sec}.{k}{_hint(k, allowed)}")
+
+    def dur(value: Any, name: str, *keys: str, positive: bool = True) -> float:
+        try:
+            v = parse_duration(value)
+            if positive and v <= 0:
+                raise ValueError("must be longer than 0s")
+            return v
+        except ValueError as e:
+            problems.append(f"{pos(*keys)}: {name}: {e}")
+            return 1.0
+
+    def num(value: Any, name: str, lo: float, hi: float, *keys: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
+            problems.append(f"{pos(*keys)}: {name} must be a number in [{lo:g}, {hi:g}], got {value!r}")
+            return lo
+        return float(value)
+
+    def strlist(value: Any, name: str, *keys: str) -> tuple[str, ...]:
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+            problems.append(f"{pos(*keys)}: {name} must be a list of strings")
+            return ()
+        return tuple(value)
+
+    d = {k: dur(merged[k], k, k) for k in ("evaluation_interval", "lookback", "horizon", "warmup", "stale_after")}
+    al, co, rm, cons, st = (merged[s] for s in ("alignment", "correlation", "remap", "consumer", "state"))
+    cluster = str(merged.get("cluster") or "")
+    if not cluster or any(c in cluster for c in " .*>\t"):
+        problems.append(f"{pos('cluster')}: cluster {cluster!r} must be non-empty without spaces, dots, '*' or '>'")
+    nats_raw = dict(merged.get("nats") or {})
+    if "url" in nats_raw:  # the agent's spelling: accept it here too
+        nats_raw["servers"] = nats_raw.pop("url")
+    try:
+        nats_cfg = NatsConfig.from_dict(nats_raw)
+    except NatsConfigError as e:
+        problems += [f"{pos('nats')}: {line.strip()}" for line in str(e).splitlines()[1:]]
+        nats_cfg = NatsConfig()
+    rules = merged.get("rules")
+    rules = [rules] if isinstance(rules, str) else rules
+    if not isinstance(rules, list) or not all(isinstance(r, str) for r in rules):
+        problems.append(f"{pos('rules')}: rules must be a list of files or directories")
+        rules = []
+    bucket = str(st.get("bucket", ""))
+    if not bucket or not all(c.isalnum() or c in "_-" for c in bucket):
+        problems.append(f"{pos('state', 'bucket')}: state.bucket {bucket!r} must be letters, digits, '_' or '-'")
+    tp, pp, models = _topology(merged.get("topology"), pos, problems)
+    level = str((merged.get("log") or {}).get("level", "info")).lower()
+    if level not in ("debug", "info", "warning", "error"):
+        problems.append(f"{pos('log', 'level')}: log.level must be debug, info, warning or error")
+    durable = str(cons.get("durable") or f"skewd-controller-{cluster}")
+    cfg = ControllerConfig(
+        cluster=cluster,
+        controller_id=str(merged.get("controller_id") or f"{socket.gethostname()}-{os.getpid()}"),
+        nats=nats_cfg, rules=list(rules), **d,
+        align_window=dur(al.get("window"), "alignment.window", "alignment", "window"),
+        max_skew=dur(al.get("max_skew"), "alignment.max_skew", "alignment", "max_skew"),
+        unsynced_clock_error=dur(al.get("unsynced_clock_error"), "alignment.unsynced_clock_error",
+                                 "alignment", "unsynced_clock_error", positive=False),
+        min_group_fraction=num(al.get("min_group_fraction"), "alignment.min_group_fraction", 0.0, 1.0,
+                               "alignment", "min_group_fraction"),
+        group_wait=dur(co.get("group_wait"), "correlation.group_wait", "correlation", "group_wait", positive=False),
+        culprit_pathologies=strlist(co.get("culprit_pathologies"), "correlation.culprit_pathologies",
+                                    "correlation", "culprit_pathologies"),
+        never_inhibit=strlist(co.get("never_inhibit"), "correlation.never_inhibit", "correlation", "never_inhibit"),
+        effect_window=dur(co.get("effect_window"), "correlation.effect_window", "correlation", "effect_window"),
+        remap_ttl=dur(rm.get("ttl"), "remap.ttl", "remap", "ttl"),
+        min_confidence=num(rm.get("min_confidence"), "remap.min_confidence", 0.0, 1.0, "remap", "min_confidence"),
+        concurrency_factor=num(rm.get("concurrency_factor"), "remap.concurrency_factor", 0.05, 1.0,
+                               "remap", "concurrency_factor"),
+        reroute_weight=num(rm.get("reroute_weight"), "remap.reroute_weight", 0.0, 1.0, "remap", "reroute_weight"),
+        durable=durable.replace(".", "_"), queue=str(cons.get("queue") or durable),
+        ack_wait=dur(cons.get("ack_wait"), "consumer.ack_wait", "consumer", "ack_wait"),
+        batch=int(num(cons.get("batch"), "consumer.batch", 1, 4096, "consumer", "batch")),
+        bucket=bucket, state_max_age=dur(st.get("max_age"), "state.max_age", "state", "max_age"),
+        tp_groups=tp, pp_groups=pp, models=models, log_level=level, source=where,
+    )
+    if cfg.warmup > cfg.horizon:
+        problems.append(f"{pos('warmup')}: warmup ({cfg.warmup:g}s) must not exceed horizon ({cfg.horizon:g}s)")
+    if problems:
+        raise ConfigError(problems)
+    return cfg
+
+
+def _topology(topo: Any, pos: Any, problems: list[str]) -> tuple[dict[str, TPGroup], dict[str, PPGroup],
+                                                                  dict[str, ModelSpec]]:
+    tp: dict[str, TPGroup] = {}
+    pp: dict[str, PPGroup] = {}
+    models: dict[str, ModelSpec] = {}
+    if not isinstance(topo, dict):
+        problems.append(f"{pos('topology')}: topology must be a mapping")
+        return tp, pp, models
+    seen: dict[str, str] = {}
+
+    def section(name: str) -> dict:
+        v = topo.get(name) or {}
+        if not isinstance(v, dict):
+            problems.append(f"{pos('topology', name)}: topology.{name} must map names to settings")
+            return {}
+        return v
+
+    for name, g in section("tp_groups").items():
+        where = ("topology", "tp_groups", name)
+        if not isinstance(g, dict):
+            problems.append(f"{pos(*where)}: tp group {name!r} must be a mapping with nodes")
+            continue
+        for k in g:
+            if k not in TP_KEYS:
+                problems.append(f"{pos(*where, k)}: unknown key topology.tp_groups.{name}.{k}{_hint(k, TP_KEYS)}")
+        nodes = g.get("nodes")
+        if not isinstance(nodes, list) or not nodes or not all(isinstance(n, str) and n for n in nodes):
+            problems.append(f"{pos(*where, 'nodes')}: tp group {name!r}: nodes must be a non-empty list of node names "
+                            "in TP-rank order")
+            continue
+        for n in nodes:
+            if n in seen:
+                problems.append(f"{pos(*where, 'nodes')}: node {n!r} is in tp groups {seen[n]!r} and {name!r}; "
+                                "a node serves one TP group")
+            seen[n] = str(name)
+        if len(set(nodes)) != len(nodes):
+            problems.append(f"{pos(*where, 'nodes')}: tp group {name!r} lists a node twice")
+        tp[str(name)] = TPGroup(str(name), tuple(nodes), str(g.get("model", "")), str(g.get("engine", "")))
+    for name, g in section("pp_groups").items():
+        where = ("topology", "pp_groups", name)
+        if not isinstance(g, dict):
+            problems.append(f"{pos(*where)}: pp group {name!r} must be a mapping with stages")
+            continue
+        for k in g:
+            if k not in PP_KEYS:
+                problems.append(f"{pos(*where, k)}: unknown key topology.pp_groups.{name}.{k}{_hint(k, PP_KEYS)}")
+        stages = g.get("stages")
+        if not isinstance(stages, list) or len(stages) < 2 or not all(isinstance(s, str) for s in stages):
+            problems.append(f"{pos(*where, 'stages')}: pp group {name!r}: stages must list at least two TP groups "
+                            "(or nodes), stage 0 first")
+            continue
+        pp[str(name)] = PPGroup(str(name), tuple(stages), str(g.get("model", "")))
+    for name, m in section("models").items():
+        where = ("topology", "models", name)
+        m = m or {}
+        if not isinstance(m, dict):
+            problems.append(f"{pos(*where)}: model {name!r} must be a mapping")
+            continue
+        for k in m:
+            if k not in MODEL_KEYS:
+                problems.append(f"{pos(*where, k)}: unknown key topology.models.{name}.{k}{_hint(k, MODEL_KEYS)}")
+        ints = {}
+        for k in ("max_num_seqs", "max_model_len"):
+            v = m.get(k)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
+                problems.append(f"{pos(*where, k)}: {k} must be a positive integer")
+                v = None
+            ints[k] = v
+        engines = m.get("engines") or []
+        if not isinstance(engines, list) or not all(isinstance(e, str) for e in engines):
+            problems.append(f"{pos(*where, 'engines')}: engines must be a list of '<node>/<engine>' names")
+            engines = []
+        models[str(name)] = ModelSpec(str(name), ints["max_num_seqs"], ints["max_model_len"],
+                                      str(m.get("router", "")), tuple(engines))
+    return tp, pp, models

@@ -1,0 +1,365 @@
+"""Correlation: findings from every node (and the controller's own group rules) become
+incidents with a culprit, victims, a root cause, the engine phase and the observed effect.
+
+Modelled on Alertmanager: findings are *grouped* (by TP group and culprit for cross-node
+findings, by node and pathology for node-local ones), *de-duplicated* (one finding per
+fingerprint, its latest transition), and *inhibited*: while a culprit incident is open for a
+TP group, the findings its victims raise (the peers waiting at every collective: low
+utilisation, slow steps, eroding throughput) are attached to it instead of opening incidents of
+their own, so they produce no remap of their own. Pathologies listed in
+``correlation.never_inhibit`` (hardware faults, squatters) are never hidden that way.
+
+:meth:`Correlator.correlate` recomputes the incident set from the current findings at a given
+time, so every controller replica and a restarted controller reach the same incidents; only
+the id an open incident was given is remembered (and persisted by the service) so that an
+incident keeps its id while its first member resolves.
+
+Root-cause attribution follows the runbooks: the culprit's GPUs report throttle reasons →
+``gpu``; its host is CPU/IRQ-bound → ``host``; its PCIe feed is thin while its ingress is normal
+(PCIe late after ingress) → ``pcie``; its PCIe is healthy but its egress stalls (transmit wait,
+ECN/CNP, retransmits) → ``network``; its engine carries more load than its peers → ``engine``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping, Sequence
+
+from skewd.model import GROUP_SCOPES, Finding, Layer, State
+
+from .align import GroupReport
+from .messages import Cause, Effect, Incident, PhaseContext, Target, stable_key
+from .timeline import Timelines
+from .topology import Topology
+
+NodeValue = Callable[[str, str], "float | None"]  # (signal, node) → recent value
+
+#: how much thinner than its peers' a node's PCIe feed (or fuller its egress wait) must be to count
+PEER_RATIO = 0.7
+EGRESS_RATIO = 2.0
+
+
+@dataclass
+class _Group:
+    key: str
+    kind: str  # "culprit" | "cluster" | "node"
+    pathology: str
+    rule_id: str
+    group: dict[str, str]
+    culprit: str
+    members: list[Finding]
+    inhibited: list[Finding]
+
+
+class Correlator:
+    def __init__(self, cluster: str, topology: Topology, timelines: Timelines, *,
+                 culprit_pathologies: Sequence[str], never_inhibit: Sequence[str], effect_window: float,
+                 node_value: NodeValue | None = None) -> None:
+        self.cluster = cluster
+        self.topology = topology
+        self.timelines = timelines
+        self.culprit_pathologies = list(culprit_pathologies)
+        self.never_inhibit = set(never_inhibit)
+        self.effect_window = effect_window
+        self.node_value: NodeValue = node_value or (lambda s, n: None)
+        self.findings: dict[str, Finding] = {}  # fingerprint → latest transition
+        self.ids: dict[str, tuple[str, float]] = {}  # group key → (incident id, opened_at) while open
+        self.incidents: dict[str, Incident] = {}  # incident id → latest
+        self.reports: Mapping[str, GroupReport] = {}
+
+    # -- input --------------------------------------------------------------------------------
+    def observe(self, f: Finding) -> bool:
+        """Take a finding transition; False for a duplicate or an out-of-date one."""
+        old = self.findings.get(f.fingerprint)
+        if old is not None:
+            if old.event_id == f.event_id:
+                return False
+            if (old.active_at, old.evaluated_at) > (f.active_at, f.evaluated_at):
+                return False  # an older occurrence or transition re-delivered late
+        self.findings[f.fingerprint] = f
+        return True
+
+    def restore_ids(self, ids: Mapping[str, tuple[str, float]]) -> None:
+        self.ids.update(ids)
+
+    # -- grouping -----------------------------------------------------------------------------
+    def _is_group_finding(self, f: Finding) -> bool:
+        return f.scope in GROUP_SCOPES
+
+    def _groups(self) -> list[_Group]:
+        firing = sorted((f for f in self.findings.values() if f.state is State.FIRING),
+                        key=lambda f: (f.active_at, f.rule_id, f.node, f.entity))
+        groups: dict[str, _Group] = {}
+        culprit_of: dict[str, _Group] = {}  # tp_group → culprit incident
+        cluster_groups: list[_Group] = []
+        rank = {p: i for i, p in enumerate(self.culprit_pathologies)}
+        # 1. the controller's cross-node findings
+        for f in firing:
+            if not self._is_group_finding(f):
+                continue
+            tp = f.labels.get("tp_group") or (self.topology.group_of(f.node).name if self.topology.group_of(f.node) else "")
+            if f.pathology in rank and tp and f.node:
+                if tp in culprit_of and culprit_of[tp].culprit != f.node:
+                    other = culprit_of[tp]
+                    # two culprits in one group: keep the one found first; the other joins as evidence
+                    other.members.append(f)
+                    continue
+                g = culprit_of.get(tp)
+                if g is None:
+                    key = f"tp:{tp}:culprit:{f.node}"
+                    g = groups[key] = culprit_of[tp] = _Group(key, "culprit", f.pathology, f.rule_id,
+                                                              {"tp_group": tp}, f.node, [], [])
+                g.members.append(f)
+                if rank[f.pathology] < rank.get(g.pathology, 99):
+                    g.pathology, g.rule_id = f.pathology, f.rule_id
+            else:
+                key = f"cluster:{f.pathology}"
+                g = groups.get(key)
+                if g is None:
+                    g = groups[key] = _Group(key, "cluster", f.pathology, f.rule_id, {"cluster": self.cluster}, "", [], [])
+                    cluster_groups.append(g)
+                g.members.append(f)
+        # 2. node-local findings: evidence for a culprit, inhibited victims, or their own incident
+        for f in firing:
+            if self._is_group_finding(f):
+                continue
+            tpg = self.topology.group_of(f.node)
+            c = culprit_of.get(tpg.name) if tpg is not None else None
+            if c is not None and f.node == c.culprit:
+                c.members.append(f)
+                continue
+            if c is not None and f.pathology not in self.never_inhibit:
+                c.inhibited.append(f)
+                continue
+            fabric = next((g for g in cluster_groups if f.layer is Layer.NETWORK and f.node in
+                           {m.node for m in g.members}), None)
+            if fabric is not None and f.pathology not in self.never_inhibit:
+                fabric.inhibited.append(f)
+                continue
+            key = f"node:{f.node}:{f.pathology}"
+            g = groups.get(key)
+            if g is None:
+                g = groups[key] = _Group(key, "node", f.pathology, f.rule_id, {"node": f.node}, "", [], [])
+            g.members.append(f)
+        return list(groups.values())
+
+    # -- the incident set ---------------------------------------------------------------------
+    def correlate(self, now: float) -> list[Incident]:
+        """Recompute incidents at ``now``; returns every incident whose content changed
+        (opened, members/culprit/cause changed, resolved or inhibited)."""
+        groups = self._groups()
+        seen: set[str] = set()
+        changed: list[Incident] = []
+        # where each firing finding went: a node incident whose findings all moved into a
+        # culprit/cluster incident (as evidence or as inhibited victims) is superseded, not resolved
+        taken: dict[str, str] = {}
+        for g in groups:
+            if g.kind != "node":
+                for f in (*g.members, *g.inhibited):
+                    taken[f.fingerprint] = g.key
+        for g in groups:
+            if g.key in self.ids:
+                iid, opened = self.ids[g.key]
+            else:
+                first = min(g.members, key=lambda f: f.active_at)
+                opened = first.fired_at or first.active_at
+                iid = stable_key(self.cluster, g.key, first.id)
+                self.ids[g.key] = (iid, opened)
+            seen.add(g.key)
+            inc = self._build(g, iid, opened, now)
+            prev = self.incidents.get(iid)
+            self.incidents[iid] = inc
+            if prev is None or prev.digest() != inc.digest():
+                changed.append(inc)
+        # incidents whose members are gone: resolved, or inhibited when a culprit took them over
+        for key, (iid, _) in list(self.ids.items()):
+            if key in seen:
+                continue
+            prev = self.incidents.get(iid)
+            del self.ids[key]
+            if prev is None or prev.state != "open":
+                continue
+            by_key = {taken.get(fp) for fp in self._fps(prev.findings)} - {None}
+            if by_key and all(fp in taken for fp in self._fps(prev.findings)):
+                by = self.ids.get(next(iter(by_key)))  # type: ignore[arg-type]
+                closed = _replace(prev, state="inhibited", updated_at=now, inhibited_by=by[0] if by else "")
+            else:
+                closed = _replace(prev, state="resolved", updated_at=now, resolved_at=now)
+            self.incidents[iid] = closed
+            changed.append(closed)
+        return changed
+
+    def _fps(self, finding_ids: Iterable[str]) -> list[str]:
+        return [i.split("-", 1)[0] for i in finding_ids]
+
+    def culprit_pending(self, inc: Incident) -> bool:
+        """True while a culprit rule is *pending* for a node of the incident's TP group: a
+        victim's incident (or the culprit's own, which would become evidence) must not be
+        planned before that rule either fires (and takes it over) or lets go."""
+        if "node" not in inc.group:
+            return False
+        grp = self.topology.group_of(inc.group["node"])
+        if grp is None:
+            return False
+        return any(f.state is State.PENDING and self._is_group_finding(f) and f.pathology in self.culprit_pathologies
+                   and f.node in grp.nodes for f in self.findings.values())
+
+    def open_incidents(self) -> list[Incident]:
+        return [i for i in self.incidents.values() if i.state == "open"]
+
+    def forget_closed(self, before: float) -> None:
+        for iid, inc in list(self.incidents.items()):
+            if inc.state != "open" and inc.updated_at < before:
+                del self.incidents[iid]
+        for fp, f in list(self.findings.items()):
+            if f.state is State.RESOLVED and (f.resolved_at or f.evaluated_at) < before:
+                del self.findings[fp]
+
+    # -- one incident ---------------------------------------------------------------------------
+    def _build(self, g: _Group, iid: str, opened: float, now: float) -> Incident:
+        members = sorted(g.members, key=lambda f: (f.active_at, f.rule_id, f.node, f.entity))
+        culprit = None
+        cause = None
+        victims: list[str] = []
+        nodes = sorted({f.node for f in members})
+        if g.kind == "culprit":
+            tp = g.group["tp_group"]
+            grp = self.topology.tp_groups().get(tp)
+            model = self.topology.model_of(g.culprit)
+            # the culprit's most specific entity: the device its own node findings point at
+            own = [f for f in members if f.node == g.culprit and not self._is_group_finding(f)]
+            entity = next((f.entity for f in own if f.entity), "")
+            culprit = Target(node=g.culprit, entity=entity, tp_group=tp,
+                             model=model.name if model else "", engine=self.topology.engine_of(g.culprit))
+            peers = [n for n in (grp.nodes if grp else ()) if n != g.culprit]
+            victims = sorted(set(peers) | {f.node for f in g.inhibited})
+            # the culprit's own node findings are the evidence; the group rule's finding says only "late"
+            cause = self.attribute(g.culprit, peers, own)
+        elif g.kind == "cluster":
+            victims = nodes
+            cause = Cause("network" if any(f.layer is Layer.NETWORK for f in members) else members[0].layer.value,
+                          f"{len(nodes)} nodes at once: {', '.join(nodes[:8])}{'…' if len(nodes) > 8 else ''}",
+                          min(0.95, 0.5 + 0.05 * len(nodes)), {"nodes": float(len(nodes))},
+                          tuple(f.id for f in members))
+        else:
+            node = g.group["node"]
+            culprit = Target(node=node, entity=members[0].entity if len({f.entity for f in members}) == 1 else "",
+                             tp_group=(self.topology.group_of(node).name if self.topology.group_of(node) else ""),
+                             model=(self.topology.model_of(node).name if self.topology.model_of(node) else ""),
+                             engine=self.topology.engine_of(node))
+            cause = Cause(members[0].layer.value, members[0].summary or members[0].rule_id, 0.6,
+                          dict(members[0].evidence), tuple(f.id for f in members))
+        # the phase and effect are measured from the onset (when the first member's condition
+        # became true), not from when the incident was confirmed
+        onset = min(f.active_at for f in members)
+        phase, effect = self.phase_and_effect(culprit.node if culprit else (nodes[0] if nodes else ""),
+                                              culprit.engine if culprit else "", onset, now)
+        summary = self._summary(g, culprit, cause, victims, phase, effect)
+        return Incident(id=iid, cluster=self.cluster, pathology=g.pathology, rule_id=g.rule_id, state="open",
+                        group=dict(g.group), culprit=culprit, cause=cause, victims=victims,
+                        findings=[f.id for f in members],
+                        inhibited=sorted(f.id for f in g.inhibited), phase=phase, effect=effect, summary=summary,
+                        opened_at=opened, updated_at=now)
+
+    def phase_and_effect(self, node: str, engine: str, start: float, now: float
+                         ) -> tuple[PhaseContext | None, Effect | None]:
+        """The engine serving ``node``: its phase when the trouble started and the effect since."""
+        grp = self.topology.group_of(node)
+        nodes = list(grp.nodes) if grp else [node]
+        plugin = sorted(k for k, tl in self.timelines.engines.items() if tl.source == "plugin"
+                        and k.split("/", 1)[0] in nodes)
+        key = self.timelines.resolve([engine, *[k for k in plugin if k.startswith(node + "/")], *plugin, node, *nodes])
+        if key is None:
+            return None, None
+        return (self.timelines.context(key, start),
+                self.timelines.effect(key, start, max(now, start), self.effect_window))
+
+    def attribute(self, node: str, peers: Sequence[str], own: Sequence[Finding]) -> Cause:
+        """Runbook attribution of why ``node`` lags its peers (see module doc)."""
+        nv = self.node_value
+
+        def peer_median(sig: str) -> float | None:
+            vals = sorted(v for v in (nv(sig, p) for p in peers) if v is not None)
+            return vals[len(vals) // 2] if vals else None
+
+        def fids(pred: Callable[[Finding], bool]) -> tuple[str, ...]:
+            return tuple(f.id for f in own if pred(f))
+
+        ev: dict[str, float | None] = {}
+        for sig in ("summary_pcie_rx_bytes_per_second", "summary_net_rx_bytes_per_second",
+                    "summary_rdma_xmit_wait_per_second", "summary_rdma_retrans_per_second",
+                    "summary_rdma_ecn_marked_per_second", "summary_gpu_throttled", "summary_kv_cache_usage_ratio",
+                    "summary_requests_waiting"):
+            v, m = nv(sig, node), peer_median(sig)
+            if v is not None:
+                ev[sig] = v
+            if m is not None:
+                ev[f"{sig}_peer_median"] = m
+        rep = next((r for r in self.reports.values() if node in r.lag_median_s), None)
+        if rep is not None:
+            ev["arrival_lag_seconds"] = rep.lag_median_s.get(node)
+            ev["arrival_last_share_ratio"] = rep.last_share.get(node)
+            ev["step_spread_seconds"] = rep.spread_median_s
+            ev["aligned_steps"] = float(rep.steps)
+
+        def thin(sig: str) -> bool:
+            v, m = ev.get(sig), ev.get(f"{sig}_peer_median")
+            return v is not None and m is not None and m > 0 and v < PEER_RATIO * m
+
+        def high(sig: str) -> bool:
+            v, m = ev.get(sig), ev.get(f"{sig}_peer_median")
+            return v is not None and v > 0 and (m is None or v > EGRESS_RATIO * max(m, 1e-9))
+
+        # gpu: throttle reasons
+        gpu_f = fids(lambda f: f.layer is Layer.GPU and f.pathology in ("GPU-5", "GPU-6"))
+        if gpu_f or (ev.get("summary_gpu_throttled") or 0) >= 1:
+            return Cause("gpu", f"{node} reports GPU throttle / hardware slowdown reasons while its peers do not",
+                         0.9 if gpu_f else 0.75, ev, gpu_f)
+        # host: CPU / IRQ starvation of the feed
+        host_f = fids(lambda f: f.layer is Layer.HOST or f.pathology in ("PCIE-8", "PCIE-3"))
+        if host_f:
+            return Cause("host", f"{node}'s host CPU cannot feed its GPUs (CPU/IRQ contention)", 0.8, ev, host_f)
+        # pcie: feed late after ingress
+        pcie_f = fids(lambda f: f.layer is Layer.PCIE)
+        ingress_ok = not thin("summary_net_rx_bytes_per_second")
+        if pcie_f or (thin("summary_pcie_rx_bytes_per_second") and ingress_ok):
+            why = (f"{node}'s host-to-GPU PCIe feed is thin/late while its ingress matches its peers "
+                   "(PCIe late after ingress)")
+            return Cause("pcie", why, 0.85 if pcie_f and thin("summary_pcie_rx_bytes_per_second") else 0.7, ev, pcie_f)
+        # network: PCIe healthy, egress stalls
+        net_f = fids(lambda f: f.layer is Layer.NETWORK)
+        egress = [s for s in ("summary_rdma_xmit_wait_per_second", "summary_rdma_retrans_per_second",
+                              "summary_rdma_ecn_marked_per_second") if high(s)]
+        if net_f or egress:
+            what = ", ".join(s.removeprefix("summary_rdma_").removesuffix("_per_second") for s in egress) or "network findings"
+            return Cause("network", f"{node}'s PCIe feed is healthy but its egress stalls ({what})",
+                         0.8 if egress and net_f else 0.65, ev, net_f)
+        # engine: more load than its peers
+        eng_f = fids(lambda f: f.layer is Layer.ENGINE)
+        if eng_f or high("summary_requests_waiting") or (
+                (ev.get("summary_kv_cache_usage_ratio") or 0) > (ev.get("summary_kv_cache_usage_ratio_peer_median") or 1) + 0.1):
+            return Cause("engine", f"{node}'s engine carries more load than its peers (KV / queue)", 0.6, ev, eng_f)
+        return Cause("unknown", f"{node} is consistently late; no layer signal explains it yet", 0.4, ev, ())
+
+    def _summary(self, g: _Group, culprit: Target | None, cause: Cause | None, victims: list[str],
+                 phase: PhaseContext | None, effect: Effect | None) -> str:
+        ph = f"phase {phase.phase} (KV {phase.kv_usage_ratio:.0%})" if phase and phase.kv_usage_ratio is not None else (
+            f"phase {phase.phase}" if phase else "phase unknown (no engine data)")
+        eff = f"effect: {effect.description}" if effect else "effect not observed (no engine data)"
+        if g.kind == "culprit" and culprit is not None:
+            rep = self.reports.get(g.group["tp_group"])
+            lag = ""
+            if rep is not None and culprit.node in rep.lag_median_s:
+                lag = (f" (last in {rep.last_share.get(culprit.node, 0):.0%} of {rep.steps} aligned steps, "
+                       f"median lag {rep.lag_median_s[culprit.node] * 1000:.1f} ms, spread "
+                       f"{rep.spread_median_s * 1000:.1f} ms)")
+            return (f"{g.pathology}: {culprit.node} is the culprit in TP group {g.group['tp_group']}{lag}; "
+                    f"cause {cause.layer if cause else 'unknown'}: {cause.reason if cause else ''}; "
+                    f"victims {', '.join(victims) or 'none'} ({len(g.inhibited)} findings inhibited); {ph}; {eff}")
+        where = culprit.node if culprit else ", ".join(victims)
+        return f"{g.pathology} on {where}: {cause.reason if cause else ''}; {ph}; {eff}"
+
+
+def _replace(inc: Incident, **kw: object) -> Incident:
+    d = {k: getattr(inc, k) for k in inc.__dataclass_fields__ if k != "kind"}
+    d.update(kw)
+    return Incident(**d)  # type: ignore[arg-type]

@@ -1,0 +1,677 @@
+"""The running controller: NATS in and out, the group rule engine, correlation and planning.
+
+Flow (one asyncio loop)::
+
+    summaries (core NATS, every node) ──▶ topology · aligner · timelines · window store
+    phase records (vLLM plugin)       ──▶ timelines
+    findings (JetStream durable)      ──▶ KV (finding.<fp>) ──▶ correlator
+                 ┌────────────────────────────────────────────┘
+    evaluation at grid times of the *summaries'* clock:
+        aligner.derive → ctl_* samples → Engine.evaluate(t) → controller findings (published)
+        → correlator.correlate(t) → incidents (published) → planner → remap suggestions (KV, published)
+    replies (request/reply)           ──▶ KV (remap.<key>.replies) ──▶ receipt
+
+Time is the summaries' time: evaluation happens at multiples of ``evaluation_interval`` once
+the newest summary has passed them, so replaying recorded summaries, or scripting them in a
+test, gives the same findings as live traffic. Only housekeeping (findings arriving while no
+agent reports) advances time by the wall clock.
+
+Replicas: every controller instance subscribes to *all* summaries (a TP group's correlation
+needs every peer's bursts in one place, so a core-NATS queue group, which hands each summary
+to one member, would split the group); they share the findings stream through one durable
+pull consumer (JetStream hands each finding to one replica) and the reply subject through a
+queue group. The KV bucket is the shared memory: findings are stored there and watched by
+every replica, suggestion publication is claimed with ``kv.create``, and ``Nats-Msg-Id`` lets
+JetStream drop the rest. See docs/controller.md.
+"""
+from __future__ import annotations
+
+import asyncio
+import datetime as _dt
+import json
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from skewd import wire
+from skewd.catalogue import full_catalogue
+from skewd.model import GROUP_SCOPES, Catalogue, Finding, SampleBatch, State
+from skewd.natsutil import connect, ensure_streams
+from skewd.rules.cli import PACKS
+from skewd.rules.engine import Engine, RuleSet
+from skewd.rules.reload import RuleManager
+from skewd.rules.store import WindowStore
+
+from . import messages as M
+from .align import Aligner
+from .catalogue import NAMES as CTL_SIGNALS
+from .config import ControllerConfig
+from .correlator import Correlator
+from .planner import Planner, semantic_key, suggestion_key
+from .state import StateStore, restore_engine
+from .timeline import Timelines
+from .topology import Topology
+
+log = logging.getLogger("skewd.controller")
+
+#: summary keys that carry per-burst data for alignment, not signals
+BURST_STARTS = "collective_burst_starts"
+BURST_BYTES = "collective_burst_bytes"
+FLUSH_ROWS = 50_000
+LIVE_STATUSES = (M.SuggestionStatus.PLANNED.value, M.SuggestionStatus.PUBLISHED.value, M.SuggestionStatus.ACKED.value)
+
+
+@dataclass
+class ControllerStats:
+    """Counters since start (logged periodically; the ``status()`` snapshot has them)."""
+
+    summaries: int = 0
+    summaries_rejected: int = 0
+    phase_records: int = 0
+    phase_rejected: int = 0
+    health: int = 0
+    findings_in: int = 0
+    findings_duplicate: int = 0
+    findings_rejected: int = 0
+    evaluations: int = 0
+    controller_findings: int = 0
+    incidents_published: int = 0
+    remaps_published: int = 0
+    remaps_deduplicated: int = 0
+    remaps_suppressed: int = 0  # an equivalent suggestion was still live
+    remaps_recovered: int = 0  # planned before a crash, published after restart
+    replies: int = 0
+    errors: int = 0
+
+
+class Controller:
+    def __init__(self, cfg: ControllerConfig, *, catalogue: Catalogue | None = None,
+                 ruleset: RuleSet | None = None, wall_clock: Callable[[], float] = time.time) -> None:
+        self.cfg = cfg
+        self.catalogue = catalogue or full_catalogue()
+        self.wall = wall_clock
+        if ruleset is None:
+            ruleset = RuleManager(cfg.rules or [str(PACKS)], self.catalogue).load_initial()
+        self.store = WindowStore(self.catalogue, horizon=cfg.horizon)
+        self.engine = Engine(ruleset, self.store, lookback=cfg.lookback, cluster=cfg.cluster,
+                             scopes=GROUP_SCOPES.keys())
+        self.topology = Topology.from_config(cfg)
+        self.aligner = Aligner(cfg.align_window, cfg.max_skew, cfg.unsynced_clock_error, cfg.min_group_fraction,
+                               cfg.stale_after, cfg.horizon)
+        self.timelines = Timelines(horizon=cfg.horizon, stale_after=max(cfg.stale_after * 6, 30.0))
+        self.correlator = Correlator(cfg.cluster, self.topology, self.timelines,
+                                     culprit_pathologies=cfg.culprit_pathologies, never_inhibit=cfg.never_inhibit,
+                                     effect_window=cfg.effect_window, node_value=self._node_value)
+        self.planner = Planner(cfg)
+        self.stats = ControllerStats()
+        self.nc: Any = None
+        self.js: Any = None
+        self.state: StateStore | None = None
+        self.remaps: dict[str, dict[str, Any]] = {}  # key → KV record (cache)
+        self.first_t: float | None = None
+        self.watermark = -math.inf
+        self.next_eval: float | None = None
+        self.now = -math.inf  # the controller's time: last evaluation time
+        self._wall_at_now = 0.0
+        self._labels_version = -1
+        self._subs: list[Any] = []
+        self._tasks: list[asyncio.Task] = []
+        self._wake = asyncio.Event()
+        self._lock = asyncio.Lock()
+        self._stopping = False
+        self.started = asyncio.Event()
+        self._health: dict[str, wire.Health] = {}
+        self._open_keys: set[str] = set()  # incident group keys whose ids are stored in KV
+        self._rows: list[tuple[float, str, str, str, float]] = []  # summary samples not yet in the store
+
+    # ------------------------------------------------------------------------------------------
+    # lifecycle
+    # ------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        cfg = self.cfg
+        self.nc = await connect(cfg.nats, initial_timeout=30.0, error_cb=self._on_error)
+        self.js = self.nc.jetstream()
+        await ensure_streams(self.js, [wire.FINDINGS_STREAM], update=False)
+        await ensure_streams(self.js, [wire.REMAPS_STREAM, M.INCIDENTS_STREAM], update=True)
+        self.state = await StateStore.open(self.js, cfg.bucket, cfg.cluster, cfg.state_max_age)
+        await self._restore()
+        self._subs.append(await self.nc.subscribe(wire.subject_filter("summary", cluster=cfg.cluster),
+                                                  cb=self._on_summary))
+        self._subs.append(await self.nc.subscribe(wire.subject_filter("health", cluster=cfg.cluster),
+                                                  cb=self._on_health))
+        self._subs.append(await self.nc.subscribe(wire.subject_filter("phase", cluster=cfg.cluster),
+                                                  cb=self._on_phase))
+        self._subs.append(await self.nc.subscribe(M.reply_subject(cfg.cluster), queue=cfg.queue, cb=self._on_reply))
+        await self._recover_planned()
+        self._tasks = [asyncio.create_task(self._findings_loop(), name="skewd-ctl-findings"),
+                       asyncio.create_task(self._kv_watch_loop(), name="skewd-ctl-kvwatch"),
+                       asyncio.create_task(self._eval_loop(), name="skewd-ctl-eval"),
+                       asyncio.create_task(self._housekeeping_loop(), name="skewd-ctl-housekeeping")]
+        await self.nc.flush()
+        log.info("controller %s started for cluster %s: %d rules (%d group-scope), %d TP groups configured",
+                 cfg.controller_id, cfg.cluster, len(self.engine.rules.rules),
+                 sum(1 for r in self.engine.rules.rules if r.scope in GROUP_SCOPES), len(cfg.tp_groups))
+        self.started.set()
+
+    async def stop(self) -> None:
+        """Graceful stop: state is already in KV after every step, so nothing is flushed here
+        beyond the engine snapshot."""
+        if self._stopping:
+            return
+        self._stopping = True
+        for t in self._tasks:
+            t.cancel()
+        # nats-py's fetch can swallow a cancellation (asyncio.wait_for race on 3.10/3.11): the
+        # loops also watch _stopping, and we never wait for a task without a bound
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=5.0)
+        self._tasks = []
+        if self.nc is not None:
+            try:
+                for sub in self._subs:
+                    await sub.unsubscribe()
+                if self.state is not None and self.next_eval is not None:
+                    await self.state.put_engine(self.engine, self.now)
+                await asyncio.wait_for(self.nc.flush(), 5.0)
+            except Exception:  # noqa: BLE001 - the connection may be gone already
+                pass
+            try:
+                await asyncio.wait_for(self.nc.close(), 5.0)
+            except Exception:  # noqa: BLE001 - the connection may be gone already
+                pass
+
+    async def run_forever(self) -> None:
+        await self.start()
+        try:
+            while True:
+                await asyncio.sleep(3600)
+        finally:
+            await self.stop()
+
+    async def _on_error(self, e: Exception) -> None:
+        log.warning("nats: %s", e)
+
+    # ------------------------------------------------------------------------------------------
+    # restore
+    # ------------------------------------------------------------------------------------------
+    async def _restore(self) -> None:
+        assert self.state is not None
+        saved = await self.state.load()
+        for d in saved.get("finding", {}).values():
+            try:
+                self.correlator.observe(Finding.from_dict(d))
+            except (KeyError, TypeError, ValueError) as e:
+                log.warning("state: unreadable finding skipped: %s", e)
+        self.correlator.restore_ids({v["group_key"]: (v["id"], float(v["opened_at"]))
+                                     for v in saved.get("incident", {}).values() if "group_key" in v})
+        self._open_keys = set(self.correlator.ids)
+        self.remaps = dict(saved.get("remap", {}))
+        eng = saved.get("engine", {}).get("engine")
+        n = restore_engine(self.engine, eng) if eng else 0
+        log.info("state restored: %d findings, %d open incidents, %d suggestions, %d alert states",
+                 len(self.correlator.findings), len(self.correlator.ids), len(self.remaps), n)
+
+    async def _recover_planned(self) -> None:
+        """Suggestions stored as planned but maybe never published (crash in between): publish
+        those the remap stream does not hold. Within the stream's duplicate window the
+        ``Nats-Msg-Id`` would drop a copy anyway; the scan covers restarts after it."""
+        planned = {k: r for k, r in self.remaps.items() if r.get("status") == M.SuggestionStatus.PLANNED.value}
+        if not planned:
+            return
+        since = min(float(r.get("planned_wall", 0)) for r in planned.values()) - 5.0
+        seen = await self._published_ids(since)
+        for key, rec in planned.items():
+            if key in seen:
+                await self._mark_published(key, seen[key])
+            else:
+                await self._publish_remap(key, rec)
+                self.stats.remaps_recovered += 1
+
+    async def _published_ids(self, since_wall: float) -> dict[str, int]:
+        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+        out: dict[str, int] = {}
+        start = _dt.datetime.fromtimestamp(max(0.0, since_wall), tz=_dt.timezone.utc)
+        sub = await self.js.pull_subscribe(
+            wire.remap_subject(self.cfg.cluster), durable=None, stream=wire.REMAPS_STREAM.name,
+            config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=start,
+                                  ack_policy=AckPolicy.NONE, inactive_threshold=30.0))
+        try:
+            while True:
+                try:
+                    msgs = await sub.fetch(256, timeout=0.5)
+                except Exception:  # noqa: BLE001 - nats TimeoutError: nothing more stored
+                    break
+                for m in msgs:
+                    mid = (m.headers or {}).get(wire.HDR_MSG_ID)
+                    if mid:
+                        out[mid] = m.metadata.sequence.stream
+                if msgs and msgs[-1].metadata.num_pending == 0:
+                    break
+        finally:
+            try:
+                await sub.unsubscribe()
+            except Exception:  # noqa: BLE001
+                pass
+        return out
+
+    # ------------------------------------------------------------------------------------------
+    # inputs
+    # ------------------------------------------------------------------------------------------
+    async def _on_summary(self, msg: Any) -> None:
+        try:
+            raw = json.loads(msg.data)
+            s = wire.summary_from_dict(raw)
+        except (ValueError, wire.WireError) as e:
+            self.stats.summaries_rejected += 1
+            log.debug("summary rejected on %s: %s", msg.subject, e)
+            return
+        labels = raw.get("labels") if isinstance(raw.get("labels"), dict) else {}
+        self.ingest_summary(s, {str(k): str(v) for k, v in labels.items()})
+
+    def ingest_summary(self, s: wire.Summary, labels: dict[str, str] | None = None) -> None:
+        """Take one node summary (public so replay and tests can feed summaries directly)."""
+        self.stats.summaries += 1
+        if labels:
+            self.topology.observe(s.node, labels)
+        starts = s.signals.get(BURST_STARTS) or {}
+        nbytes = s.signals.get(BURST_BYTES) or {}
+        bursts = []
+        for k, v in starts.items():
+            if v is None:
+                continue
+            b = nbytes.get(k)
+            bursts.append((float(v), float(b) if b is not None else float("nan")))
+        bursts.sort()
+        self.aligner.observe(s.node, s.t, s.clock_sync.synced, s.clock_sync.max_error_s, bursts)
+        self.timelines.add_summary(s.node, s.t, s.signals)
+        # buffered: one store ingest per tick (or per FLUSH_ROWS) instead of one per summary
+        rows = self._rows
+        for name, ents in s.signals.items():
+            if name in (BURST_STARTS, BURST_BYTES) or name in CTL_SIGNALS:
+                continue
+            for ent, v in ents.items():
+                if v is not None:
+                    rows.append((s.t, s.node, ent, name, float(v)))
+        if len(rows) >= FLUSH_ROWS:
+            self._flush()
+        if s.node not in self.store.registry.node_labels:
+            self._labels_version = -1
+        if self.first_t is None:
+            self.first_t = s.t
+            self.next_eval = math.ceil(s.t / self.cfg.evaluation_interval) * self.cfg.evaluation_interval
+        if s.t > self.watermark:
+            self.watermark = s.t
+            self._wake.set()
+
+    def _flush(self) -> None:
+        if self._rows:
+            rows, self._rows = self._rows, []
+            self.store.ingest(SampleBatch.from_rows(rows))
+
+    async def _on_health(self, msg: Any) -> None:
+        try:
+            h = wire.decode_health(msg.data)
+        except wire.WireError:
+            return
+        self.stats.health += 1
+        self._health[h.node] = h
+
+    async def _on_phase(self, msg: Any) -> None:
+        try:
+            rec = M.decode(msg.data, M.Kind.PHASE)
+        except wire.WireError as e:
+            self.stats.phase_rejected += 1
+            log.debug("phase record rejected: %s", e)
+            return
+        self.stats.phase_records += 1
+        self.timelines.add_record(rec)  # type: ignore[arg-type]
+
+    async def _findings_loop(self) -> None:
+        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+        cfg = self.cfg
+        sub = await self.js.pull_subscribe(
+            wire.subject_filter("finding", cluster=cfg.cluster), durable=cfg.durable, stream=wire.FINDINGS_STREAM.name,
+            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=cfg.ack_wait, max_deliver=-1,
+                                  deliver_policy=DeliverPolicy.ALL, max_ack_pending=10000))
+        while not self._stopping:
+            try:
+                msgs = await sub.fetch(cfg.batch, timeout=1.0)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - fetch timeout (nothing new) or a reconnect in progress
+                continue
+            for m in msgs:
+                await self._take_finding_msg(m)
+
+    async def _take_finding_msg(self, m: Any) -> None:
+        try:
+            f = wire.decode_finding(m.data)
+        except wire.WireError as e:
+            self.stats.findings_rejected += 1
+            log.warning("finding rejected (%s): %s", m.subject, e)
+            await m.term()  # a malformed message never becomes valid: do not redeliver it
+            return
+        self.stats.findings_in += 1
+        try:
+            async with self._lock:
+                if self.correlator.observe(f):
+                    await self.state.put_finding(f)  # type: ignore[union-attr]
+                else:
+                    self.stats.findings_duplicate += 1
+            await m.ack()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - KV unavailable: leave unacked, JetStream redelivers
+            self.stats.errors += 1
+            log.warning("finding %s not stored yet (%s); it will be redelivered", f.event_id, e)
+
+    async def _kv_watch_loop(self) -> None:
+        """Findings other replicas stored: every replica correlates over all of them."""
+        assert self.state is not None
+        while not self._stopping:
+            try:
+                w = await self.state.kv.watch(f"{self.state.prefix}.finding.>", ignore_deletes=True)
+                async for e in w:
+                    if e is None or not e.value:
+                        continue
+                    try:
+                        f = Finding.from_dict(json.loads(e.value))
+                    except (KeyError, TypeError, ValueError):
+                        continue
+                    async with self._lock:
+                        self.correlator.observe(f)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - watcher lost with the connection: start again
+                log.debug("kv watch restarting: %s", e)
+                await asyncio.sleep(1.0)
+
+    async def _on_reply(self, msg: Any) -> None:
+        self.stats.replies += 1
+        try:
+            rep = M.decode(msg.data, M.Kind.REMAP_REPLY)
+        except wire.WireError as e:
+            await self._respond(msg, M.RemapReceipt(key="", status=M.ReceiptStatus.INVALID, error=str(e)))
+            return
+        receipt = await self.record_reply(rep)  # type: ignore[arg-type]
+        await self._respond(msg, receipt)
+
+    async def _respond(self, msg: Any, receipt: M.RemapReceipt) -> None:
+        if msg.reply:
+            await self.nc.publish(msg.reply, M.encode(receipt), headers=M.headers(receipt))
+
+    async def record_reply(self, rep: M.RemapReply) -> M.RemapReceipt:
+        """Record a consumer's ack/reject in the suggestion's KV record (compare-and-set)."""
+        assert self.state is not None
+        recorded_at = self.wall()
+        outcome: dict[str, Any] = {}
+
+        def apply(rec: dict[str, Any]) -> dict[str, Any] | None:
+            replies = rec.setdefault("replies", [])
+            same = [r for r in replies if r["consumer"] == rep.consumer and r["decision"] == rep.decision.value
+                    and sorted(r.get("actions", [])) == sorted(rep.actions)]
+            expired = float(rec["suggestion"]["expires_at"]) < max(self.now, 0.0) or rec.get("status") == "expired"
+            outcome["status"] = (M.ReceiptStatus.DUPLICATE if same else
+                                 M.ReceiptStatus.EXPIRED if expired else M.ReceiptStatus.RECORDED)
+            if same:
+                return None
+            replies.append({"consumer": rep.consumer, "decision": rep.decision.value, "reason": rep.reason,
+                            "t": rep.t, "actions": list(rep.actions), "recorded_at": recorded_at})
+            if not expired:
+                rec["status"] = (M.SuggestionStatus.ACKED if rep.decision is M.Decision.ACK
+                                 else M.SuggestionStatus.REJECTED).value
+            return rec
+
+        rec = await self.state.update_remap(rep.key, apply)
+        if rec is None:
+            return M.RemapReceipt(key=rep.key, status=M.ReceiptStatus.UNKNOWN, decision=rep.decision.value,
+                                  error=f"no suggestion with key {rep.key!r} in cluster {self.cfg.cluster!r}")
+        self.remaps[rep.key] = rec
+        log.info("suggestion %s: %s by %s (%s)", rep.key, rep.decision.value, rep.consumer, outcome["status"].value)
+        return M.RemapReceipt(key=rep.key, status=outcome["status"], decision=rep.decision.value, recorded_at=recorded_at)
+
+    # ------------------------------------------------------------------------------------------
+    # evaluation
+    # ------------------------------------------------------------------------------------------
+    async def _eval_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                await self.evaluate_due()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - never let one bad tick stop the controller
+                self.stats.errors += 1
+                log.exception("evaluation failed")
+
+    async def evaluate_due(self) -> None:
+        """Evaluate every grid time the summaries' clock has passed."""
+        ival = self.cfg.evaluation_interval
+        while self.next_eval is not None and self.watermark >= self.next_eval:
+            if self.watermark - self.next_eval > 10 * ival:  # far behind (outage, replay jump): latest only
+                self.next_eval = math.floor(self.watermark / ival) * ival
+            t = self.next_eval
+            self.next_eval = t + ival
+            async with self._lock:
+                await self.tick(t)
+
+    async def tick(self, t: float) -> None:
+        """One evaluation at time ``t``: derived signals, group rules, correlation, planning."""
+        self.now, self._wall_at_now = t, self.wall()
+        self._flush()
+        if self.topology.version != self._labels_version or len(self.store.registry.node_labels) < len(self.aligner.clocks):
+            for node in set(self.aligner.clocks) | {n for g in self.topology.tp_groups().values() for n in g.nodes}:
+                self.store.registry.set_node_labels(node, self.topology.node_labels(node))
+            self._labels_version = self.topology.version
+        tp = {name: g.nodes for name, g in self.topology.tp_groups().items()}
+        pp = {name: [self.topology.stage_members(s) for s in p.stages] for name, p in self.topology.pp_groups().items()}
+        derived = self.aligner.derive(t, tp, pp)
+        rows = [(t, node, "", sig, v) for node, vals in derived.items() for sig, v in vals.items()
+                if v is not None and not math.isnan(v)]
+        if rows:
+            self.store.ingest(SampleBatch.from_rows(rows))
+        self.correlator.reports = self.aligner.reports
+        warm = self.first_t is not None and t - self.first_t >= self.cfg.warmup
+        if warm:
+            transitions = self.engine.evaluate(t)
+            self.stats.evaluations += 1
+            for f in transitions:
+                self._enrich(f, t)
+                await self._emit_finding(f)
+            if transitions or self.stats.evaluations % 10 == 1:
+                await self.state.put_engine(self.engine, t)  # type: ignore[union-attr]
+            await self._drop_lapsed_pending()
+        await self._correlate_and_plan(t)
+
+    async def _drop_lapsed_pending(self) -> None:
+        """The engine forgets a pending alert whose expression turned false without emitting a
+        transition (Prometheus semantics); forget its pending finding too, or it would hold
+        the victims of its group (``Correlator.culprit_pending``) for ever."""
+        ours = {r.id for r in self.engine.rules.rules if r.scope in GROUP_SCOPES}
+        # matched by identity, not by key: the engine's state keys and Finding.fingerprint
+        # need not be computed alike
+        alive = {(st.rule_id, st.node, st.entity, tuple(sorted(st.labels.items())))
+                 for states in self.engine.states.values() for st in states.values()}
+        for fp, f in list(self.correlator.findings.items()):
+            if f.state is State.PENDING and f.rule_id in ours and \
+                    (f.rule_id, f.node, f.entity, tuple(sorted(f.labels.items()))) not in alive:
+                del self.correlator.findings[fp]
+                try:
+                    await self.state.delete_finding(fp)  # type: ignore[union-attr]
+                except Exception as e:  # noqa: BLE001 - expires with the bucket's max_age otherwise
+                    log.debug("pending finding %s not deleted from KV: %s", fp, e)
+
+    def _enrich(self, f: Finding, now: float) -> None:
+        """State the engine phase and the observed effect on a controller finding."""
+        phase, effect = self.correlator.phase_and_effect(f.node, self.topology.engine_of(f.node), f.active_at, now)
+        if phase is not None:
+            code = M.Phase(phase.phase).code if phase.phase in {p.value for p in M.Phase} else None
+            f.evidence.update({"phase_code": code, "kv_usage_ratio": phase.kv_usage_ratio,
+                               "requests_waiting": phase.waiting})
+        if effect is not None:
+            f.evidence.update({"ttft_seconds": effect.ttft_s, "ttft_baseline_seconds": effect.ttft_baseline_s,
+                               "itl_seconds": effect.itl_s, "itl_baseline_seconds": effect.itl_baseline_s,
+                               "queue_growth_per_second": effect.queue_growth_per_s})
+        f.summary = (f"{f.summary} [phase: {phase.phase if phase else 'unknown'}; "
+                     f"effect: {effect.description if effect else 'not observed'}]")
+
+    async def _emit_finding(self, f: Finding) -> None:
+        self.stats.controller_findings += 1
+        self.correlator.observe(f)
+        await self.state.put_finding(f)  # type: ignore[union-attr]
+        try:
+            await self.js.publish(wire.subject_for(f, self.cfg.cluster), wire.encode(f), headers=wire.headers_for(f),
+                                  timeout=5.0)
+        except Exception as e:  # noqa: BLE001 - stored in KV already; the next transition is published again
+            self.stats.errors += 1
+            log.warning("controller finding %s not published: %s", f.event_id, e)
+
+    async def _correlate_and_plan(self, t: float) -> None:
+        assert self.state is not None
+        changed = self.correlator.correlate(t)
+        for inc in changed:
+            key = next((k for k, (iid, _) in self.correlator.ids.items() if iid == inc.id), None)
+            if inc.state == "open" and key is not None:
+                await self.state.put_incident_id(key, inc.id, inc.opened_at)
+            await self._publish_incident(inc)
+        for key in list(self._open_keys - set(self.correlator.ids)):
+            await self.state.delete_incident_id(key)
+        self._open_keys = set(self.correlator.ids)
+        for inc in sorted(self.correlator.open_incidents(), key=lambda i: (i.opened_at, i.id)):
+            if t - inc.opened_at < self.cfg.group_wait:
+                continue  # Alertmanager's group_wait: a culprit may still explain it
+            if self.correlator.culprit_pending(inc):
+                continue  # a culprit rule is pending in this incident's TP group: wait for its verdict
+            key = suggestion_key(self.cfg.cluster, inc.id)
+            if key in self.remaps:
+                continue
+            s = self.planner.plan(inc, t, self.cfg.controller_id)
+            if s is None:
+                self.remaps[key] = {"status": "none", "suggestion": None}  # nothing to suggest: remember that
+                continue
+            await self.propose(s)
+        for key, rec in list(self.remaps.items()):
+            sug = rec.get("suggestion")
+            if sug and rec.get("status") in (M.SuggestionStatus.PUBLISHED.value, M.SuggestionStatus.PLANNED.value) \
+                    and float(sug["expires_at"]) < t:
+                new = await self.state.update_remap(key, lambda r: {**r, "status": M.SuggestionStatus.EXPIRED.value}
+                                                    if r.get("status") in LIVE_STATUSES[:2] else None)
+                if new is not None:
+                    self.remaps[key] = new
+
+    async def _publish_incident(self, inc: M.Incident) -> None:
+        try:
+            await self.js.publish(M.incident_subject(self.cfg.cluster), M.encode(inc),
+                                  headers=M.headers(inc, f"{inc.id}-{inc.digest()}"), timeout=5.0)
+            self.stats.incidents_published += 1
+        except Exception as e:  # noqa: BLE001 - the next change publishes the incident again
+            self.stats.errors += 1
+            log.warning("incident %s not published: %s", inc.id, e)
+
+    # ------------------------------------------------------------------------------------------
+    # suggestions: exactly once
+    # ------------------------------------------------------------------------------------------
+    async def propose(self, s: M.RemapSuggestion) -> bool:
+        """Store then publish a suggestion, unless it (or an equivalent live one) exists.
+        Returns True when this call published it."""
+        assert self.state is not None
+        sem = semantic_key(s)
+        live = next((k for k, r in self.remaps.items() if r.get("semantic") == sem and r.get("status") in LIVE_STATUSES
+                     and r.get("suggestion") and float(r["suggestion"]["expires_at"]) >= self.now), None)
+        if live is not None:
+            self.stats.remaps_suppressed += 1
+            self.remaps[s.key] = {"status": "suppressed", "suggestion": None, "by": live}
+            log.info("suggestion for incident %s suppressed: equivalent %s still live", s.incident, live)
+            return False
+        rec = {"suggestion": s.to_dict(), "status": M.SuggestionStatus.PLANNED.value, "semantic": sem,
+               "planned_wall": self.wall(), "controller": self.cfg.controller_id, "replies": []}
+        if not await self.state.create_remap(s.key, rec):
+            existing = await self.state.get_remap(s.key)
+            self.remaps[s.key] = existing or rec
+            self.stats.remaps_deduplicated += 1
+            return False
+        self.remaps[s.key] = rec
+        return await self._publish_remap(s.key, rec)
+
+    async def _publish_remap(self, key: str, rec: dict[str, Any]) -> bool:
+        body = json.dumps(rec["suggestion"], sort_keys=True, separators=(",", ":")).encode()
+        hdr = {wire.HDR_MSG_ID: key, wire.HDR_KIND: M.Kind.REMAP.value, wire.HDR_SCHEMA: str(M.SCHEMA)}
+        try:
+            ack = await self.js.publish(wire.remap_subject(self.cfg.cluster), body, headers=hdr, timeout=5.0)
+        except Exception as e:  # noqa: BLE001 - stays "planned": retried at the next start / by housekeeping
+            self.stats.errors += 1
+            log.warning("suggestion %s stored but not published yet: %s", key, e)
+            return False
+        if ack.duplicate:
+            self.stats.remaps_deduplicated += 1
+        else:
+            self.stats.remaps_published += 1
+            log.info("suggestion %s published (seq %d): %s", key, ack.seq, rec["suggestion"].get("summary", "")[:200])
+        await self._mark_published(key, ack.seq)
+        return not ack.duplicate
+
+    async def _mark_published(self, key: str, seq: int) -> None:
+        assert self.state is not None
+        new = await self.state.update_remap(
+            key, lambda r: {**r, "status": M.SuggestionStatus.PUBLISHED.value if r["status"] == "planned" else r["status"],
+                            "seq": seq})
+        if new is not None:
+            self.remaps[key] = new
+
+    # ------------------------------------------------------------------------------------------
+    # housekeeping
+    # ------------------------------------------------------------------------------------------
+    async def _housekeeping_loop(self) -> None:
+        ival = self.cfg.evaluation_interval
+        last_log = self.wall()
+        while True:
+            await asyncio.sleep(ival)
+            try:
+                wall = self.wall()
+                if self.next_eval is not None and wall - self._wall_at_now > 3 * ival and self.now > -math.inf:
+                    # no summaries: findings may still arrive; let wall time advance correlation
+                    async with self._lock:
+                        self.now = self.now + (wall - self._wall_at_now)
+                        self._wall_at_now = wall
+                        await self._correlate_and_plan(self.now)
+                planned = [k for k, r in self.remaps.items() if r.get("status") == M.SuggestionStatus.PLANNED.value
+                           and wall - float(r.get("planned_wall", wall)) > 10.0]
+                for k in planned:
+                    await self._publish_remap(k, self.remaps[k])
+                if self.now > -math.inf:
+                    self.store.gc(self.now)
+                    self.correlator.forget_closed(self.now - self.cfg.horizon)
+                if wall - last_log > 60:
+                    last_log = wall
+                    log.info("controller stats: %s", asdict(self.stats))
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001
+                self.stats.errors += 1
+                log.exception("housekeeping failed")
+
+    # ------------------------------------------------------------------------------------------
+    # queries
+    # ------------------------------------------------------------------------------------------
+    def _node_value(self, sig: str, node: str) -> float | None:
+        """Mean of a node signal over the engine's lookback (for cause attribution)."""
+        t, v = self.store.series(sig, node)
+        if len(t) == 0:
+            return None
+        sel = v[t > self.now - self.cfg.lookback] if self.now > -math.inf else v
+        return float(np.mean(sel)) if len(sel) else None
+
+    def status(self) -> dict[str, Any]:
+        return {"cluster": self.cfg.cluster, "controller": self.cfg.controller_id, "now": self.now,
+                "watermark": self.watermark, "stats": asdict(self.stats),
+                "open_incidents": [i.to_dict() for i in self.correlator.open_incidents()],
+                "suggestions": {k: r.get("status") for k, r in self.remaps.items()},
+                "topology_conflicts": dict(self.topology.conflicts),
+                "eval_errors": dict(self.engine.last_eval_errors)}

@@ -1,0 +1,151 @@
+"""Per-engine timelines of vLLM phase, KV usage, queue and latency, for phase correlation.
+
+Two sources feed it: the stat-logger plugin's :class:`~skewd.controller.messages.PhaseRecord`
+(per step: prefill/decode split, KV, queue; per request: TTFT, inter-token latency), keyed
+``<node>/<engine>``; and the agents' summaries (``summary_engine_phase``,
+``summary_kv_cache_usage_ratio``, ``summary_requests_waiting``), keyed by the node name, for
+engines without the plugin. Correlated findings quote :meth:`Timelines.context` (what phase the
+engine was in when the trouble started) and :meth:`Timelines.effect` (what its users saw:
+TTFT, ITL, queue growth, against the baseline before).
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import numpy as np
+
+from .messages import Effect, Phase, PhaseContext, PhaseRecord
+
+
+@dataclass
+class _Point:
+    t: float
+    phase: Phase | None
+    kv: float | None
+    waiting: float | None
+    running: float | None
+
+
+@dataclass
+class EngineTimeline:
+    key: str
+    source: str  # "plugin" | "summary"
+    points: deque = field(default_factory=deque)  # _Point, time-ordered
+    ttft: deque = field(default_factory=deque)  # (t, seconds)
+    itl: deque = field(default_factory=deque)  # (t, sum seconds, count)
+
+    def prune(self, before: float) -> None:
+        for d in (self.points, self.ttft, self.itl):
+            while d and (d[0].t if isinstance(d[0], _Point) else d[0][0]) < before:
+                d.popleft()
+
+
+def _fmt_s(v: float) -> str:
+    return f"{v * 1000:.0f}ms" if v < 1 else f"{v:.2f}s"
+
+
+def _change(now: float | None, base: float | None) -> str:
+    if now is None:
+        return "not observed"
+    if base is None or base <= 0:
+        return _fmt_s(now)
+    return f"{_fmt_s(now)} vs {_fmt_s(base)} before ({(now / base - 1) * 100:+.0f}%)"
+
+
+class Timelines:
+    def __init__(self, horizon: float = 900.0, stale_after: float = 30.0) -> None:
+        self.horizon = horizon
+        self.stale_after = stale_after
+        self.engines: dict[str, EngineTimeline] = {}
+        self.records = 0
+
+    # -- ingest -----------------------------------------------------------------------------
+    def add_record(self, rec: PhaseRecord) -> str:
+        key = f"{rec.node}/{rec.engine}"
+        tl = self.engines.setdefault(key, EngineTimeline(key, "plugin"))
+        steps = sorted(rec.steps, key=lambda s: s.t)
+        if steps:
+            # a phase per step would flicker between prefill and decode; the record's period is
+            # the unit of phase, its last step the unit of KV and queue
+            for s in steps:
+                tl.points.append(_Point(s.t, rec.phase, s.kv_usage_ratio, float(s.waiting), float(s.running)))
+        else:
+            tl.points.append(_Point(rec.t, rec.phase, None, None, None))
+        ttft = list(rec.ttft_s) or [f.queued_s + f.prefill_s for f in rec.finished]
+        for v in ttft:
+            tl.ttft.append((rec.t, float(v)))
+        if rec.itl_count > 0:
+            tl.itl.append((rec.t, float(rec.itl_sum_s), int(rec.itl_count)))
+        else:
+            for f in rec.finished:
+                if f.gen_tokens > 1:
+                    tl.itl.append((rec.t, float(f.decode_s), f.gen_tokens - 1))
+        tl.prune(rec.t - self.horizon)
+        self.records += 1
+        return key
+
+    def add_summary(self, node: str, t: float, signals: dict[str, dict[str, float | None]]) -> None:
+        def val(name: str) -> float | None:
+            return (signals.get(name) or {}).get("")
+
+        phase, kv, waiting = val("summary_engine_phase"), val("summary_kv_cache_usage_ratio"), val("summary_requests_waiting")
+        if phase is None and kv is None and waiting is None:
+            return
+        tl = self.engines.setdefault(node, EngineTimeline(node, "summary"))
+        tl.points.append(_Point(t, Phase.from_code(phase), kv, waiting, None))
+        tl.prune(t - self.horizon)
+
+    # -- queries ----------------------------------------------------------------------------
+    def resolve(self, candidates: Iterable[str]) -> str | None:
+        """The first candidate key with data (engine keys, then node keys)."""
+        for c in candidates:
+            if c and c in self.engines and self.engines[c].points:
+                return c
+        return None
+
+    def context(self, key: str | None, t: float) -> PhaseContext | None:
+        """The engine's latest state at or before ``t`` (within ``stale_after``)."""
+        tl = self.engines.get(key or "")
+        if tl is None:
+            return None
+        best = None
+        for p in reversed(tl.points):
+            if p.t <= t:
+                best = p
+                break
+        if best is None or t - best.t > self.stale_after:
+            best = next((p for p in tl.points if p.t >= t), None)  # started before the engine reported
+            if best is None:
+                return None
+        return PhaseContext(engine=tl.key, phase=best.phase.value if best.phase else "unknown",
+                            kv_usage_ratio=best.kv, waiting=best.waiting, running=best.running, t=best.t,
+                            source=tl.source)
+
+    def effect(self, key: str | None, start: float, end: float, baseline: float) -> Effect | None:
+        """TTFT (median), ITL (mean) and waiting-queue slope over ``[start, end]`` against the
+        ``baseline`` seconds before ``start``."""
+        tl = self.engines.get(key or "")
+        if tl is None:
+            return None
+
+        def ttft(lo: float, hi: float) -> float | None:
+            v = [x for t, x in tl.ttft if lo <= t <= hi]
+            return float(np.median(v)) if v else None
+
+        def itl(lo: float, hi: float) -> float | None:
+            s = sum(x for t, x, _ in tl.itl if lo <= t <= hi)
+            n = sum(c for t, _, c in tl.itl if lo <= t <= hi)
+            return s / n if n else None
+
+        pts = [(p.t, p.waiting) for p in tl.points if start <= p.t <= end and p.waiting is not None]
+        growth = None
+        if len(pts) >= 2 and pts[-1][0] > pts[0][0]:
+            a = np.array(pts)
+            growth = float(np.polyfit(a[:, 0] - a[0, 0], a[:, 1], 1)[0])
+        e = Effect(ttft_s=ttft(start, end), ttft_baseline_s=ttft(start - baseline, start),
+                   itl_s=itl(start, end), itl_baseline_s=itl(start - baseline, start), queue_growth_per_s=growth)
+        parts = [f"TTFT {_change(e.ttft_s, e.ttft_baseline_s)}", f"ITL {_change(e.itl_s, e.itl_baseline_s)}"]
+        parts.append("queue not observed" if growth is None else f"queue {growth:+.2f} req/s")
+        return Effect(**{**e.__dict__, "description": "; ".join(parts)})

@@ -1,0 +1,139 @@
+"""Cluster topology: which nodes form each TP group (in rank order), how TP groups chain into
+pipeline (PP) groups, and which model each serves.
+
+Two sources: the controller config (the operator's word, always wins) and the labels agents
+put in their summaries (``labels: {tp_group, tp_rank, pp_group, pp_stage, model}``) for nodes
+the config does not place. A node whose summary label contradicts the config is reported once
+in :attr:`Topology.conflicts` and kept where the config put it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from .config import ControllerConfig, ModelSpec, PPGroup, TPGroup
+
+
+@dataclass
+class _Learned:
+    tp_group: str = ""
+    tp_rank: int | None = None
+    pp_group: str = ""
+    pp_stage: int | None = None
+    model: str = ""
+
+
+@dataclass
+class Topology:
+    cluster: str
+    configured_tp: dict[str, TPGroup] = field(default_factory=dict)
+    configured_pp: dict[str, PPGroup] = field(default_factory=dict)
+    models: dict[str, ModelSpec] = field(default_factory=dict)
+    learned: dict[str, _Learned] = field(default_factory=dict)
+    conflicts: dict[str, str] = field(default_factory=dict)
+    version: int = 0
+
+    @classmethod
+    def from_config(cls, cfg: ControllerConfig) -> "Topology":
+        return cls(cfg.cluster, dict(cfg.tp_groups), dict(cfg.pp_groups), dict(cfg.models))
+
+    # -- learning from agents --------------------------------------------------------------------
+    def observe(self, node: str, labels: Mapping[str, str]) -> bool:
+        """Record what an agent says about itself; True when the topology changed."""
+        def _int(v: object) -> int | None:
+            try:
+                return int(str(v))
+            except (TypeError, ValueError):
+                return None
+
+        new = _Learned(str(labels.get("tp_group", "")), _int(labels.get("tp_rank")), str(labels.get("pp_group", "")),
+                       _int(labels.get("pp_stage")), str(labels.get("model", "")))
+        cfg_group = self._configured_group_of(node)
+        if cfg_group and new.tp_group and new.tp_group != cfg_group:
+            self.conflicts[node] = (f"agent on {node} says tp_group {new.tp_group!r}, the controller config says "
+                                    f"{cfg_group!r}: the config wins; fix one of them")
+        if self.learned.get(node) == new:
+            return False
+        self.learned[node] = new
+        self.version += 1
+        return True
+
+    def _configured_group_of(self, node: str) -> str:
+        for g in self.configured_tp.values():
+            if node in g.nodes:
+                return g.name
+        return ""
+
+    # -- queries ---------------------------------------------------------------------------------
+    def tp_groups(self) -> dict[str, TPGroup]:
+        """Configured groups plus groups assembled from agents' labels (rank order, then name)."""
+        out = dict(self.configured_tp)
+        placed = {n for g in out.values() for n in g.nodes}
+        extra: dict[str, list[tuple[int, str]]] = {}
+        for node, l in self.learned.items():
+            if node in placed or not l.tp_group:
+                continue
+            if l.tp_group in out:  # a configured group's name: the config lists its members
+                continue
+            extra.setdefault(l.tp_group, []).append((l.tp_rank if l.tp_rank is not None else 1 << 30, node))
+        for name, members in extra.items():
+            model = next((self.learned[n].model for _, n in members if self.learned[n].model), "")
+            out[name] = TPGroup(name, tuple(n for _, n in sorted(members)), model)
+        return out
+
+    def pp_groups(self) -> dict[str, PPGroup]:
+        out = dict(self.configured_pp)
+        stages: dict[str, dict[int, str]] = {}
+        for node, l in self.learned.items():
+            if l.pp_group and l.pp_group not in out and l.pp_stage is not None:
+                stages.setdefault(l.pp_group, {})[l.pp_stage] = l.tp_group or node
+        for name, st in stages.items():
+            if len(st) >= 2:
+                out[name] = PPGroup(name, tuple(st[k] for k in sorted(st)))
+        return out
+
+    def group_of(self, node: str) -> TPGroup | None:
+        for g in self.tp_groups().values():
+            if node in g.nodes:
+                return g
+        return None
+
+    def node_labels(self, node: str) -> dict[str, str]:
+        """Labels for the rule engine's group scopes (``tp_group``, ``cluster``)."""
+        g = self.group_of(node)
+        out = {"cluster": self.cluster}
+        if g is not None:
+            out["tp_group"] = g.name
+        return out
+
+    def stage_members(self, stage: str) -> tuple[str, ...]:
+        """Nodes of one PP stage: a TP group's nodes, or the stage name as a single node."""
+        g = self.tp_groups().get(stage)
+        return g.nodes if g is not None else (stage,)
+
+    def pp_of(self, node: str) -> tuple[PPGroup, int] | None:
+        for p in self.pp_groups().values():
+            for i, st in enumerate(p.stages):
+                if node in self.stage_members(st):
+                    return p, i
+        return None
+
+    def model_of(self, node: str) -> ModelSpec | None:
+        g = self.group_of(node)
+        name = g.model if g is not None and g.model else (self.learned.get(node) or _Learned()).model
+        if not name:
+            return None
+        return self.models.get(name) or ModelSpec(name)
+
+    def engine_of(self, node: str) -> str:
+        """The ``<node>/<engine>`` of the vLLM front end serving ``node``'s group, if known."""
+        g = self.group_of(node)
+        if g is not None and g.engine:
+            return g.engine
+        m = self.model_of(node)
+        if m is not None:
+            members = set(g.nodes) if g is not None else {node}
+            for e in m.engines:
+                if e.split("/", 1)[0] in members:
+                    return e
+        return ""

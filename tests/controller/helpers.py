@@ -1,0 +1,113 @@
+"""Shared pieces of the controller's NATS tests: config, scripted streams, stream readers."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import nats
+
+from skewd import wire
+from skewd.controller import messages as M
+from skewd.controller.config import ControllerConfig, load_config
+from skewd.model import Layer
+
+from .sim import ScriptedGroup, finding, publish_finding
+
+RULES = str(Path(__file__).parent / "rules")
+
+
+def config(url: str, cluster: str, **over: Any) -> ControllerConfig:
+    base: dict[str, Any] = {
+        "cluster": cluster, "nats": {"servers": url, "reconnect_time_wait": 0.2}, "rules": [RULES],
+        "warmup": "3s", "alignment": {"window": "4s"},
+        "correlation": {"group_wait": "8s", "effect_window": "10s"},
+        "consumer": {"ack_wait": "2s"},
+        "topology": {"tp_groups": {"tp0": {"nodes": ["n0", "n1", "n2", "n3"], "model": "m1", "engine": "n0/engine0"}},
+                     "models": {"m1": {"max_num_seqs": 256, "max_model_len": 8192}}},
+    }
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            base[k] = {**base[k], **v}
+        else:
+            base[k] = v
+    return load_config(None, env={}, overrides=base)
+
+
+def config_yaml(cfg_over: dict[str, Any]) -> str:
+    import yaml
+
+    return yaml.safe_dump(cfg_over, sort_keys=False)
+
+
+async def play(nc: Any, g: ScriptedGroup, start: int, stop: int, *, victims_at: int | None = 12,
+               pace: float = 0.03) -> None:
+    """Publish intervals [start, stop) of the scripted group: summaries for every node, the
+    front end's phase record, and at ``victims_at`` the findings a real agent would raise:
+    GPU-8 (throughput erosion) on the waiting peers, PCIE-1 (H2D starvation) on the straggler."""
+    js = nc.jetstream()
+    for i in range(start, stop):
+        for n in g.nodes:
+            await nc.publish(wire.summary_subject(g.cluster, n), g.summary(i, n))
+        await nc.publish(wire.phase_subject(g.cluster, "n0", "engine0"), g.phase(i))
+        if victims_at is not None and i == victims_at:
+            for n in g.nodes:
+                if n == g.late_node:
+                    await publish_finding(js, finding(n, "PCIE-1-test", "PCIE-1", Layer.PCIE, g.t0 + i,
+                                                      cluster=g.cluster, entity="0000:3b:00.0"))
+                else:
+                    await publish_finding(js, finding(n, "GPU-8-test", "GPU-8", Layer.ENGINE, g.t0 + i,
+                                                      cluster=g.cluster, entity="engine0"))
+        await nc.flush()
+        await asyncio.sleep(pace)
+
+
+async def stored(url: str, stream: str, subject: str, timeout: float = 3.0) -> list[Any]:
+    """Every message stored on ``subject`` (raw nats messages, stream order)."""
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+        sub = await js.pull_subscribe(subject, durable=None, stream=stream,
+                                      config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.NONE,
+                                                            inactive_threshold=10.0))
+        out: list[Any] = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                msgs = await sub.fetch(256, timeout=0.3)
+            except nats.errors.TimeoutError:
+                break
+            out.extend(msgs)
+            if msgs and msgs[-1].metadata.num_pending == 0:
+                break
+        return out
+    finally:
+        await nc.close()
+
+
+async def remaps(url: str, cluster: str) -> list[M.RemapSuggestion]:
+    return [M.decode(m.data, M.Kind.REMAP) for m in await stored(url, wire.REMAPS_STREAM.name,
+                                                                 wire.remap_subject(cluster))]  # type: ignore[misc]
+
+
+async def incidents(url: str, cluster: str) -> list[M.Incident]:
+    return [M.decode(m.data, M.Kind.INCIDENT) for m in await stored(url, M.INCIDENTS_STREAM.name,
+                                                                    M.incident_subject(cluster))]  # type: ignore[misc]
+
+
+async def wait_for(pred, timeout: float, what: str, every: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = await pred()
+        if v:
+            return v
+        await asyncio.sleep(every)
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+
+
+def dumps(x: Any) -> str:
+    return json.dumps(x, indent=1, default=str)[:4000]

@@ -1,0 +1,147 @@
+"""Burst alignment: which node is late, by how much, and when clock error says "can't tell"."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from skewd.catalogue import full_catalogue
+from skewd.controller.align import Aligner, align, estimate_period, stage_gap
+from skewd.controller.catalogue import CATALOGUE, NAMES
+
+T0 = 1_700_000_000.0
+
+
+def _feed(al: Aligner, nodes, seconds: int, lag: dict[str, float], *, period=0.1, jitter=0.0003, err=0.0005,
+          synced=True, skip: dict[str, set[int]] | None = None, nbytes: dict[str, float] | None = None, seed=3):
+    """Scripted summaries (invented values): a collective every ``period`` seconds."""
+    rng = np.random.default_rng(seed)
+    for i in range(seconds):
+        for n in nodes:
+            t = T0 + i + 1
+            ks = range(int(i / period), int((i + 1) / period))
+            bursts = [(T0 + k * period + lag.get(n, 0.0) + rng.uniform(-jitter, jitter), (nbytes or {}).get(n, 1e6))
+                      for k in ks if k not in (skip or {}).get(n, set())]
+            al.observe(n, t, synced, err if synced else None, bursts)
+
+
+def _aligner(**kw) -> Aligner:
+    args = dict(window=10.0, max_skew=0.25, unsynced_clock_error=0.05, min_fraction=0.5, stale_after=5.0,
+                horizon=600.0)
+    args.update(kw)
+    return Aligner(**args)
+
+
+NODES = ("a", "b", "c", "d")
+
+
+def test_late_node_is_last_with_its_lag_and_the_spread() -> None:
+    al = _aligner()
+    _feed(al, NODES, 12, {"c": 0.008})
+    out = al.derive(T0 + 12, {"g": NODES}, {})
+    assert out["c"]["ctl_arrival_last_share_ratio"] == 1.0
+    assert out["c"]["ctl_arrival_lag_seconds"] == pytest.approx(0.008, abs=0.0006)
+    # 8 ms late, clocks good to 0.5 ms each: 7 ms of it is beyond doubt
+    assert out["c"]["ctl_arrival_lag_excess_seconds"] == pytest.approx(0.007, abs=0.0006)
+    for n in ("a", "b", "d"):
+        assert out[n]["ctl_arrival_last_share_ratio"] == 0.0
+        assert out[n]["ctl_arrival_lag_excess_seconds"] == 0.0
+    assert {out[n]["ctl_step_spread_seconds"] for n in NODES} == {out["a"]["ctl_step_spread_seconds"]}
+    assert out["a"]["ctl_step_spread_seconds"] == pytest.approx(0.008, abs=0.0006)
+    assert out["a"]["ctl_aligned_steps"] >= 95  # 10 s window at 10 Hz
+    assert al.reports["g"].last_share["c"] == 1.0
+
+
+def test_no_straggler_means_no_node_is_consistently_last() -> None:
+    al = _aligner()
+    _feed(al, NODES, 12, {})
+    out = al.derive(T0 + 12, {"g": NODES}, {})
+    assert max(out[n]["ctl_arrival_last_share_ratio"] for n in NODES) < 0.5
+    assert max(out[n]["ctl_arrival_lag_excess_seconds"] for n in NODES) == 0.0
+
+
+def test_clock_error_widens_the_tolerance() -> None:
+    """The same 8 ms from a node whose clock is only good to 10 ms is not blamed on it."""
+    al = _aligner()
+    _feed(al, NODES, 12, {"c": 0.008}, err=0.010)
+    out = al.derive(T0 + 12, {"g": NODES}, {})
+    assert out["c"]["ctl_arrival_lag_seconds"] == pytest.approx(0.008, abs=0.0006)  # measured, reported
+    assert out["c"]["ctl_arrival_lag_excess_seconds"] == 0.0  # but within clock error
+    assert out["c"]["ctl_arrival_last_share_ratio"] == 0.0
+    assert out["c"]["ctl_clock_error_seconds"] == 0.010
+
+
+def test_unsynced_clock_assumes_the_configured_worst_case() -> None:
+    al = _aligner(unsynced_clock_error=0.05)
+    _feed(al, NODES, 12, {"c": 0.030}, synced=False)
+    out = al.derive(T0 + 12, {"g": NODES}, {})
+    assert out["c"]["ctl_clock_error_seconds"] == 0.05
+    assert out["c"]["ctl_arrival_lag_excess_seconds"] == 0.0
+
+
+def test_early_stop_node_misses_steps() -> None:
+    al = _aligner()
+    _feed(al, NODES, 12, {}, skip={"d": set(range(0, 200, 2))})  # d sends only every other step
+    out = al.derive(T0 + 12, {"g": NODES}, {})
+    assert out["d"]["ctl_step_missing_ratio"] == pytest.approx(0.5, abs=0.05)
+    assert out["a"]["ctl_step_missing_ratio"] == 0.0
+
+
+def test_bytes_skew_per_collective() -> None:
+    al = _aligner()
+    _feed(al, NODES, 12, {}, nbytes={"a": 1e6, "b": 1e6, "c": 1e6, "d": 2e6})
+    out = al.derive(T0 + 12, {"g": NODES}, {})
+    assert out["d"]["ctl_collective_bytes_dev_ratio"] == pytest.approx(1.0)
+    assert out["a"]["ctl_collective_bytes_dev_ratio"] == 0.0
+
+
+def test_stale_node_leaves_the_group_and_its_age_is_reported() -> None:
+    al = _aligner()
+    _feed(al, NODES, 12, {"c": 0.008})
+    _feed(al, ("a", "b", "d"), 8, {}, seed=4)  # c stops reporting; the others go on
+    for n in ("a", "b", "d"):
+        al.clocks[n].last_summary_t += 12
+    out = al.derive(T0 + 20, {"g": NODES}, {})
+    assert out["c"]["ctl_summary_age_seconds"] == pytest.approx(8.0)
+    assert "ctl_arrival_lag_seconds" not in out["c"]
+
+
+def test_settled_watermark_ignores_a_peer_whose_summary_is_still_in_flight() -> None:
+    al = _aligner()
+    _feed(al, NODES, 12, {})
+    _feed(al, ("a", "b", "c"), 1, {}, seed=9)  # a 13th interval from three nodes only...
+    for n in ("a", "b", "c"):
+        al.clocks[n].last_summary_t = T0 + 13
+    out = al.derive(T0 + 13, {"g": NODES}, {})
+    assert out["d"]["ctl_step_missing_ratio"] == 0.0  # ...is not counted against d yet
+
+
+def test_pp_gap_between_stages() -> None:
+    al = _aligner()
+    # stage 0 = TP group g0 (a, b), stage 1 = node x: x's steps start 30 ms after g0's
+    _feed(al, ("a", "b"), 12, {})
+    _feed(al, ("x",), 12, {"x": 0.030})
+    out = al.derive(T0 + 12, {"g0": ("a", "b")}, {"pp": [("a", "b"), ("x",)]})
+    assert out["x"]["ctl_pp_gap_seconds"] == pytest.approx(0.030, abs=0.001)
+    assert out["x"]["ctl_pp_gap_ratio"] == pytest.approx(1.0)
+    assert "ctl_pp_gap_seconds" not in out["a"]
+
+
+def test_alignment_primitives() -> None:
+    ev = {"a": np.array([0.0, 0.1, 0.2]), "b": np.array([0.01, 0.11, 0.21])}
+    assert estimate_period(ev) == pytest.approx(0.1)
+    steps = align(ev, None, 0.05)
+    assert [sorted(s.members) for s in steps] == [["a", "b"]] * 3
+    assert stage_gap(np.array([0.0, 1.0]), np.array([0.3, 1.2])) == pytest.approx(0.25)
+    assert np.isnan(stage_gap(np.array([]), np.array([1.0])))
+
+
+def test_every_derived_signal_is_catalogued_and_every_catalogued_one_is_derived() -> None:
+    al = _aligner()
+    _feed(al, NODES, 12, {"c": 0.008}, skip={"d": {5}})
+    _feed(al, ("x",), 12, {"x": 0.03})
+    out = al.derive(T0 + 12, {"g": NODES}, {"pp": [NODES, ("x",)]})
+    emitted = {s for v in out.values() for s in v}
+    assert emitted == NAMES
+    cat = full_catalogue()
+    for spec in CATALOGUE:
+        assert cat[spec.name].collector == "controller" and spec.scope.value == "node"

@@ -1,0 +1,185 @@
+"""Correlation (grouping, de-duplication, inhibition, root cause) and planning, without NATS."""
+from __future__ import annotations
+
+import pytest
+
+from skewd.controller import messages as M
+from skewd.controller.config import load_config
+from skewd.controller.correlator import Correlator
+from skewd.controller.planner import Planner, semantic_key
+from skewd.controller.timeline import Timelines
+from skewd.controller.topology import Topology
+from skewd.model import Layer, Scope, State
+
+from .sim import finding
+
+PEERS = ("n0", "n1", "n3")
+
+
+def _cfg(**over):
+    base = {"cluster": "c", "topology": {"tp_groups": {"tp0": {"nodes": ["n0", "n1", "n2", "n3"], "model": "m1"}},
+                                         "models": {"m1": {"max_num_seqs": 200}}}}
+    base.update(over)
+    return load_config(None, env={}, overrides=base)
+
+
+def _corr(values: dict[tuple[str, str], float] | None = None, cfg=None) -> Correlator:
+    cfg = cfg or _cfg()
+    vals = values or {}
+    return Correlator("c", Topology.from_config(cfg), Timelines(), culprit_pathologies=cfg.culprit_pathologies,
+                      never_inhibit=cfg.never_inhibit, effect_window=30.0, node_value=lambda s, n: vals.get((s, n)))
+
+
+def _straggler(t: float = 100.0):
+    f = finding("n2", "EW-1-x", "EW-1", Layer.NETWORK, t, cluster="c", scope=Scope.TP_GROUP)
+    f.labels = {"tp_group": "tp0"}
+    return f
+
+
+def _peers(sig: str, peer: float, culprit: float) -> dict[tuple[str, str], float]:
+    return {**{(sig, n): peer for n in PEERS}, (sig, "n2"): culprit}
+
+
+@pytest.mark.parametrize("values,own,layer", [
+    (_peers("summary_gpu_throttled", 0.0, 1.0), [], "gpu"),
+    ({}, [("GPU-5", Layer.GPU)], "gpu"),
+    ({}, [("PCIE-8", Layer.PCIE)], "host"),
+    ({**_peers("summary_pcie_rx_bytes_per_second", 12e9, 3e9), **_peers("summary_net_rx_bytes_per_second", 1e9, 1e9)},
+     [], "pcie"),
+    ({**_peers("summary_pcie_rx_bytes_per_second", 12e9, 12e9), **_peers("summary_rdma_xmit_wait_per_second", 100, 5000)},
+     [], "network"),
+    (_peers("summary_requests_waiting", 2, 40), [], "engine"),
+    # the PCIe feed is thin but so is the ingress: not "PCIe late after ingress" — no layer explains it
+    ({**_peers("summary_pcie_rx_bytes_per_second", 12e9, 3e9), **_peers("summary_net_rx_bytes_per_second", 1e9, 0.2e9)},
+     [], "unknown"),
+])
+def test_root_cause_follows_the_runbooks(values, own, layer) -> None:
+    c = _corr(values)
+    c.observe(_straggler())
+    for p, lay in own:
+        c.observe(finding("n2", f"{p}-x", p, lay, 100.0, cluster="c"))
+    (inc,) = c.correlate(101.0)
+    assert inc.culprit.node == "n2" and inc.cause.layer == layer, inc.cause
+
+
+def test_victims_inhibited_hardware_faults_never_and_duplicates_dropped() -> None:
+    c = _corr()
+    assert c.observe(_straggler())
+    assert not c.observe(_straggler())  # the same transition again (a redelivery)
+    victims = [finding(n, "GPU-8-x", "GPU-8", Layer.ENGINE, 100.0, cluster="c") for n in PEERS]
+    xid = finding("n0", "GPU-6-x", "GPU-6", Layer.GPU, 100.0, cluster="c", entity="gpu3")
+    for f in (*victims, xid):
+        c.observe(f)
+    incs = {i.group.get("tp_group") or i.group.get("node"): i for i in c.correlate(101.0)}
+    assert set(incs["tp0"].inhibited) == {f.id for f in victims}
+    assert incs["tp0"].victims == list(PEERS)
+    assert incs["n0"].pathology == "GPU-6" and incs["n0"].state == "open"  # a real fault on a victim stays visible
+    # an older transition delivered late does not overwrite the newer one
+    old = _straggler(50.0)
+    assert not c.observe(old) or c.findings[old.fingerprint].active_at == 99.0
+
+
+def test_incident_keeps_its_id_resolves_and_releases_victims() -> None:
+    c = _corr()
+    s = _straggler()
+    v = finding("n0", "GPU-8-x", "GPU-8", Layer.ENGINE, 100.0, cluster="c")
+    c.observe(s), c.observe(v)
+    (inc,) = c.correlate(101.0)
+    assert c.correlate(102.0) == []  # nothing changed: nothing to publish again
+    resolved = _straggler()
+    resolved.state, resolved.resolved_at, resolved.evaluated_at = State.RESOLVED, 110.0, 110.0
+    c.observe(resolved)
+    changed = {i.id: i for i in c.correlate(110.0)}
+    assert changed[inc.id].state == "resolved"
+    own = [i for i in changed.values() if i.group.get("node") == "n0"]
+    assert len(own) == 1 and own[0].state == "open"  # no culprit any more: the victim's finding stands alone
+
+
+def test_planner_orders_least_disruptive_first_and_keys_are_stable() -> None:
+    cfg = _cfg()
+    c = _corr(_peers("summary_gpu_throttled", 0.0, 1.0), cfg)
+    c.observe(_straggler())
+    (inc,) = c.correlate(101.0)
+    p = Planner(cfg)
+    s1, s2 = p.plan(inc, 200.0, "a"), p.plan(inc, 300.0, "b")
+    assert [a.type for a in s1.actions] == [M.ActionType.REROUTE, M.ActionType.MOVE_TP_RANK,
+                                            M.ActionType.DRAIN_RECLAIM]
+    assert s1.key == s2.key and [a.key for a in s1.actions] == [a.key for a in s2.actions]
+    assert semantic_key(s1) == semantic_key(s2)
+    assert s1.actions[0].params["weight"] == cfg.reroute_weight
+
+
+def test_planner_host_cause_gives_the_concrete_command_and_skew_gives_rebalance() -> None:
+    cfg = _cfg()
+    c = _corr(cfg=cfg)
+    c.observe(_straggler())
+    c.observe(finding("n2", "PCIE-8-x", "PCIE-8", Layer.PCIE, 100.0, cluster="c"))
+    (inc,) = c.correlate(101.0)
+    s = Planner(cfg).plan(inc, 200.0)
+    assert s.actions[0].type is M.ActionType.HOST_TUNING and s.actions[0].command == "tuned-adm profile network-latency"
+    skew = finding("n2", "EW-3-x", "EW-3", Layer.NETWORK, 100.0, cluster="c", scope=Scope.TP_GROUP)
+    skew.labels = {"tp_group": "tp0"}
+    c2 = _corr(cfg=cfg)
+    c2.observe(skew)
+    (inc2,) = c2.correlate(101.0)
+    assert M.ActionType.REBALANCE_SHARDS in [a.type for a in Planner(cfg).plan(inc2, 200.0).actions]
+
+
+def test_planner_kv_saturation_caps_concurrency_and_low_confidence_is_dropped() -> None:
+    cfg = _cfg(remap={"min_confidence": 0.5})
+    c = _corr(cfg=cfg)
+    c.observe(finding("n1", "GPU-2-x", "GPU-2", Layer.ENGINE, 100.0, cluster="c", entity="engine0"))
+    (inc,) = c.correlate(101.0)
+    s = Planner(cfg).plan(inc, 200.0)
+    assert [a.type for a in s.actions] == [M.ActionType.REROUTE, M.ActionType.CAP_CONCURRENCY]
+    cap = s.actions[1]
+    assert cap.params["max_num_seqs"] == 150 and cap.target.node == "n1"
+    c3 = _corr(cfg=cfg)
+    c3.observe(finding("n1", "NS-5-x", "NS-5", Layer.NETWORK, 100.0, cluster="c"))
+    (inc3,) = c3.correlate(101.0)
+    assert Planner(cfg).plan(inc3, 200.0) is None  # nothing a remap can do for an egress backlog
+
+
+def test_topology_from_agent_labels_and_conflicts() -> None:
+    topo = Topology.from_config(_cfg())
+    assert topo.observe("x1", {"tp_group": "tpX", "tp_rank": "1", "model": "m2"})
+    topo.observe("x0", {"tp_group": "tpX", "tp_rank": "0"})
+    assert not topo.observe("x0", {"tp_group": "tpX", "tp_rank": "0"})  # unchanged
+    assert topo.tp_groups()["tpX"].nodes == ("x0", "x1") and topo.tp_groups()["tpX"].model == "m2"
+    topo.observe("n2", {"tp_group": "elsewhere"})
+    assert topo.group_of("n2").name == "tp0" and "config wins" in topo.conflicts["n2"]
+    topo.observe("p0", {"pp_group": "pp", "pp_stage": "0", "tp_group": "tpX"})
+    topo.observe("p1", {"pp_group": "pp", "pp_stage": "1"})
+    assert topo.pp_groups()["pp"].stages == ("tpX", "p1")
+
+
+def test_fabric_congestion_on_many_nodes_is_one_incident_that_inhibits_their_network_findings() -> None:
+    c = _corr()
+    for n in ("n0", "n1", "n3"):
+        f = finding(n, "EW-4-x", "EW-4", Layer.NETWORK, 100.0, cluster="c", scope=Scope.CLUSTER)
+        c.observe(f)
+    local = finding("n1", "EW-6-x", "EW-6", Layer.NETWORK, 100.0, cluster="c", entity="mlx5_0/1")
+    gpu = finding("n1", "GPU-2-x", "GPU-2", Layer.ENGINE, 100.0, cluster="c")
+    c.observe(local), c.observe(gpu)
+    incs = {i.pathology: i for i in c.correlate(101.0)}
+    fabric = incs["EW-4"]
+    assert fabric.culprit is None and fabric.victims == ["n0", "n1", "n3"] and len(fabric.findings) == 3
+    assert fabric.cause.layer == "network" and "3 nodes at once" in fabric.cause.reason
+    assert fabric.inhibited == [local.id]  # the node's own retransmits are explained by the fabric
+    assert incs["GPU-2"].state == "open"  # an engine problem on the same node is not
+
+
+def test_victims_wait_while_a_culprit_rule_is_pending_in_their_group() -> None:
+    c = _corr()
+    v = finding("n0", "GPU-8-x", "GPU-8", Layer.ENGINE, 100.0, cluster="c")
+    c.observe(v)
+    (inc,) = c.correlate(101.0)
+    assert not c.culprit_pending(inc)
+    pending = _straggler()
+    pending.state, pending.fired_at = State.PENDING, None
+    c.observe(pending)
+    c.correlate(102.0)
+    assert c.culprit_pending(inc)  # the planner holds the victim's incident
+    other = finding("x9", "GPU-8-x", "GPU-8", Layer.ENGINE, 100.0, cluster="c")  # not in tp0
+    c.observe(other)
+    assert not c.culprit_pending(next(i for i in c.correlate(103.0) if i.group.get("node") == "x9"))
