@@ -394,6 +394,7 @@ def to_dict(msg: WireMessage) -> dict[str, Any]:
             "signals": {s: {e: _finite(v) for e, v in ents.items()} for s, ents in msg.signals.items()},
             "clock_sync": {"synced": msg.clock_sync.synced, "max_error_s": _finite(msg.clock_sync.max_error_s)},
             "agent_version": msg.agent_version,
+            **({"labels": dict(msg.labels)} if msg.labels else {}),
         }
     if isinstance(msg, Health):
         return {
