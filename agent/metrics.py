@@ -38,7 +38,8 @@ class AgentMetrics:
             dur.add_metric([s.name], st.last_duration_s)
             samples.add_metric([s.name], st.samples_emitted)
             over.add_metric([s.name], s.overruns)
-            for stage, n in st.errors.items():
+            # the usual stages exist from the start at 0, so rate() works before the first error
+            for stage, n in sorted({"collect": 0, "timeout": 0, **st.errors}.items()):
                 errs.add_metric([s.name, stage], n)
         yield from (up, dur, samples, errs, over)
         p = a.pipeline
@@ -54,7 +55,7 @@ class AgentMetrics:
             rules.add_metric(["inactive"], n_inactive)
             yield rules
             f = CounterMetricFamily("skewd_findings", "finding transitions by state", labels=["state"])
-            for state, n in sorted(p.findings_total.items()):
+            for state, n in sorted({"pending": 0, "firing": 0, "resolved": 0, **p.findings_total}.items()):
                 f.add_metric([state], n)
             yield f
             alerts = GaugeMetricFamily("skewd_alerts", "current alerts by state", labels=["state"])
