@@ -280,8 +280,10 @@ class Publisher:
     async def _on_error(self, e: Exception) -> None:
         msg = describe_error(e, self.config)
         changed = msg != self.stats.last_error
-        self.stats.last_error = msg
         refused = refusal(e, self.config)
+        # a refusal needs an operator: the server resetting our next retry must not hide it
+        if refused is not None or self._refusal is None:
+            self.stats.last_error = msg
         if refused is not None:
             self.stats.auth_errors += 1
             assert self._refused is not None
