@@ -9,7 +9,6 @@ e.g. ``SKEWD__collectors__pkt__interface=eth0``.
 """
 from __future__ import annotations
 
-import copy
 import difflib
 import os
 import socket
@@ -20,7 +19,7 @@ from typing import Any, Mapping
 import yaml
 
 from skewd.model import parse_duration
-from skewd.rules.yamlpos import PMap, Pos, YamlError, load
+from skewd.rules.yamlpos import Pos, SettingsFileError, deep_merge, read_settings
 
 DEFAULTS: dict[str, Any] = {
     "node": "",  # default: the host name
@@ -87,14 +86,6 @@ class AgentConfig:
         return dict(self.collectors.get(name, {}))
 
 
-def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    out = copy.deepcopy(base)
-    for k, v in over.items():
-        if isinstance(v, Mapping) and isinstance(out.get(k), dict):
-            out[k] = _merge(out[k], v)
-        else:
-            out[k] = v
-    return out
 
 
 def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
@@ -137,22 +128,12 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
     if path is not None:
         where = str(path)
         try:
-            text = Path(path).read_text()
-        except OSError as e:
-            raise ConfigError([f"{path}: cannot read config: {e.strerror or e}"]) from None
-        try:
-            doc, dupes = load(text, where)
-        except YamlError as e:
-            raise ConfigError([f"{e.pos}: {e.message}"]) from None
-        problems += [f"{d.pos}: {d.message}" for d in dupes]
-        if doc is None:
-            doc = {}
-        if not isinstance(doc, dict):
-            raise ConfigError([f"{where}:1:1: the agent config is a mapping of settings"])
-        _collect_positions(doc, (), key_pos)
-    merged = _merge(DEFAULTS, doc)
-    merged = _merge(merged, _env_overrides(env))
-    merged = _merge(merged, overrides or {})
+            doc, key_pos, problems = read_settings(path, "agent")
+        except SettingsFileError as e:
+            raise ConfigError(e.problems) from None
+    merged = deep_merge(DEFAULTS, doc)
+    merged = deep_merge(merged, _env_overrides(env))
+    merged = deep_merge(merged, overrides or {})
 
     def pos(*keys: str) -> str:
         p = key_pos.get(tuple(keys))
@@ -259,8 +240,3 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
     )
 
 
-def _collect_positions(m: Any, prefix: tuple, out: dict[tuple, Pos]) -> None:
-    if isinstance(m, PMap):
-        for k, v in m.items():
-            out[prefix + (k,)] = m.key_pos[k]
-            _collect_positions(v, prefix + (k,), out)

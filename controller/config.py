@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 from skewd.model import parse_duration
 from skewd.natsutil import NatsConfig, NatsConfigError
-from skewd.rules.yamlpos import PMap, Pos, YamlError, load
+from skewd.rules.yamlpos import Pos, SettingsFileError, deep_merge, read_settings
 
 DEFAULTS: dict[str, Any] = {
     "cluster": "default",
@@ -114,21 +114,13 @@ class ControllerConfig:
     source: str = "<defaults>"
 
 
-def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    out = copy.deepcopy(base)
-    for k, v in over.items():
-        if isinstance(v, Mapping) and isinstance(out.get(k), dict) and k != "nats":
-            out[k] = _merge(out[k], v)
-        else:
-            out[k] = v
-    return out
 
 
-def _positions(m: Any, prefix: tuple, out: dict[tuple, Pos]) -> None:
-    if isinstance(m, PMap):
-        for k, v in m.items():
-            out[prefix + (k,)] = m.key_pos[k]
-            _positions(v, prefix + (k,), out)
+def deep_merge_nats(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """nats settings replace each other whole (url vs servers must not mix)."""
+    return deep_merge(base, dict(over), atomic=("nats",))
+
+
 
 
 def _hint(word: str, options: Any) -> str:
@@ -147,18 +139,9 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
     if path is not None:
         where = str(path)
         try:
-            text = Path(path).read_text()
-        except OSError as e:
-            raise ConfigError([f"{path}: cannot read config: {e.strerror or e}"]) from None
-        try:
-            doc, dupes = load(text, where)
-        except YamlError as e:
-            raise ConfigError([f"{e.pos}: {e.message}"]) from None
-        problems += [f"{d.pos}: {d.message}" for d in dupes]
-        doc = doc if doc is not None else {}
-        if not isinstance(doc, dict):
-            raise ConfigError([f"{where}:1:1: the controller config is a mapping of settings"])
-        _positions(doc, (), pos_of)
+            doc, pos_of, problems = read_settings(path, "controller")
+        except SettingsFileError as e:
+            raise ConfigError(e.problems) from None
     over: dict[str, Any] = {}
     if env.get("SKEWD_CLUSTER"):
         over["cluster"] = env["SKEWD_CLUSTER"]
@@ -166,10 +149,10 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         over["controller_id"] = env["SKEWD_CONTROLLER_ID"]
     if env.get("SKEWD_RULES"):
         over["rules"] = [p for p in env["SKEWD_RULES"].split(":") if p]
-    merged = _merge(_merge(DEFAULTS, doc), over)
+    merged = deep_merge_nats(deep_merge_nats(DEFAULTS, doc), over)
     if env.get("SKEWD_NATS_URL"):
         merged["nats"] = {**(merged.get("nats") or {}), "servers": env["SKEWD_NATS_URL"]}
-    merged = _merge(merged, overrides or {})
+    merged = deep_merge_nats(merged, overrides or {})
 
     def pos(*keys: Any) -> str:
         for i in range(len(keys), 0, -1):

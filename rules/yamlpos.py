@@ -7,6 +7,7 @@ Duplicate mapping keys, which PyYAML silently accepts, are reported here.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -119,3 +120,51 @@ def scalar_offset_pos(base: Pos, style: str | None, text: str, offset: int, line
         return Pos(base.file, idx + 1, indent + col_in_line + 1)
     quote = 1 if style in ("'", '"') else 0
     return Pos(base.file, base.line, base.col + quote + offset)
+
+
+class SettingsFileError(Exception):
+    """A settings file that cannot be used at all (unreadable, not YAML, not a mapping)."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def read_settings(path: str | Path, what: str) -> tuple[dict, dict[tuple, Pos], list[str]]:
+    """Read a YAML settings file keeping positions: (mapping, position of every key path,
+    problems such as duplicate keys). Shared by the agent's and the controller's configs."""
+    where = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise SettingsFileError([f"{path}: cannot read config: {e.strerror or e}"]) from None
+    try:
+        doc, dupes = load(text, where)
+    except YamlError as e:
+        raise SettingsFileError([f"{e.pos}: {e.message}"]) from None
+    doc = {} if doc is None else doc
+    if not isinstance(doc, dict):
+        raise SettingsFileError([f"{where}:1:1: the {what} config is a mapping of settings"])
+    positions: dict[tuple, Pos] = {}
+    _key_positions(doc, (), positions)
+    return doc, positions, [f"{d.pos}: {d.message}" for d in dupes]
+
+
+def _key_positions(m: Any, prefix: tuple, out: dict[tuple, Pos]) -> None:
+    if isinstance(m, PMap):
+        for k, v in m.items():
+            out[prefix + (k,)] = m.key_pos[k]
+            _key_positions(v, prefix + (k,), out)
+
+
+def deep_merge(base: dict, over: Any, atomic: tuple[str, ...] = ()) -> dict:
+    """``over`` on top of ``base``, recursing into mappings except the ``atomic`` keys."""
+    import copy
+
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and k not in atomic:
+            out[k] = deep_merge(out[k], v, atomic)
+        else:
+            out[k] = v
+    return out
