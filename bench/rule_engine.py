@@ -16,7 +16,6 @@ import math
 import statistics
 import sys
 import time
-from collections import defaultdict
 
 import numpy as np
 

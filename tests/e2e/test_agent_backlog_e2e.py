@@ -7,13 +7,10 @@ while the previous rules keep firing.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shutil
-import socket
 import threading
 import time
-from pathlib import Path
 
 import pytest
 

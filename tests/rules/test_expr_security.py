@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import string
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
