@@ -18,7 +18,7 @@ from skewd import wire
 from skewd.agent.config import load_config
 from skewd.agent.runner import Agent
 from skewd.agent.scheduler import build_slots, collector_config_keys
-from skewd.collectors.netdev.netns import run_in_netns, socket_in_netns
+from skewd.collectors.netdev.netns import socket_in_netns
 from skewd.model import Finding, State
 from skewd.natsutil import NatsConfig, connect
 from skewd.rules.cli import PACKS
