@@ -52,7 +52,11 @@ def main(argv: list[str]) -> int:
     args = parse(argv)
     if args.list:
         for path in list_scenarios():
-            sc = load_scenario(path)
+            try:
+                sc = load_scenario(path)
+            except Exception as e:  # one broken scenario file must not hide the others
+                print(f"{path.stem:28} INVALID: {e}")
+                continue
             print(f"{sc.name:28} {' '.join(str(getattr(sc, 'description', '') or '').split())[:100]}")
         return 0
     path = Path(args.scenario)

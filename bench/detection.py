@@ -1,0 +1,420 @@
+"""Detection benchmark: every fault-lab scenario, plus healthy runs, through the shipped rule packs.
+
+    python bench/detection.py                 # the full benchmark, table to docs/detection.md
+    python bench/detection.py --quick         # a short smoke run (no docs written)
+    python bench/detection.py --scenario ew1-tp-straggler --seeds 3 --no-write
+
+Each run simulates a cluster (:mod:`skewd.controller.sim`) and feeds it through skewd itself
+(:class:`skewd.controller.sim.harness.Harness`): one agent pipeline per node with the node
+scopes, the controller's group evaluation, correlator and planner over the node summaries.
+Findings are scored against the injected ground truth:
+
+- a **detection** is a firing finding of the fault's pathology ID that became active between the
+  fault's onset and its end + ``grace``; **recall** = faults detected / faults injected;
+- **localisation** = detected faults whose first detection names a culprit node (and, where the
+  finding's scope is the culprit's kind - a GPU, a port - the culprit entity);
+- **precision** = firing findings of an ID that are such detections / all firing findings of that
+  ID, counting every fault run and every healthy run;
+- **latency** = onset → first detection; onset → first remap suggestion naming a culprit node;
+- **false findings per node-hour** = firing findings on healthy runs / simulated node-hours.
+
+Exit status is non-zero only when the benchmark could not run (rules do not load, a scenario
+file is invalid); misses are results, reported in the table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing as mp
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "detection.md"
+GRACE = 120.0  # a detection may become active this long after the fault ended (windows, `for`)
+
+_W: dict[str, Any] = {}
+
+
+@dataclass
+class RunResult:
+    scenario: str
+    label: str
+    shape: str
+    seed: int
+    nodes: int
+    duration: float
+    start: float
+    truth: list[dict]
+    findings: list[dict]
+    suggestions: list[dict]
+    seconds: float
+    node_evaluations: int
+    error: str = ""
+
+
+def _init_worker(rules: list[str], opts: dict[str, Any]) -> None:
+    from skewd.catalogue import full_catalogue
+    from skewd.rules.loader import load_rules
+
+    cat = full_catalogue()
+    res = load_rules(rules, cat)
+    if not res.ok:
+        raise SystemExit("rules do not load:\n" + "\n".join(str(i) for i in res.issues))
+    _W["cat"] = cat
+    _W["rules"] = res.ruleset
+    _W["opts"] = opts
+
+
+def _run_one(job: tuple[str, int]) -> RunResult:
+    from skewd.controller.sim.harness import Harness
+    from skewd.controller.sim.scenario import load_scenario
+    from skewd.controller.sim.simulator import Simulation
+
+    path, seed = job
+    o = _W["opts"]
+    t0 = time.time()
+    sc = load_scenario(path)
+    if o.get("duration_scale", 1.0) != 1.0:
+        sc.duration = max(120.0, sc.duration * o["duration_scale"])
+    sim = Simulation(sc, seed)
+    h = Harness(sim, _W["rules"], _W["cat"], eval_interval=o["eval_interval"], summary_interval=o["eval_interval"],
+                group_interval=o["eval_interval"], bursts=o["bursts"])
+    try:
+        r = h.run()
+        err = ""
+    except Exception as e:  # a crash in one run is reported, the benchmark goes on
+        import traceback
+
+        traceback.print_exc()
+        r = None
+        err = f"{type(e).__name__}: {e}"
+    findings = []
+    for f in (r.findings if r else []):
+        if f.state.value != "firing":
+            continue
+        findings.append({"rule": f.rule_id, "pathology": f.pathology, "node": f.node, "entity": f.entity,
+                         "scope": f.scope.value, "active_at": f.active_at, "fired_at": f.fired_at})
+    sugg = [{"t": s.t, "nodes": s.nodes, "actions": s.actions, "summary": s.summary[:200]}
+            for s in (r.suggestions if r else [])]
+    return RunResult(sc.name, sc.label, sc.shape, seed, len(sim.node_names), sc.duration, sim.start,
+                     [g.to_dict() for g in sim.truth], findings, sugg, time.time() - t0,
+                     r.node_evaluations if r else 0, err)
+
+
+# ------------------------------------------------------------------------------------------------
+# Scoring
+# ------------------------------------------------------------------------------------------------
+
+TARGET_SCOPES = {"gpu": "gpu", "rdma_port": "rdma_port", "nic": "nic_port", "engine": "engine"}
+
+
+def _entity_kind(entity: str) -> str:
+    if entity.startswith("gpu"):
+        return "gpu"
+    if entity.startswith("mlx5_"):
+        return "rdma_port"
+    if entity.startswith("eth"):
+        return "nic_port"
+    if entity.startswith(("engine", "vllm")):
+        return "engine"
+    return ""
+
+
+def localised(f: dict, t: dict) -> bool:
+    if f["node"] not in t["nodes"]:
+        return False
+    if t["entity"] and f["scope"] == _entity_kind(t["entity"]):
+        return f["entity"] == t["entity"]
+    return True
+
+
+def matches(f: dict, t: dict, start: float) -> bool:
+    return f["pathology"] == t["pathology"] and t["onset"] <= f["active_at"] <= t["end"] + GRACE
+
+
+@dataclass
+class IdScore:
+    pid: str
+    faults: int = 0
+    detected: int = 0
+    localised: int = 0
+    tp: int = 0
+    fp: int = 0
+    fp_healthy: int = 0
+    latencies: list[float] = field(default_factory=list)
+    sugg_latencies: list[float] = field(default_factory=list)
+    misses: list[str] = field(default_factory=list)
+    fp_rules: dict[str, int] = field(default_factory=dict)
+    undetectable: str = ""
+    scenarios: set[str] = field(default_factory=set)
+
+
+def score(runs: Sequence[RunResult], ids: Sequence[str]) -> tuple[dict[str, IdScore], dict[str, Any]]:
+    sc = {p: IdScore(p) for p in ids}
+    healthy_hours = 0.0
+    healthy_fp: dict[str, int] = {}
+    for r in runs:
+        healthy = not r.truth
+        if healthy:
+            healthy_hours += r.nodes * r.duration / 3600.0
+        used: set[int] = set()
+        for t in r.truth:
+            s = sc.setdefault(t["pathology"], IdScore(t["pathology"]))
+            s.scenarios.add(r.scenario)
+            s.faults += 1
+            if t.get("detectable"):
+                s.undetectable = t["detectable"]
+            hits = sorted((i for i, f in enumerate(r.findings) if matches(f, t, r.start)),
+                          key=lambda i: (r.findings[i]["fired_at"] or 0, r.findings[i]["active_at"]))
+            good = [i for i in hits if localised(r.findings[i], t)]
+            used |= set(good)
+            if hits:
+                s.detected += 1
+                first = r.findings[hits[0]]
+                s.latencies.append(max(0.0, (first["fired_at"] or first["active_at"]) - t["onset"]))
+                if localised(first, t):
+                    s.localised += 1
+            else:
+                s.misses.append(f"{r.scenario} seed {r.seed}: {t['variant']} on {','.join(t['nodes'])}"
+                                f"{'/' + t['entity'] if t['entity'] else ''}, severity {t['severity']:.2f}")
+            su = [x for x in r.suggestions if t["onset"] <= x["t"] <= t["end"] + GRACE
+                  and (not x["nodes"] or set(x["nodes"]) & set(t["nodes"]))]
+            if su:
+                s.sugg_latencies.append(su[0]["t"] - t["onset"])
+        for i, f in enumerate(r.findings):
+            s = sc.setdefault(f["pathology"], IdScore(f["pathology"]))
+            if i in used:
+                s.tp += 1
+            else:
+                s.fp += 1
+                s.fp_rules[f["rule"]] = s.fp_rules.get(f["rule"], 0) + 1
+                if healthy:
+                    s.fp_healthy += 1
+                    healthy_fp[f["rule"]] = healthy_fp.get(f["rule"], 0) + 1
+    return sc, {"healthy_node_hours": healthy_hours, "healthy_fp_by_rule": healthy_fp}
+
+
+# ------------------------------------------------------------------------------------------------
+# Report
+# ------------------------------------------------------------------------------------------------
+
+def _ratio(a: int, b: int) -> str:
+    return f"{a / b:.2f} ({a}/{b})" if b else "-"
+
+
+def _med(v: list[float]) -> str:
+    if not v:
+        return "-"
+    v = sorted(v)
+    m = v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+    return f"{m:.0f}s"
+
+
+def render(sc: dict[str, IdScore], extra: dict[str, Any], runs: Sequence[RunResult], meta: dict[str, Any]) -> str:
+    from skewd.rules.pathologies import PATHOLOGIES
+
+    hours = extra["healthy_node_hours"]
+    lines = ["# Detection benchmark", "",
+             "Generated by `" + meta["command"] + "` - do not edit by hand.", "",
+             f"- rule packs: `rules/packs/` at commit `{meta['rules_commit']}` ({meta['rules']} rules)",
+             f"- runs: {len(runs)} ({sum(1 for r in runs if r.truth)} with a fault, "
+             f"{sum(1 for r in runs if not r.truth)} healthy), seeds {meta['seeds']}, healthy node-hours "
+             f"{hours:.2f}",
+             f"- agent evaluation every {meta['eval_interval']:g}s (summaries and controller too), collectors every 1s; "
+             f"collective bursts in summaries: {meta['bursts']}",
+             f"- wall time {meta['wall']:.0f}s on {meta['machine']} with {meta['jobs']} worker(s)", "",
+             "How to read it: see the end of this page. Latencies are medians over detected runs.", "",
+             "| ID | pathology | recall | precision | localisation | latency (finding) | latency (suggestion) "
+             "| false/node-h (healthy) | scenario |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    tot = IdScore("all")
+    for pid in sorted(sc, key=_order):
+        s = sc[pid]
+        title = PATHOLOGIES[pid].title if pid in PATHOLOGIES else pid
+        fph = f"{s.fp_healthy / hours:.2f}" if hours else "-"
+        lines.append(f"| {pid} | {title} | {_ratio(s.detected, s.faults)} | {_ratio(s.tp, s.tp + s.fp)} | "
+                     f"{_ratio(s.localised, s.detected)} | {_med(s.latencies)} | {_med(s.sugg_latencies)} | {fph} | "
+                     f"{', '.join(sorted(s.scenarios)) or '-'} |")
+        tot.faults += s.faults
+        tot.detected += s.detected
+        tot.localised += s.localised
+        tot.tp += s.tp
+        tot.fp += s.fp
+        tot.fp_healthy += s.fp_healthy
+        tot.latencies += s.latencies
+        tot.sugg_latencies += s.sugg_latencies
+    fph = f"{tot.fp_healthy / hours:.2f}" if hours else "-"
+    fpd = f"{tot.fp_healthy / hours * 24:.1f}" if hours else "-"
+    lines.append(f"| **all** | | **{_ratio(tot.detected, tot.faults)}** | **{_ratio(tot.tp, tot.tp + tot.fp)}** | "
+                 f"**{_ratio(tot.localised, tot.detected)}** | {_med(tot.latencies)} | {_med(tot.sugg_latencies)} | "
+                 f"**{fph}** | |")
+    lines += ["", f"Healthy runs: {tot.fp_healthy} false finding(s) in {hours:.2f} node-hours "
+              f"= {fpd} per node-day (target: at most 1).", ""]
+    hf = extra["healthy_fp_by_rule"]
+    if hf:
+        lines += ["### False findings on healthy runs, by rule", "", "| rule | findings |", "|---|---|"]
+        lines += [f"| {k} | {v} |" for k, v in sorted(hf.items(), key=lambda kv: -kv[1])]
+        lines.append("")
+    missed = [(pid, s) for pid, s in sorted(sc.items(), key=lambda kv: _order(kv[0])) if s.misses]
+    if missed:
+        lines += ["### Missed faults", ""]
+        for pid, s in missed:
+            for m in s.misses:
+                lines.append(f"- {pid}: {m}")
+        lines.append("")
+    fps = [(pid, s) for pid, s in sorted(sc.items(), key=lambda kv: _order(kv[0])) if s.fp_rules]
+    if fps:
+        lines += ["### Findings that matched no injected fault (all runs), by rule", "",
+                  "During a fault these are often real symptoms of it under another ID (a straggler also "
+                  "slows its peers); they still count against precision.", "",
+                  "| ID | rule | findings |", "|---|---|---|"]
+        for pid, s in fps:
+            for rule, n in sorted(s.fp_rules.items(), key=lambda kv: -kv[1]):
+                lines.append(f"| {pid} | {rule} | {n} |")
+        lines.append("")
+    und = [(pid, s) for pid, s in sorted(sc.items(), key=lambda kv: _order(kv[0])) if s.undetectable]
+    if und:
+        lines += ["### Pathologies without a catalogued defining signal", ""]
+        lines += [f"- {pid}: {s.undetectable}" for pid, s in und]
+        lines.append("")
+    errs = [r for r in runs if r.error]
+    if errs:
+        lines += ["### Runs that failed", ""] + [f"- {r.scenario} seed {r.seed}: {r.error}" for r in errs] + [""]
+    lines += ["## How this is measured", "",
+              "- Every scenario (`controller/sim/scenarios/*.yaml`) models one pathology as the runbooks describe "
+              "it, with its natural variability: onset, duration, severity, culprit and cause are drawn from the seed "
+              "within the ranges the file gives. Scenarios are not tuned to the rules; mild cases are included and may "
+              "be missed.",
+              "- The simulator emits what the collectors would (same signals, units, entities; counters cumulative); "
+              "the benchmark keeps only the signals some rule or the node summary reads, which changes no finding.",
+              "- A detection is a *firing* finding of the fault's ID that became active between onset and end + "
+              f"{GRACE:.0f}s. Precision counts every firing finding of an ID in every run (a finding of the right ID "
+              "on the wrong node is a false finding). Localisation: the first detection names a culprit node (and "
+              "the culprit GPU/port/engine when its scope is that kind of entity).",
+              "- Suggestion latency: onset to the controller planner's first remap suggestion naming a culprit node "
+              "(or naming no node) during the fault; `-` when the planner made none.",
+              ""]
+    return "\n".join(lines)
+
+
+def _order(pid: str) -> tuple:
+    head, _, num = pid.partition("-")
+    return ({"NS": 0, "PCIE": 1, "EW": 2, "GPU": 3}.get(head, 9), int(num) if num.isdigit() else 99, pid)
+
+
+def _git_commit(path: Path) -> str:
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%h", "--", str(path)],
+                             capture_output=True, text=True, timeout=10)
+        h = out.stdout.strip() or "uncommitted"
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", str(path)],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return h + ("+local changes" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+# ------------------------------------------------------------------------------------------------
+# CLI
+# ------------------------------------------------------------------------------------------------
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python bench/detection.py", description=__doc__.split("\n")[0])
+    ap.add_argument("--scenario", action="append", default=[],
+                    help="scenario name or file (repeatable; default: every shipped scenario)")
+    ap.add_argument("--rules", action="append", default=[], help="rule files/dirs (default: rules/packs)")
+    ap.add_argument("--seeds", type=int, default=1, help="seeds per fault scenario (default 1)")
+    ap.add_argument("--healthy-seeds", type=int, default=1, help="seeds per healthy scenario (default 1)")
+    ap.add_argument("--seed-base", type=int, default=1)
+    ap.add_argument("--eval-interval", type=float, default=5.0,
+                    help="seconds between agent/controller evaluations (default 5; the agent's default is 1)")
+    ap.add_argument("--bursts", choices=("every", "agent"), default="every",
+                    help="collective bursts in summaries: every burst (the controller's contract) or only what "
+                         "today's agent derives from pkt samples")
+    ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--quick", action="store_true", help="short smoke run: a few scenarios, shortened, no docs")
+    ap.add_argument("--out", default=str(DOC), help="markdown output (default docs/detection.md)")
+    ap.add_argument("--no-write", action="store_true", help="print the table, do not write docs")
+    ap.add_argument("--json", help="also write raw results as JSON here")
+    return ap.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from skewd.controller.sim.faults import INJECTORS
+    from skewd.controller.sim.scenario import SCENARIO_DIR, ScenarioError, list_scenarios, load_scenario
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    a = parse_args(argv)
+    rules = a.rules or [str(ROOT / "rules" / "packs")]
+    paths: list[Path] = []
+    for s in a.scenario:
+        p = Path(s)
+        paths.append(p if p.exists() else SCENARIO_DIR / f"{s}.yaml")
+    if not paths:
+        paths = list_scenarios()
+    if a.quick and not a.scenario:
+        paths = [SCENARIO_DIR / f"{n}.yaml" for n in ("healthy-dp", "gpu2-kv-saturation", "ns5-egress-backlog")]
+    jobs: list[tuple[str, int]] = []
+    try:
+        for p in paths:
+            sc = load_scenario(p)
+            n = a.seeds if sc.faults else a.healthy_seeds
+            jobs += [(str(p), a.seed_base + k) for k in range(n)]
+    except ScenarioError as e:
+        print(f"skewd bench: invalid scenario:\n{e}", file=sys.stderr)
+        return 2
+    opts = {"eval_interval": a.eval_interval, "bursts": a.bursts, "duration_scale": 0.6 if a.quick else 1.0}
+    try:
+        _init_worker(rules, opts)
+    except SystemExit as e:
+        print(f"skewd bench: {e}", file=sys.stderr)
+        return 2
+    # longest first keeps both workers busy to the end
+    jobs.sort(key=lambda j: -load_scenario(j[0]).duration)
+    t0 = time.time()
+    runs: list[RunResult] = []
+    if a.jobs > 1 and len(jobs) > 1:
+        ctx = mp.get_context("fork")
+        with ctx.Pool(a.jobs, initializer=_init_worker, initargs=(rules, opts)) as pool:
+            for r in pool.imap_unordered(_run_one, jobs):
+                runs.append(r)
+                print(f"  {r.scenario} seed {r.seed}: {len(r.findings)} findings, {r.seconds:.0f}s"
+                      f"{' ERROR ' + r.error if r.error else ''}", file=sys.stderr)
+    else:
+        for j in jobs:
+            r = _run_one(j)
+            runs.append(r)
+            print(f"  {r.scenario} seed {r.seed}: {len(r.findings)} findings, {r.seconds:.0f}s", file=sys.stderr)
+    wall = time.time() - t0
+    runs.sort(key=lambda r: (r.scenario, r.seed))
+    ids = sorted(INJECTORS) if not a.quick and not a.scenario else sorted({t["pathology"] for r in runs for t in r.truth})
+    sc, extra = score(runs, ids)
+    cmd = "python bench/detection.py" + ("" if not argv else " " + " ".join(argv))
+    meta = {"command": cmd, "rules_commit": _git_commit(ROOT / "rules" / "packs"),
+            "rules": len(_W["rules"].rules), "seeds": f"{a.seed_base}..{a.seed_base + max(a.seeds, a.healthy_seeds) - 1}",
+            "eval_interval": a.eval_interval, "bursts": a.bursts, "wall": wall, "jobs": a.jobs,
+            "machine": f"{platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}"}
+    text = render(sc, extra, runs, meta)
+    if a.json:
+        Path(a.json).write_text(json.dumps({"meta": meta, "runs": [r.__dict__ for r in runs],
+                                            "scores": {k: {**v.__dict__, "scenarios": sorted(v.scenarios)}
+                                                       for k, v in sc.items()}}, indent=1, default=str))
+    if a.no_write or a.quick:
+        print(text)
+    else:
+        Path(a.out).write_text(text + "\n")
+        print(f"wrote {a.out} ({wall:.0f}s)", file=sys.stderr)
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

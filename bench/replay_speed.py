@@ -1,0 +1,268 @@
+"""Replay speed: a simulated capture of an 8-GPU node at 10 Hz, every collector's signals, replayed with all packs.
+
+    python bench/replay_speed.py [--hours 1] [--hz 10] [--cpus 16] [--flows 16] [--keep DIR]
+
+Generates the samples with numpy (the fault-lab simulator runs at 1 Hz and takes ~10 ms per
+node-second, too slow for a day at 10 Hz): every catalogued signal of every node-local collector
+(gpu, pcie, netdev, rdma, host, vllm, pkt, exporter) for an 8-GPU node: 8 GPUs, 12 PCI devices
+(8 GPUs, 4 NICs), 4 RDMA ports, 2 NIC ports, 1 vLLM engine, ``--cpus`` CPUs, ``--flows`` flows.
+Counters grow, gauges wander around their own level; values are invented (this measures speed,
+not detection). Each collector collects at ``--hz``: one SampleBatch per collector per
+collection, exactly what the live agent's pipeline ingests. The agent's own
+:class:`skewd.agent.record.Recorder` writes them (with an evaluation tick every second and a
+node summary every second) into a capture bundle of one-hour segments, as a recording agent does.
+
+The replay is ``skewd replay``'s code path: ``open_segments`` → ``replay_catalogue`` →
+``Replayer(..., rules=[the shipped packs]).events()`` (what ``_drive`` iterates at ``--speed
+max``), timed from opening the bundle to the last evaluation. Goal: 24 h replayed in <= 20 s.
+A full day at 10 Hz is ~1.3 billion samples and ~45 GB on disk; by default one hour is
+generated and replayed, and the 24 h time is extrapolated from the steady state (after the
+first 10 minutes, when the windows are full, the cost per recorded second is constant).
+Peer: real time (the recording's own duration) → speed-up; and, on the same samples, the naive
+ingest path (every sample its own batch) against the recorded batches.
+Exits non-zero only if it could not run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+NODE = "gpu-node-0"
+CLUSTER = "bench"
+COLLECTORS = ("gpu", "pcie", "netdev", "rdma", "host", "vllm", "pkt", "exporter")
+START = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+
+
+def layout(cpus: int, flows: int) -> dict[str, list[str]]:
+    """Entities per scope of the simulated node."""
+    return {
+        "gpu": [f"gpu{i}" for i in range(8)],
+        "pci_device": [f"0000:{b:02x}:00.0" for b in (0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb, 0x19, 0x3b, 0x9b, 0xbb)],
+        "rdma_port": [f"mlx5_{i}/1" for i in range(4)],
+        "nic_port": ["eth0", "eth1"],
+        "engine": ["engine0"],
+        "cpu": [f"cpu{i}" for i in range(cpus)],
+        "flow": [f"udp 10.0.{i // 250}.{i % 250 + 1}:{49152 + i}>10.1.0.1:4791" for i in range(flows)],
+        "node": [""],
+    }
+
+
+class NodeGen:
+    """Per collector: fixed entity/signal columns, and values for a run of collections."""
+
+    def __init__(self, catalogue, ents: dict[str, list[str]], hz: float, seed: int = 1) -> None:
+        from skewd.model import Kind
+
+        self.hz = hz
+        self.rng = np.random.default_rng(seed)
+        self.cols: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+        for c in COLLECTORS:
+            specs = sorted((s for s in catalogue.values() if s.collector == c), key=lambda s: s.name)
+            ent, sig, is_ctr = [], [], []
+            for s in specs:
+                for e in ents.get(s.scope.value, []):
+                    ent.append(e)
+                    sig.append(s.name)
+                    is_ctr.append(s.kind is Kind.COUNTER)
+            if not ent:
+                continue
+            n = len(ent)
+            level = self.rng.random(n) * 100 + 1
+            state = np.where(is_ctr, self.rng.random(n) * 1e9, level)
+            self.cols[c] = (np.array(ent, dtype=object), np.array(sig, dtype=object), np.array(is_ctr), level, state)
+        self.phase = {c: 0.003 * k for k, c in enumerate(self.cols)}  # collectors tick apart
+
+    @property
+    def series(self) -> int:
+        return sum(len(v[0]) for v in self.cols.values())
+
+    def values(self, c: str, k: int) -> np.ndarray:
+        """(k, n) values of ``k`` successive collections of collector ``c``."""
+        ent, sig, is_ctr, level, state = self.cols[c]
+        n = len(ent)
+        noise = 1.0 + 0.05 * self.rng.standard_normal((k, n))
+        inc = np.cumsum(level * noise / self.hz, axis=0) + state  # counters
+        out = np.where(is_ctr, inc, level * noise)
+        state[:] = np.where(is_ctr, inc[-1], state)
+        return out
+
+
+def record(directory: Path, hours: float, hz: float, cpus: int, flows: int) -> dict:
+    """Write the bundle with the agent's Recorder; returns counts."""
+    from skewd import __version__, wire
+    from skewd.agent.record import Recorder
+    from skewd.catalogue import full_catalogue
+    from skewd.model import SampleBatch
+    from skewd.rules.cli import PACKS
+    from skewd.rules.loader import load_rules
+
+    cat = full_catalogue()
+    res = load_rules([PACKS], cat)
+    if not res.ok:
+        raise RuntimeError("shipped packs do not load: " + "; ".join(map(str, res.issues)))
+    gen = NodeGen(cat, layout(cpus, flows), hz)
+    rec = Recorder(directory, node=NODE, cluster=CLUSTER, labels={"tp_group": "tp0", "tp_rank": "0"},
+                   ruleset=res.ruleset, catalogue=cat, max_bytes=1 << 50, max_duration=hours * 3600 + 3600,
+                   rotate=max(1, int(np.ceil(hours + 1))),
+                   settings={"evaluation_interval": 1.0, "lookback": 60.0, "horizon": 600.0, "summary_interval": 1.0},
+                   flush_interval=1.0, flush_rows=50_000, threaded=False)
+    seconds = int(round(hours * 3600))
+    per = int(round(hz))
+    block = 60  # seconds generated at a time
+    nodes = {c: np.full(len(v[0]), NODE, dtype=object) for c, v in gen.cols.items()}
+    samples = batches = 0
+    for s0 in range(0, seconds, block):
+        ns = min(block, seconds - s0)
+        vals = {c: gen.values(c, ns * per) for c in gen.cols}
+        for s in range(ns):
+            sec = START + s0 + s
+            for j in range(per):
+                for c, (ent, sig, *_rest) in gen.cols.items():
+                    t = sec + j / hz + gen.phase[c]
+                    v = vals[c][s * per + j]
+                    rec.on_batch(SampleBatch(np.full(len(v), t), nodes[c], ent, sig, v))
+                    samples += len(v)
+                    batches += 1
+            tick = sec + 1.0
+            rec.on_summary(wire.Summary(node=NODE, cluster=CLUSTER, t=tick, interval=1.0,
+                                        signals={"summary_gpu_util_mean_ratio": {"": 0.8},
+                                                 "summary_gpu_power_watts": {"": 5200.0}},
+                                        clock_sync=wire.ClockSync(True, 0.0005), agent_version=__version__))
+            rec.on_tick(tick, [])
+    rec.close()
+    if rec.errors or rec.dropped_rows:
+        raise RuntimeError(f"recorder lost data: {rec.errors} errors ({rec.last_error}), {rec.dropped_rows} rows")
+    size = sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
+    return {"samples": samples, "batches": batches, "series": gen.series, "bytes": size, "seconds": seconds,
+            "gen": gen}
+
+
+def replay(directory: Path, warm_s: float) -> dict:
+    """skewd replay's path at --speed max; wall time at each evaluation (for the steady state)."""
+    from skewd.agent import replay as R
+    from skewd.rules.cli import PACKS
+
+    w0 = time.perf_counter()
+    segments, damage = R.open_segments([directory])
+    if not segments or damage:
+        raise RuntimeError(f"bundle unreadable: {damage}")
+    cat = R.replay_catalogue(segments)
+    rep = R.Replayer(segments, cat, rules=[str(PACKS)], group=True)
+    first = None
+    mark = None
+    evals = 0
+    transitions = 0
+    t = 0.0
+    for ev in rep.events():
+        if first is None:
+            first = ev.t
+        if mark is None and ev.t - first >= warm_s:
+            mark = (ev.t, time.perf_counter())
+        transitions += len(ev.findings)
+        evals += 1
+        t = ev.t
+    w1 = time.perf_counter()
+    res = rep.result([])
+    steady = None
+    if mark is not None and t > mark[0]:
+        steady = (w1 - mark[1]) / (t - mark[0])  # wall seconds per recorded second
+    ingested = sum(p.store.samples_ingested for p in rep.pipelines.values())
+    return {"wall_s": w1 - w0, "evaluations": res.evaluations, "transitions": transitions,
+            "recorded_s": (t - first) if first is not None else 0.0, "steady_per_s": steady, "ingested": ingested,
+            "rules": len(res.ruleset.rules)}
+
+
+def naive_peer(gen: NodeGen, hz: float, seconds: int = 5) -> dict:
+    """The same samples ingested per collection batch (what replay does) and one sample per
+    batch (a naive per-sample ingest loop), into the agent's pipeline store."""
+    from skewd.agent.pipeline import Pipeline
+    from skewd.catalogue import full_catalogue
+    from skewd.model import SampleBatch
+    from skewd.rules.engine import RuleSet
+
+    cat = full_catalogue()
+    per = int(round(hz))
+    vals = {c: gen.values(c, seconds * per) for c in gen.cols}
+    batches = []
+    for k in range(seconds * per):
+        for c, (ent, sig, *_rest) in gen.cols.items():
+            t = START + k / hz + gen.phase[c]
+            v = vals[c][k]
+            batches.append(SampleBatch(np.full(len(v), t), np.full(len(v), NODE, dtype=object), ent, sig, v))
+    n = sum(len(b) for b in batches)
+    out = {}
+    for name in ("batched", "per_sample"):
+        p = Pipeline(cat, RuleSet([], [], ""), node=NODE, cluster=CLUSTER)
+        a = time.perf_counter()
+        if name == "batched":
+            for b in batches:
+                p.ingest(b)
+        else:
+            for b in batches:
+                for i in range(len(b)):
+                    p.ingest(b.select(slice(i, i + 1)))
+        out[name] = (time.perf_counter() - a) / n
+    out["samples"] = n
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hours", type=float, default=1.0, help="recorded hours to generate and replay (24 for a full day)")
+    ap.add_argument("--hz", type=float, default=10.0, help="collections per second of every collector")
+    ap.add_argument("--cpus", type=int, default=16, help="CPUs of the simulated node (host collector entities)")
+    ap.add_argument("--flows", type=int, default=16, help="flows the pkt collector reports")
+    ap.add_argument("--keep", metavar="DIR", help="write the bundle here and keep it")
+    ap.add_argument("--json", action="store_true", help="also print the figures as one JSON line")
+    a = ap.parse_args(argv)
+    work = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="skewd-bench-replay-"))
+    try:
+        bundle = work / NODE
+        if bundle.exists():
+            raise RuntimeError(f"{bundle} exists; pick an empty --keep directory")
+        t0 = time.perf_counter()
+        w = record(bundle, a.hours, a.hz, a.cpus, a.flows)
+        gen_s = time.perf_counter() - t0
+        warm = min(600.0, w["seconds"] / 3)
+        r = replay(bundle, warm)
+        peer = naive_peer(w["gen"], a.hz)
+    except (RuntimeError, OSError) as e:
+        print(f"replay speed: could not run: {e}", file=sys.stderr)
+        return 1
+    finally:
+        if not a.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    day = 86_400.0
+    per_s = r["steady_per_s"] or (r["wall_s"] / max(1.0, r["recorded_s"]))
+    day_s = per_s * day
+    measured_day = w["seconds"] >= day
+    print(f"replay speed: 8-GPU node, {w['series']} series from every node collector at {a.hz:g} Hz "
+          f"({w['series'] * a.hz:,.0f} samples/s), {w['seconds'] / 3600:g} h recorded: {w['samples']:,} samples in "
+          f"{w['batches']:,} batches, {w['bytes'] / 1e9:.2f} GB bundle (written in {gen_s:.0f} s)")
+    print(f"  replay with all packs ({r['rules']} rules): {r['wall_s']:.1f} s for {r['recorded_s'] / 3600:.2f} h "
+          f"({r['evaluations']:,} evaluations, {r['ingested']:,} samples ingested, {r['transitions']} transitions) = "
+          f"{r['recorded_s'] / r['wall_s']:.0f}x real time")
+    how = "measured" if measured_day else f"extrapolated from the steady state ({per_s * 1e3:.1f} ms per recorded second)"
+    print(f"  24 h: {day_s:.0f} s {how}   (goal <= 20 s); speed-up over real time {day / day_s:.0f}x "
+          f"(goal {day / 20:.0f}x)")
+    print(f"  ingest per sample: recorded batches {peer['batched'] * 1e9:.0f} ns, naive one-sample batches "
+          f"{peer['per_sample'] * 1e9:.0f} ns: {peer['per_sample'] / peer['batched']:.0f}x faster than the naive path")
+    if a.json:
+        print(json.dumps({"benchmark": "replay_speed", "hours": w["seconds"] / 3600, "series": w["series"],
+                          "samples": w["samples"], "bundle_bytes": w["bytes"], "replay_wall_s": r["wall_s"],
+                          "day_s": day_s, "day_measured": measured_day, "speedup_real_time": day / day_s,
+                          "evaluations": r["evaluations"], "ingest_ns_batched": peer["batched"] * 1e9,
+                          "ingest_ns_per_sample": peer["per_sample"] * 1e9}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1017 @@
+"""One simulated node: physical state derived from its engines' step timelines, then emitted as
+the samples each collector would produce (names, units, scopes, entities of the catalogues).
+
+Per interval the simulator (1) builds a :class:`NodeState` of *true* quantities (utilisation,
+power, PCIe byte rates and their duty cycle, NIC and RDMA traffic, CPU time, packets), (2) lets
+fault injectors change it, (3) calls :meth:`NodeSim.emit`, which measures it the way the real
+collectors do: counters accumulate from a random base, NVML PCIe throughput is a 20 ms window
+sample in whole KB/s, /proc CPU time is in USER_HZ ticks, RDMA data counters count 4-byte words,
+the vLLM quantiles come from bucket increases of genuine vLLM bucket bounds, and the ``pkt``
+features from the packets themselves (:mod:`.pktfeat`).
+"""
+from __future__ import annotations
+
+import copy
+import math
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from skewd.model import SampleBatch
+
+from . import pktfeat as P
+from .topology import Cluster, Node
+from .workload import HISTS, EngineSim, TickOut
+
+# collector → phase of its collection inside the second (ms); each node adds its own offset
+PHASE = {"gpu": 0.011, "pcie": 0.017, "netdev": 0.003, "rdma": 0.006, "host": 0.002, "vllm": 0.024, "pkt": 0.0}
+
+HOST_MODES = ("user", "system", "irq", "softirq", "iowait", "steal", "idle", "busy")
+RDMA_HW = ("out_of_sequence", "packet_seq_err", "local_ack_timeout_err", "rnr_nak_retry_err", "out_of_buffer",
+           "duplicate_request", "implied_nak_seq_err", "np_ecn_marked_roce_packets", "np_cnp_sent",
+           "rp_cnp_handled", "rp_cnp_ignored", "roce_adp_retrans", "roce_adp_retrans_to", "roce_slow_restart",
+           "req_transport_retries_exceeded", "req_rnr_retries_exceeded")
+RDMA_ERR = ("xmit_discards", "rcv_errors", "rcv_remote_physical_errors", "symbol_error", "link_downed",
+            "link_error_recovery", "local_link_integrity_errors", "excessive_buffer_overrun_errors",
+            "vl15_dropped", "xmit_constraint_errors", "rcv_constraint_errors", "rcv_switch_relay_errors")
+NET_ERR = ("rx_errors", "tx_errors", "rx_dropped", "tx_dropped", "rx_missed", "rx_length_errors", "rx_over_errors",
+           "rx_crc_errors", "rx_frame_errors", "rx_fifo_errors", "tx_aborted_errors", "tx_carrier_errors",
+           "tx_fifo_errors", "tx_heartbeat_errors", "tx_window_errors", "collisions")
+AER = ("correctable_errors", "nonfatal_errors", "fatal_errors", "receiver_errors", "bad_tlp", "bad_dllp",
+       "replay_rollover", "replay_timeout", "data_link_protocol_errors", "surprise_down_errors", "poisoned_tlp",
+       "completion_timeout", "malformed_tlp")
+REASON_BITS = {"sw_power_cap": 0x4, "hw_slowdown": 0x8, "sw_thermal": 0x20, "hw_thermal": 0x40, "hw_power_brake": 0x80}
+GEN_GTS = {1: 2.5e9, 2: 5e9, 3: 8e9, 4: 16e9, 5: 32e9, 6: 64e9}
+
+
+@dataclass
+class RoceFlow:
+    name: str
+    port: int  # rdma port index
+    egress: bool
+    peer: int  # peer node index
+    kind: str  # "tp" | "pp" | "kv"
+    state: P.RoceFlowState = field(default_factory=P.RoceFlowState)
+
+
+@dataclass
+class NodeState:
+    """True quantities of one interval, before measurement. Injectors edit these."""
+
+    t0: float
+    t1: float
+    # per GPU
+    util: np.ndarray
+    mem_util: np.ndarray
+    mem_used: np.ndarray
+    power: np.ndarray
+    power_limit: np.ndarray
+    clock: np.ndarray
+    temp_target: np.ndarray
+    reasons: np.ndarray  # int bitmask, on top of the ones derived from power/idle
+    nvlink_active: np.ndarray
+    responding: np.ndarray
+    pcie_rx: np.ndarray  # mean bytes/s
+    pcie_tx: np.ndarray
+    pcie_duty: np.ndarray  # share of time the transfers are on (shapes the 20 ms window samples)
+    pcie_period: np.ndarray  # seconds between transfer pulses
+    pcie_gen: np.ndarray
+    pcie_width: np.ndarray
+    replay_inc: np.ndarray
+    nvml_err_inc: np.ndarray  # (G, 3) correctable, nonfatal, fatal
+    recov_inc: np.ndarray
+    xid: list[tuple[int, int]]  # (gpu, code) events in this interval
+    # per PCI device (gpus, rdma nics, front nic)
+    pci_width: dict[str, int]
+    pci_gen: dict[str, int]
+    aer_inc: dict[str, dict[str, float]]
+    # netdevs
+    net: dict[str, dict[str, float]]  # dev → increments of counters (bytes/packets/errors)
+    qdisc: dict[str, dict[str, float]]  # dev → backlog, qlen, drops, overlimits, requeues (increments for counters)
+    oper_up: dict[str, bool]
+    carrier_inc: dict[str, float]
+    # rdma ports
+    rdma: list[dict[str, float]]
+    rdma_active: list[bool]
+    tlp_bytes: np.ndarray  # mean payload bytes per host-to-device TLP (DPU view; pinned DMAs fill max payload)
+    rdma_mrs: list[float]  # memory regions registered per device right now
+    rdma_qps: list[float]
+    # host
+    cpu: np.ndarray  # (cpus, 7) seconds in user, system, irq, softirq, iowait, steal, idle
+    softirq_rx: np.ndarray
+    softirq_tx: np.ndarray
+    tcp: dict[str, float]
+    udp: dict[str, float]
+    procs_running: float
+    procs_blocked: float
+    # engines on this node: entity → (TickOut, EngineSim)
+    engines: dict[str, tuple[TickOut, EngineSim]]
+    vllm_up: dict[str, bool]
+    # front-end packets (explicit): flow idx, ts ns, wire bytes, retransmission, fin
+    fe_flow: np.ndarray
+    fe_ts: np.ndarray
+    fe_wl: np.ndarray
+    fe_rtx: np.ndarray
+    fe_fin: np.ndarray
+    # RoCE bursts per flow: flow index → (starts, durs, bytes); per flow retransmits / ecn marks
+    roce: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]
+    roce_rtx: dict[int, float]
+    roce_ecn: dict[int, float]
+    # collective bursts of this node (what the controller aligns): (start, bytes)
+    bursts: list[tuple[float, float]] = field(default_factory=list)
+    bulk: list[dict] = field(default_factory=list)  # bulk TCP transfers on the front end (name, egress, bytes, packets)
+    notes: dict[str, float] = field(default_factory=dict)
+
+
+class _Out:
+    """Columnar batch assembly: whole arrays per (signal, timestamp), scalars batched too."""
+
+    def __init__(self, node: str, only: set[str] | frozenset[str] | None = None) -> None:
+        self.node = node
+        self.only = only
+        self.t: list[float] = []
+        self.e: list[np.ndarray] = []
+        self.s: list[str] = []
+        self.v: list[np.ndarray] = []
+        self.n: list[int] = []
+        self.st: list[float] = []
+        self.se: list[str] = []
+        self.ss: list[str] = []
+        self.sv: list[float] = []
+
+    def add(self, t: float, entities: np.ndarray, name: str, values: np.ndarray) -> None:
+        if self.only is not None and name not in self.only:
+            return
+        self.t.append(t)
+        self.e.append(entities)
+        self.s.append(name)
+        self.v.append(np.asarray(values, dtype=float))
+        self.n.append(len(entities))
+
+    def one(self, t: float, entity: str, name: str, value: float) -> None:
+        if self.only is not None and name not in self.only:
+            return
+        self.st.append(t)
+        self.se.append(entity)
+        self.ss.append(name)
+        self.sv.append(value)
+
+    def build(self) -> list[SampleBatch]:
+        """One batch per collection time, i.e. per collector, as the live agent ingests them."""
+        lens = np.array(self.n, dtype=np.int64)
+        sig = np.empty(len(self.s) + len(self.ss), dtype=object)
+        sig[: len(self.s)] = self.s
+        sig[len(self.s):] = self.ss
+        ents = np.empty(len(self.se), dtype=object)
+        ents[:] = self.se
+        t = np.concatenate((np.repeat(np.array(self.t, dtype=float), lens), np.array(self.st, dtype=float)))
+        s = np.concatenate((np.repeat(sig[: len(self.s)], lens), sig[len(self.s):]))
+        e = np.concatenate(self.e + [ents]) if self.e else ents
+        v = np.concatenate(self.v + [np.array(self.sv, dtype=float)])
+        ok = ~np.isnan(v)
+        if not ok.all():
+            t, s, e, v = t[ok], s[ok], e[ok], v[ok]
+        out = []
+        for tt in sorted(set(self.t) | set(self.st)):
+            m = t == tt
+            if not m.any():
+                continue
+            node = np.empty(int(m.sum()), dtype=object)
+            node[:] = self.node
+            out.append(SampleBatch(t[m], node, e[m].astype(object), s[m].astype(object), v[m]))
+        return out
+
+
+def hist_quantiles(qs: tuple[float, ...], bounds: np.ndarray, counts: np.ndarray) -> list[float]:
+    """Prometheus histogram_quantile over cumulative bucket ``counts`` (the last bound +Inf):
+    the arithmetic of ``collectors/vllm/parse.histogram_quantile``, for several quantiles."""
+    c = np.maximum.accumulate(np.asarray(counts, float))
+    total = c[-1]
+    out = []
+    for q in qs:
+        if total <= 0 or len(bounds) < 2:
+            out.append(math.nan)
+            continue
+        rank = q * total
+        i = int(np.searchsorted(c, rank, side="left"))
+        if i == len(bounds) - 1:
+            out.append(float(bounds[-2]))
+            continue
+        if i == 0 and bounds[0] <= 0:
+            out.append(float(bounds[0]))
+            continue
+        start = 0.0 if i == 0 else float(bounds[i - 1])
+        below = 0.0 if i == 0 else float(c[i - 1])
+        inb = float(c[i]) - below
+        out.append(float(bounds[i]) if inb <= 0 else start + (float(bounds[i]) - start) * (rank - below) / inb)
+    return out
+
+
+def _objs(names: list[str]) -> np.ndarray:
+    a = np.empty(len(names), dtype=object)
+    a[:] = names
+    return a
+
+
+class NodeSim:
+    def __init__(self, cluster: Cluster, node: Node, rng: np.random.Generator, t_start: float) -> None:
+        self.c = cluster
+        self.n = node
+        self.rng = rng
+        G = len(node.gpus)
+        g = cluster.gpu
+        self.G = G
+        self.phase = {k: v + rng.uniform(0, 0.004) for k, v in PHASE.items()}
+        self.ent_gpu = _objs(node.gpus)
+        self.ent_pci = _objs(node.pci_devices)
+        self.ent_net = _objs(node.netdevs)
+        self.ent_rdma = _objs(node.rdma_ports)
+        self.ent_cpu = _objs([f"cpu{i}" for i in range(node.cpus)])
+        # silicon lottery and airflow: fixed per GPU
+        self.gpu_power_k = 1.0 + 0.03 * rng.standard_normal(G)
+        self.gpu_temp_off = rng.normal(0, 1.5, G) + np.linspace(0, 4, G)
+        # large pinned DMAs fill the 256/512-byte max payload; control writes pull the mean down
+        self.tlp = rng.uniform(210, 420, G)
+        self.exporter_next = t_start + 5.0
+        self.temp = g.temp_idle + self.gpu_temp_off
+        self.mem_base = np.full(G, np.nan)
+        # cumulative counters with plausible starting values (the node has been up a while)
+        up = rng.uniform(2e5, 3e6)  # seconds of uptime
+        self.uptime = up
+        self.c_replay = rng.integers(0, 40, G).astype(float)
+        self.c_nvml_err = np.zeros((G, 3))
+        self.c_nvml_err[:, 0] = rng.integers(0, 5, G)
+        self.c_recov = rng.integers(0, 3, G).astype(float)
+        self.c_xid = np.zeros(G)
+        self.xid_last = np.zeros(G)
+        self.c_aer = {d: {k: 0.0 for k in AER} for d in node.pci_devices}
+        for d in node.pci_devices:  # a few historical correctable errors are normal
+            k = float(rng.poisson(0.5))
+            self.c_aer[d]["correctable_errors"] = k
+            self.c_aer[d]["receiver_errors"] = k
+        self.c_net = {dev: {k: 0.0 for k in ("rx_bytes", "tx_bytes", "rx_packets", "tx_packets", "rx_multicast") + NET_ERR}
+                      for dev in node.netdevs}
+        for dev in node.netdevs:
+            self.c_net[dev]["rx_bytes"] = up * rng.uniform(2e6, 4e7)
+            self.c_net[dev]["tx_bytes"] = up * rng.uniform(2e6, 4e7)
+            self.c_net[dev]["rx_packets"] = self.c_net[dev]["rx_bytes"] / 900
+            self.c_net[dev]["tx_packets"] = self.c_net[dev]["tx_bytes"] / 700
+            self.c_net[dev]["rx_multicast"] = up * 0.3
+            self.c_net[dev]["rx_dropped"] = float(rng.integers(0, 200))
+        self.c_carrier = {dev: float(rng.integers(1, 4) * 2) for dev in node.netdevs}
+        self.c_qdisc = {dev: {"drops": 0.0, "overlimits": 0.0, "requeues": float(rng.integers(0, 500)),
+                              "sent_bytes": self.c_net[dev]["tx_bytes"], "sent_packets": self.c_net[dev]["tx_packets"]}
+                        for dev in node.netdevs}
+        R = len(node.rdma_ports)
+        self.c_rdma = [{"xmit_bytes": up * rng.uniform(1e8, 2e9), "rcv_bytes": up * rng.uniform(1e8, 2e9),
+                        "xmit_packets": 0.0, "rcv_packets": 0.0,
+                        # 32-bit and saturating on real ports; start well below the ceiling
+                        "xmit_wait": rng.uniform(1e7, 1.5e9),
+                        **{k: 0.0 for k in RDMA_ERR}, **{k: 0.0 for k in RDMA_HW}} for _ in range(R)]
+        for d in self.c_rdma:
+            d["xmit_packets"] = d["xmit_bytes"] / 4000
+            d["rcv_packets"] = d["rcv_bytes"] / 4000
+            d["xmit_bytes"] -= d["xmit_bytes"] % 4
+            d["rcv_bytes"] -= d["rcv_bytes"] % 4
+            d["np_ecn_marked_roce_packets"] = up * rng.uniform(0.5, 20)
+            d["np_cnp_sent"] = d["np_ecn_marked_roce_packets"] * 0.3
+            d["rp_cnp_handled"] = d["np_cnp_sent"] * rng.uniform(0.8, 1.2)
+            d["symbol_error"] = float(rng.integers(0, 3))
+            d["link_error_recovery"] = float(rng.integers(0, 2))
+            d["out_of_sequence"] = float(rng.integers(0, 20))
+            d["duplicate_request"] = float(rng.integers(0, 10))
+        C = node.cpus
+        # NCCL registers its buffers once: a steady MR count per device (plus a few for the agent's
+        # own verbs users), QPs: channels x peers
+        self.mrs = [float(rng.integers(40, 400)) if R else 0.0 for _ in range(R)]
+        self.qps = [float(rng.integers(8, 64)) for _ in range(R)]
+        self.c_cpu = np.zeros((C, 7))
+        self.c_cpu[:, 6] = up * rng.uniform(0.5, 0.7, C)
+        self.c_cpu[:, 0] = up * rng.uniform(0.2, 0.4, C)
+        self.c_cpu[:, 1] = up * 0.03
+        self.c_cpu[:, 3] = up * 0.01
+        self.c_cpu = np.round(self.c_cpu * 100) / 100
+        self.c_softirq_rx = np.round(up * rng.uniform(50, 500, C))
+        self.c_softirq_tx = np.round(up * rng.uniform(5, 50, C))
+        self.c_tcp = {"in_segs": up * 2000, "out_segs": up * 2500, "retrans_segs": up * 0.5, "in_errs": 3.0,
+                      "out_rsts": up * 0.2}
+        self.c_udp = {"in_errors": 0.0, "rcvbuf_errors": 0.0, "sndbuf_errors": 0.0}
+        self.load = np.array([8.0, 8.0, 8.0])
+        # pkt state
+        self.flows = P.FlowTable()
+        self.front_port = P.PortAgg(node.front)
+        self.roce_ports = [P.PortAgg(d) for d in node.rdma_netdevs]
+        self.roce_flows: list[RoceFlow] = []
+        self._roce_index: dict[tuple[int, int, str, int], int] = {}
+        self.fe_carry: tuple | None = None
+        self.bulk_state: dict[str, P.RoceFlowState] = {}
+        self._conn_tab: dict[int, dict[int, tuple[int, int]]] = {}
+        self.prev_vllm: dict[str, tuple] = {}
+        self.vllm_seen: set[str] = set()
+        self.t_start = t_start
+
+    # ------------------------------------------------------------------------------------------
+    # RoCE flow table
+    # ------------------------------------------------------------------------------------------
+    def roce_flow(self, port: int, peer: int, kind: str, egress: bool, channel: int, peer_ip: str) -> int:
+        key = (port, peer, kind + ("o" if egress else "i"), channel)
+        i = self._roce_index.get(key)
+        if i is None:
+            my = self.n.rdma_ips[port]
+            sport = 49152 + zlib.crc32(f"{self.n.index}/{peer}/{port}/{channel}/{kind}/{egress}".encode()) % 16000
+            name = f"udp {my}:{sport}>{peer_ip}:4791" if egress else f"udp {peer_ip}:{sport}>{my}:4791"
+            i = self._roce_index[key] = len(self.roce_flows)
+            self.roce_flows.append(RoceFlow(name, port, egress, peer, kind))
+        return i
+
+    # ------------------------------------------------------------------------------------------
+    # Baseline physical state
+    # ------------------------------------------------------------------------------------------
+    def baseline(self, t0: float, t1: float, engines: dict[int, tuple[TickOut, EngineSim]],
+                 roce: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]], bursts: list[tuple[float, float]]
+                 ) -> NodeState:
+        c, n, g, rng = self.c, self.n, self.c.gpu, self.rng
+        G, dt = self.G, t1 - t0
+        util = np.zeros(G)
+        prefill = np.zeros(G)
+        batch = np.zeros(G)
+        step = np.full(G, 0.03)
+        gen_tok = np.zeros(G)
+        pre_tok = np.zeros(G)
+        kv = np.zeros(G)
+        serving = np.zeros(G, bool)
+        for rid, (out, eng) in engines.items():
+            rep = c.replicas[rid]
+            idx = [k for (nn, k) in rep.gpus if nn == n.index]
+            if not idx:
+                continue
+            ii = np.array(idx)
+            # NCCL kernels spin while a rank waits for its peers: waiting counts as busy
+            util[ii] = out.busy
+            prefill[ii] = out.prefill_share
+            batch[ii] = np.mean(out.steps.batch) if len(out.steps.batch) else 0.0
+            step[ii] = np.mean(out.steps.durs) if len(out.steps.durs) else 0.03
+            # every rank holds its heads' share of every token's KV
+            gen_tok[ii] = out.gen_tokens / max(1, len(rep.stages))
+            pre_tok[ii] = out.prompt_tokens / max(1, len(rep.stages))
+            kv[ii] = out.kv
+            serving[ii] = out.serving
+        util = np.clip(util * (0.985 + 0.01 * rng.random(G)), 0, 1)
+        util = np.where(util > 0.02, util, rng.uniform(0, 0.01, G) * (util > 0))
+        busy_w = g.power_busy_decode + (g.power_busy_prefill - g.power_busy_decode) * prefill
+        load_w = 0.55 + 0.45 * np.minimum(1.0, batch / max(16.0, c.max_num_seqs * 0.6))
+        power = (g.power_idle + (busy_w - g.power_idle) * util * load_w) * self.gpu_power_k
+        power = power * (1 + 0.02 * rng.standard_normal(G))
+        power_limit = np.full(G, g.power_limit)
+        clock = np.where(util > 0.05, g.sm_clock_max, g.sm_clock_idle)
+        # vLLM holds gpu_memory_utilization of the framebuffer while serving
+        mem = np.where(serving, g.mem_total * c.gpu_memory_utilization + 0.55e9, 0.6e9)
+        mem_util = np.clip(util * (0.45 + 0.35 * (1 - prefill)) * (0.8 + 0.2 * kv), 0, 1)
+        temp_target = g.temp_idle + self.gpu_temp_off + g.temp_per_watt * (power - g.power_idle)
+        # ---- PCIe: control + KV offload + GPUDirect RDMA (the NIC writes into GPU memory)
+        kvb = c.model.kv_bytes_per_token / max(1, c.tp)
+        ctl = 2e6 + 3e4 * batch / np.maximum(step, 1e-3) * 0.01
+        rx = ctl.copy()
+        tx = 0.2e6 + 0.02 * ctl
+        if c.kv_offload:
+            tx += (gen_tok + pre_tok) * kvb  # write-back of new KV blocks to the host tier
+            rx += pre_tok * kvb * 0.35  # prefix blocks loaded back from the host tier
+        gpus_per_nic = max(1, G // max(1, len(n.rdma_ports)))
+        rd_tx = np.zeros(len(n.rdma_ports))
+        rd_rx = np.zeros(len(n.rdma_ports))
+        for fi, (st, du, by) in roce.items():
+            f = self.roce_flows[fi]
+            if f.egress:
+                rd_tx[f.port] += float(by.sum())
+            else:
+                rd_rx[f.port] += float(by.sum())
+        for p in range(len(n.rdma_ports)):
+            for k in range(p * gpus_per_nic, min(G, (p + 1) * gpus_per_nic)):
+                rx[k] += rd_rx[p] / gpus_per_nic / dt
+                tx[k] += rd_tx[p] / gpus_per_nic / dt
+        duty = np.where(rd_rx[np.minimum(np.arange(G) // gpus_per_nic, len(rd_rx) - 1)] > 0, 0.75, 0.3) \
+            if len(rd_rx) else np.full(G, 0.3)
+        # idle GPUs drop the link to Gen1 to save power (NVML and sysfs both show it)
+        gen = np.where(util > 0.02, g.pcie_gen, 1)
+        width = np.full(G, g.pcie_width)
+        pci_width = {d: (g.pcie_width if d in n.gpu_pci else 16) for d in n.pci_devices}
+        pci_gen = {d: (int(gen[n.gpu_pci.index(d)]) if d in n.gpu_pci else 5 if d in n.rdma_pci else 4)
+                   for d in n.pci_devices}
+        aer_inc = {d: {} for d in n.pci_devices}
+        # ---- front-end packets
+        fe = self._frontend_packets(t0, t1, engines)
+        # ---- netdevs
+        net: dict[str, dict[str, float]] = {d: {} for d in n.netdevs}
+        fe_in = fe["ingress"]
+        net[n.front]["rx_bytes"] = float(fe["wl"][fe_in].sum()) - 4.0 * fe_in.sum() + rng.poisson(3000)
+        net[n.front]["tx_bytes"] = float(fe["wl"][~fe_in].sum()) - 4.0 * (~fe_in).sum() + rng.poisson(2500)
+        net[n.front]["rx_packets"] = float(fe_in.sum()) + rng.poisson(12)
+        net[n.front]["tx_packets"] = float((~fe_in).sum()) + rng.poisson(10)
+        for dev in n.rdma_netdevs:  # RoCE bypasses the kernel: only LLDP, ARP, NCCL bootstrap
+            net[dev]["rx_bytes"] = float(rng.poisson(300))
+            net[dev]["tx_bytes"] = float(rng.poisson(250))
+            net[dev]["rx_packets"] = float(rng.poisson(3))
+            net[dev]["tx_packets"] = float(rng.poisson(2))
+        for dev in n.netdevs:
+            net[dev]["rx_multicast"] = float(rng.poisson(0.3))
+        qdisc = {d: {"backlog": 0.0, "qlen": 0.0, "drops": 0.0, "overlimits": 0.0,
+                     "requeues": float(rng.poisson(0.02))} for d in n.netdevs}
+        # a busy front end now and then has a few packets queued at the instant of the dump
+        if rng.random() < 0.05 and net[n.front]["tx_packets"] > 500:
+            q = int(rng.integers(1, 6))
+            qdisc[n.front]["qlen"] = float(q)
+            qdisc[n.front]["backlog"] = float(q * rng.integers(90, 1500))
+        # ---- RDMA ports
+        rdma: list[dict[str, float]] = []
+        for p in range(len(n.rdma_ports)):
+            xb, rb = rd_tx[p], rd_rx[p]
+            busy_share = min(1.0, (xb + rb) / dt / c.rdma_speed)
+            d = {"xmit_bytes": xb * 1.014, "rcv_bytes": rb * 1.014, "xmit_packets": math.ceil(xb / P.ROCE_FRAME),
+                 "rcv_packets": math.ceil(rb / P.ROCE_FRAME),
+                 # some back-pressure is normal under collectives (incast at the all-reduce)
+                 "xmit_wait": float(rng.poisson(2e5 * busy_share + 50)),
+                 "np_ecn_marked_roce_packets": float(rng.poisson(30 * busy_share)),
+                 }
+            d["np_cnp_sent"] = float(rng.binomial(int(d["np_ecn_marked_roce_packets"]), 0.3))
+            d["rp_cnp_handled"] = float(rng.poisson(d["np_cnp_sent"] + 0.01))
+            d["xmit_packets"] += rng.poisson(1)
+            d["rcv_packets"] += rng.poisson(1)
+            rdma.append(d)
+        # ---- host CPU: workers spin on their GPU, the engine core and API server, softirq for packets
+        C = n.cpus
+        cpu = np.zeros((C, 7))
+        pkts = float(len(fe["ts"]))
+        any_serving = any(o.serving for o, _ in engines.values()) if engines else False
+        for k in range(min(G, C)):
+            b = 0.92 if serving[k] else 0.02
+            cpu[k, 0] = b * 0.9
+            cpu[k, 1] = b * 0.08
+        api = min(C - 1, G)
+        eng_core = min(C - 1, G + 1)
+        if any_serving:
+            cpu[eng_core, 0] += 0.85
+            cpu[eng_core, 1] += 0.06
+            cpu[api, 0] += min(0.9, 0.15 + pkts * 4e-5)
+            cpu[api, 1] += min(0.3, 0.03 + pkts * 1e-5)
+        irq_cpus = np.arange(C - 8, C) if C > 16 else np.arange(C)
+        soft = pkts * 2.5e-6
+        cpu[irq_cpus, 3] += soft / len(irq_cpus)
+        cpu[irq_cpus, 2] += soft / len(irq_cpus) * 0.2
+        other = rng.gamma(0.5, 0.02, C)  # sshd, node exporter, kubelet, skewd itself...
+        cpu[:, 0] += other
+        cpu[:, 1] += other * 0.3
+        cpu[:, 4] = rng.gamma(0.3, 0.003, C)
+        busy = cpu[:, :6].sum(1)
+        scale = np.where(busy > 1.0, 1.0 / busy, 1.0)
+        cpu[:, :6] *= scale[:, None]
+        cpu[:, 6] = np.maximum(0.0, 1.0 - cpu[:, :6].sum(1))
+        cpu *= dt
+        softirq_rx = np.zeros(C)
+        softirq_rx[irq_cpus] = rng.poisson(max(1.0, float(fe_in.sum())) / len(irq_cpus) / 8 + 20, len(irq_cpus))
+        softirq_rx += rng.poisson(2, C)
+        softirq_tx = rng.poisson(0.5, C).astype(float)
+        softirq_tx[irq_cpus] += rng.poisson(max(1.0, float((~fe_in).sum())) / len(irq_cpus) / 30, len(irq_cpus))
+        in_segs = float(fe_in.sum()) + rng.poisson(40)
+        out_segs = float((~fe_in).sum()) + rng.poisson(40)
+        tcp = {"in_segs": in_segs, "out_segs": out_segs - float(fe["rtx"][~fe_in].sum()),
+               "retrans_segs": float(fe["rtx"][~fe_in].sum()) + rng.binomial(int(out_segs), 2e-5),
+               "in_errs": float(rng.poisson(0.001)),
+               "out_rsts": float(rng.poisson(0.02 + 0.005 * sum(o.finished for o, _ in engines.values())))}
+        udp = {"in_errors": 0.0, "rcvbuf_errors": 0.0, "sndbuf_errors": 0.0}
+        running = int(np.sum(serving[: min(G, C)])) + (2 if any_serving else 0) + int(rng.poisson(0.6))
+        st = NodeState(
+            t0=t0, t1=t1, util=util, mem_util=mem_util, mem_used=mem, power=power, power_limit=power_limit,
+            clock=clock, temp_target=temp_target, reasons=np.zeros(G, np.int64), nvlink_active=np.full(G, g.nvlink_links),
+            responding=np.ones(G, bool), pcie_rx=rx, pcie_tx=tx, pcie_duty=duty, pcie_period=step,
+            pcie_gen=gen, pcie_width=width, replay_inc=np.zeros(G), nvml_err_inc=np.zeros((G, 3)),
+            recov_inc=np.zeros(G), xid=[], pci_width=pci_width, pci_gen=pci_gen, aer_inc=aer_inc, net=net, qdisc=qdisc,
+            oper_up={d: True for d in n.netdevs}, carrier_inc={d: 0.0 for d in n.netdevs}, rdma=rdma,
+            rdma_active=[True] * len(n.rdma_ports), tlp_bytes=self.tlp.copy(), rdma_mrs=list(self.mrs), rdma_qps=list(self.qps), cpu=cpu, softirq_rx=softirq_rx, softirq_tx=softirq_tx, tcp=tcp,
+            udp=udp, procs_running=float(running), procs_blocked=float(rng.poisson(0.1)),
+            engines={c.replicas[rid].engine: v for rid, v in engines.items() if c.replicas[rid].engine_node == n.index},
+            vllm_up={c.replicas[rid].engine: v[0].serving for rid, v in engines.items()
+                     if c.replicas[rid].engine_node == n.index},
+            fe_flow=fe["flow"], fe_ts=fe["ts"], fe_wl=fe["wl"], fe_rtx=fe["rtx"], fe_fin=fe["fin"],
+            roce=roce, roce_rtx={}, roce_ecn={}, bursts=list(bursts))
+        return st
+
+    # ------------------------------------------------------------------------------------------
+    # Front-end TCP packets (gateway <-> vLLM API server), one keep-alive connection per request
+    # ------------------------------------------------------------------------------------------
+    def conn_flows(self, eidx: int, conn: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(ingress flow idx, egress flow idx) of gateway connections ``conn`` to engine ``eidx``."""
+        tab = self._conn_tab.setdefault(eidx, {})
+        ing = np.empty(len(conn), np.int64)
+        egr = np.empty(len(conn), np.int64)
+        for i, cc in enumerate(conn.tolist()):
+            pair = tab.get(cc)
+            if pair is None:
+                cip = f"10.1.{eidx}.{2 + cc % 8}"
+                # pooled keep-alive connections use 40000-59999; per-request ones 20000-39999
+                cport = 40000 + (cc * 37) % 20000 if cc < 100_000 else 20000 + (cc - 100_000) % 20000
+                sport = 8000 + eidx
+                ip = self.n.front_ip
+                pair = tab[cc] = (self.flows.flow(f"tcp {cip}:{cport}>{ip}:{sport}", False, 0),
+                                  self.flows.flow(f"tcp {ip}:{sport}>{cip}:{cport}", True, 0))
+            ing[i], egr[i] = pair
+        return ing, egr
+
+    def _frontend_packets(self, t0: float, t1: float, engines: dict[int, tuple[TickOut, EngineSim]]) -> dict:
+        rng = self.rng
+        parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, bool]] = []
+
+        def add(f: np.ndarray, t: np.ndarray, w: np.ndarray, is_fin: bool = False) -> None:
+            parts.append((np.asarray(f, np.int64), np.asarray(t, float), np.asarray(w, float),
+                          np.full(len(f), is_fin)))
+
+        for rid, (out, eng) in engines.items():
+            rep = self.c.replicas[rid]
+            if rep.engine_node != self.n.index:
+                continue
+            eidx = self.n.engines.index(rep.engine)
+            ends = out.steps.starts + out.steps.durs
+            # request upload: prompt text (~4.2 bytes/token) + JSON/HTTP headers, MSS 1448
+            if len(out.arr_t):
+                ing, egr = self.conn_flows(eidx, out.arr_conn)
+                size = out.arr_prompt * 4.2 + 420
+                nseg = np.maximum(1, np.ceil(size / 1448)).astype(np.int64)
+                k = np.repeat(np.arange(len(nseg)), nseg)
+                off = np.arange(len(k)) - np.repeat(np.cumsum(nseg) - nseg, nseg)
+                t = out.arr_t[k] + off * 2e-6
+                seg = np.full(len(k), 1448.0)
+                last = np.cumsum(nseg) - 1
+                seg[last] = size - (nseg - 1) * 1448
+                add(ing[k], t, 66 + seg)
+                a = off % 2 == 1  # the server ACKs every second segment
+                add(egr[k[a]], t[a] + 3e-5, np.full(int(a.sum()), 66.0))
+            # token stream: one SSE event per token, sent when the step that produced it ends
+            if len(out.tok_conn) and len(ends):
+                ing, egr = self.conn_flows(eidx, out.tok_conn)
+                k = np.repeat(np.arange(len(out.tok_n)), out.tok_n)
+                off = np.arange(len(k)) - np.repeat(np.cumsum(out.tok_n) - out.tok_n, out.tok_n)
+                sidx = np.minimum(out.tok_first[k] + off, len(ends) - 1)
+                # the API server serialises sends: a per-request offset behind the step end
+                t = ends[sidx] + 2e-4 + rng.gamma(2.0, 2.5e-4, len(k)) + (out.tok_conn[k] % 64) * 6e-6
+                add(egr[k], t, 66 + rng.integers(150, 230, len(k)).astype(float))
+                a = off % 2 == 1  # the gateway's delayed ACK: every second data segment
+                add(ing[k[a]], t[a] + 4e-5, np.full(int(a.sum()), 66.0))
+            if len(out.fin_conn):  # usage chunk + [DONE]
+                ing, egr = self.conn_flows(eidx, out.fin_conn)
+                add(egr, out.fin_t + 5e-4, np.full(len(egr), 66.0 + 310))
+                if out.conn_close:  # the client closes: FIN both ways
+                    add(ing, out.fin_t + 9e-4, np.full(len(ing), 66.0), True)
+                    add(egr, out.fin_t + 1.0e-3, np.full(len(egr), 66.0), True)
+        if self.fe_carry is not None:  # packets sent just after the previous interval ended
+            parts.append(self.fe_carry)
+            self.fe_carry = None
+        if parts:
+            f = np.concatenate([p[0] for p in parts])
+            tt = np.concatenate([p[1] for p in parts])
+            w = np.concatenate([p[2] for p in parts])
+            fn = np.concatenate([p[3] for p in parts])
+        else:
+            f, tt, w, fn = np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.zeros(0, bool)
+        later = tt >= t1
+        if later.any():
+            self.fe_carry = (f[later], tt[later], w[later], fn[later])
+        keep = (tt >= t0) & (tt < t1)
+        f, tt, w, fn = f[keep], tt[keep], w[keep], fn[keep]
+        eg = np.array(self.flows.egress, bool)
+        ingress = ~eg[f] if len(f) else np.zeros(0, bool)
+        return {"flow": f, "ts": np.round(tt * P.NS).astype(np.int64), "wl": np.round(w).astype(np.int64),
+                "rtx": np.zeros(len(f), bool), "fin": fn, "ingress": ingress}
+
+    # ------------------------------------------------------------------------------------------
+    # Measurement: everything the collectors would emit for this interval
+    # ------------------------------------------------------------------------------------------
+    def emit(self, st: NodeState, only: set[str] | frozenset[str] | None = None) -> list[SampleBatch]:
+        """The interval's samples, one batch per collector (each stamped with its collection
+        time); ``only`` keeps just those signals (a consumer that reads no other signal gets the
+        same values, cheaper)."""
+        o = _Out(self.n.name, only)
+        self._emit_gpu(o, st)
+        self._emit_pcie(o, st)
+        self._emit_net(o, st)
+        self._emit_rdma(o, st)
+        self._emit_host(o, st)
+        self._emit_vllm(o, st)
+        self._emit_pkt(o, st)
+        if self.c.dpu:
+            self._emit_dpu(o, st)
+        return o.build()
+
+    def _emit_dpu(self, o: _Out, st: NodeState) -> None:
+        """The exporter collector scraping DTS every 5 s: the DPU's view of the host PCIe link
+        towards each GPU behind it (entity: the GPU's PCI address)."""
+        if st.t1 + 1e-9 < self.exporter_next:
+            return
+        self.exporter_next += 5.0
+        t = st.t1 + 0.031
+        inb = st.pcie_rx * np.exp(0.05 * self.rng.standard_normal(self.G))
+        tlps = inb / np.maximum(st.tlp_bytes, 1.0)
+        ok = st.responding
+        E = _objs([p for p, k in zip(self.n.gpu_pci, ok) if k])
+        o.add(t, E, "dpu_pcie_inbound_bytes_per_second", np.round(inb[ok]))
+        o.add(t, E, "dpu_pcie_inbound_tlps_per_second", np.round(tlps[ok]))
+        o.one(t, "doca-telemetry-service", "exporter_up", 1.0)
+
+    def _emit_gpu(self, o: _Out, st: NodeState) -> None:
+        g, G, t = self.c.gpu, self.G, st.t1 + self.phase["gpu"]
+        dt = st.t1 - st.t0
+        ok = st.responding
+        # temperature follows power with a ~40 s time constant
+        a = 1 - math.exp(-dt / 40.0)
+        self.temp = self.temp + a * (st.temp_target - self.temp)
+        temp = np.round(self.temp)
+        reasons = st.reasons.copy()
+        near_cap = st.power > st.power_limit * 0.97
+        reasons |= np.where(near_cap, 0x4, 0)
+        clock = np.where(near_cap, st.clock * (st.power_limit / np.maximum(st.power, 1)) ** 0.6, st.clock)
+        reasons |= np.where(st.util < 0.02, 0x1, 0)
+        hw = (reasons & (0x40 | 0x80)) > 0
+        reasons |= np.where(hw, 0x8, 0)
+        power = np.minimum(st.power, st.power_limit * 1.01)
+        util = np.round(st.util * 100) / 100  # NVML reports whole percent
+        mem_util = np.round(st.mem_util * 100) / 100
+        clock = np.round(clock / 15e6) * 15e6  # 15 MHz clock steps
+        E = self.ent_gpu[ok]
+        vals = {
+            "gpu_utilization_ratio": util, "gpu_memory_utilization_ratio": mem_util,
+            "gpu_memory_used_bytes": np.round(st.mem_used / 2**20) * 2**20,
+            "gpu_memory_total_bytes": np.full(G, g.mem_total), "gpu_power_watts": np.round(power * 1000) / 1000,
+            "gpu_power_limit_watts": st.power_limit, "gpu_sm_clock_hz": clock,
+            "gpu_sm_clock_max_hz": np.full(G, g.sm_clock_max), "gpu_temperature_celsius": temp,
+            "gpu_clocks_event_reasons": reasons.astype(float),
+            "gpu_xid_errors_total": None, "gpu_xid_last_code": None,
+        }
+        for code, bit in REASON_BITS.items():
+            vals[f"gpu_clocks_event_{code}"] = ((reasons & bit) > 0).astype(float)
+        for gpu, code in st.xid:
+            self.c_xid[gpu] += 1
+            self.xid_last[gpu] = code
+        vals["gpu_xid_errors_total"] = self.c_xid.copy()
+        vals["gpu_xid_last_code"] = self.xid_last.copy()
+        if g.nvlink_links:
+            vals["gpu_nvlink_links"] = np.full(G, float(g.nvlink_links))
+            vals["gpu_nvlink_links_active"] = st.nvlink_active.astype(float)
+        for name, v in vals.items():
+            o.add(t, E, name, np.asarray(v, float)[ok])
+        o.add(t, self.ent_gpu, "gpu_responding", ok.astype(float))
+
+    def _window_sample(self, mean: np.ndarray, duty: np.ndarray, period: np.ndarray) -> np.ndarray:
+        """NVML's PCIe throughput: bytes moved in one 20 ms window / 20 ms. Transfers come in
+        pulses (one per step, ``duty`` of the period), so a window catches more or less of them."""
+        W = 0.02
+        G = len(mean)
+        P_ = np.maximum(period, 1e-3)
+        w = np.clip(duty, 0.01, 1.0) * P_
+        u = self.rng.random(G) * P_  # window start relative to a pulse start
+        # overlap of [u, u+W] with pulses [kP, kP+w], k = 0, 1, 2, ...
+        def covered(x: np.ndarray) -> np.ndarray:  # pulse time in [0, x]
+            k = np.floor(x / P_)
+            return k * w + np.minimum(x - k * P_, w)
+        ov = covered(u + W) - covered(u)
+        inst = mean / np.clip(duty, 0.01, 1.0)
+        val = inst * ov / W * np.exp(0.15 * self.rng.standard_normal(G))
+        return np.floor(val / 1024) * 1024  # whole KB/s
+
+    def _emit_pcie(self, o: _Out, st: NodeState) -> None:
+        n, g, t = self.n, self.c.gpu, st.t1 + self.phase["pcie"]
+        ok = st.responding
+        E = self.ent_gpu[ok]
+        rx = self._window_sample(st.pcie_rx, st.pcie_duty, st.pcie_period)
+        tx = self._window_sample(st.pcie_tx, st.pcie_duty, st.pcie_period)
+        self.c_replay = (self.c_replay + st.replay_inc) % 2**32
+        self.c_nvml_err += st.nvml_err_inc
+        self.c_recov += st.recov_inc
+        down = ((st.pcie_gen < g.pcie_gen) | (st.pcie_width < g.pcie_width)).astype(float)
+        vals = {"pcie_gpu_rx_bytes_per_second": rx, "pcie_gpu_tx_bytes_per_second": tx,
+                "pcie_gpu_replays_total": self.c_replay, "pcie_gpu_current_link_gen": st.pcie_gen.astype(float),
+                "pcie_gpu_max_link_gen": np.full(self.G, float(g.pcie_gen)),
+                "pcie_gpu_current_link_width": st.pcie_width.astype(float),
+                "pcie_gpu_max_link_width": np.full(self.G, float(g.pcie_width)), "pcie_gpu_link_downtrained": down,
+                "pcie_gpu_correctable_errors_total": self.c_nvml_err[:, 0],
+                "pcie_gpu_nonfatal_errors_total": self.c_nvml_err[:, 1],
+                "pcie_gpu_fatal_errors_total": self.c_nvml_err[:, 2],
+                "pcie_gpu_link_recoveries_total": self.c_recov}
+        for name, v in vals.items():
+            o.add(t, E, name, np.asarray(v, float)[ok])
+        # sysfs view of every PCI device
+        devs = n.pci_devices
+        gen = np.array([st.pci_gen[d] for d in devs], float)
+        width = np.array([st.pci_width[d] for d in devs], float)
+        maxgen = np.array([g.pcie_gen if d in n.gpu_pci else 5 if d in n.rdma_pci else 4 for d in devs], float)
+        maxw = np.full(len(devs), 16.0)
+        for d in devs:
+            for k, v in st.aer_inc.get(d, {}).items():
+                self.c_aer[d][k] += v
+        numa = np.array([n.gpu_numa[n.gpu_pci.index(d)] if d in n.gpu_pci else
+                         (0 if i < len(n.rdma_pci) // 2 else 1) for i, d in enumerate(devs)], float)
+        sv = {"pcie_current_link_transfers_per_second": np.array([GEN_GTS[int(x)] for x in gen]),
+              "pcie_max_link_transfers_per_second": np.array([GEN_GTS[int(x)] for x in maxgen]),
+              "pcie_current_link_gen": gen, "pcie_max_link_gen": maxgen, "pcie_current_link_width": width,
+              "pcie_max_link_width": maxw, "pcie_link_downtrained": ((gen < maxgen) | (width < maxw)).astype(float),
+              "pcie_numa_node": numa}
+        for k in AER:
+            sv[f"pcie_aer_{k}_total"] = np.array([self.c_aer[d][k] for d in devs])
+        for name, v in sv.items():
+            o.add(t, self.ent_pci, name, v)
+
+    def _emit_net(self, o: _Out, st: NodeState) -> None:
+        n, t = self.n, st.t1 + self.phase["netdev"]
+        for d in n.netdevs:
+            inc = st.net[d]
+            for k, v in inc.items():
+                self.c_net[d][k] += max(0.0, v)
+            self.c_carrier[d] += st.carrier_inc.get(d, 0.0)
+            q = st.qdisc[d]
+            self.c_qdisc[d]["drops"] += q.get("drops", 0.0)
+            self.c_qdisc[d]["overlimits"] += q.get("overlimits", 0.0)
+            self.c_qdisc[d]["requeues"] += q.get("requeues", 0.0)
+            self.c_qdisc[d]["sent_bytes"] += inc.get("tx_bytes", 0.0) + 14 * inc.get("tx_packets", 0.0)
+            self.c_qdisc[d]["sent_packets"] += inc.get("tx_packets", 0.0)
+        devs = n.netdevs
+        E = self.ent_net
+        for k in ("rx_bytes", "tx_bytes", "rx_packets", "tx_packets") + NET_ERR:
+            name = {"rx_missed": "netdev_rx_missed_total", "collisions": "netdev_collisions_total"}.get(k, f"netdev_{k}_total")
+            o.add(t, E, name, np.array([round(self.c_net[d][k]) for d in devs], float))
+        o.add(t, E, "netdev_rx_multicast_total", np.array([round(self.c_net[d]["rx_multicast"]) for d in devs], float))
+        o.add(t, E, "netdev_carrier_changes_total", np.array([self.c_carrier[d] for d in devs]))
+        up = np.array([st.oper_up[d] for d in devs])
+        o.add(t, E, "netdev_operstate", np.where(up, 6.0, 2.0))
+        o.add(t, E, "netdev_up", up.astype(float))
+        front = st.notes.get("front_speed", self.c.front_speed)
+        speed = np.array([front if d == n.front else self.c.rdma_speed for d in devs])
+        o.add(t, E[up], "netdev_link_speed_bytes", speed[up])
+        o.add(t, E, "netdev_qdisc_backlog_bytes", np.array([st.qdisc[d]["backlog"] for d in devs]))
+        o.add(t, E, "netdev_qdisc_qlen_packets", np.array([st.qdisc[d]["qlen"] for d in devs]))
+        for k in ("drops", "overlimits", "requeues"):
+            o.add(t, E, f"netdev_qdisc_{k}_total", np.array([self.c_qdisc[d][k] for d in devs]))
+        o.add(t, E, "netdev_qdisc_sent_bytes_total", np.array([round(self.c_qdisc[d]["sent_bytes"]) for d in devs], float))
+        o.add(t, E, "netdev_qdisc_sent_packets_total", np.array([round(self.c_qdisc[d]["sent_packets"]) for d in devs], float))
+
+    def _emit_rdma(self, o: _Out, st: NodeState) -> None:
+        n, t = self.n, st.t1 + self.phase["rdma"]
+        if not n.rdma_ports:
+            return
+        for p, inc in enumerate(st.rdma):
+            for k, v in inc.items():
+                self.c_rdma[p][k] = self.c_rdma[p].get(k, 0.0) + max(0.0, v)
+        for p in range(len(n.rdma_ports)):
+            c = self.c_rdma[p]
+            c["xmit_bytes"] -= c["xmit_bytes"] % 4  # port_xmit_data counts 4-byte words
+            c["rcv_bytes"] -= c["rcv_bytes"] % 4
+            c["xmit_wait"] = min(c["xmit_wait"], 2**32 - 1)  # 32-bit IBA counter saturates
+        E = self.ent_rdma
+        R = range(len(n.rdma_ports))
+        for k in ("xmit_bytes", "rcv_bytes", "xmit_packets", "rcv_packets", "xmit_wait"):
+            o.add(t, E, f"rdma_port_{k}_total", np.array([round(self.c_rdma[p][k]) for p in R], float))
+        o.add(t, E, "rdma_port_unicast_xmit_packets_total", np.array([round(self.c_rdma[p]["xmit_packets"]) for p in R], float))
+        o.add(t, E, "rdma_port_unicast_rcv_packets_total", np.array([round(self.c_rdma[p]["rcv_packets"]) for p in R], float))
+        o.add(t, E, "rdma_port_multicast_xmit_packets_total", np.zeros(len(R)))
+        o.add(t, E, "rdma_port_multicast_rcv_packets_total", np.zeros(len(R)))
+        for k in RDMA_ERR:
+            o.add(t, E, f"rdma_port_{k}_total", np.array([round(self.c_rdma[p][k]) for p in R], float))
+        for k in RDMA_HW:
+            o.add(t, E, f"rdma_port_{k}_total", np.array([round(self.c_rdma[p][k]) for p in R], float))
+        act = np.array(st.rdma_active)
+        o.add(t, E, "rdma_port_state", np.where(act, 4.0, 1.0))
+        o.add(t, E, "rdma_port_active", act.astype(float))
+        o.add(t, E, "rdma_port_phys_state", np.where(act, 5.0, 2.0))
+        o.add(t, E, "rdma_port_rate_bytes", np.full(len(R), self.c.rdma_speed))
+        o.add(t, E, "rdma_port_link_layer", np.full(len(R), 2.0))
+        dev = _objs([p.split("/")[0] for p in n.rdma_ports])
+        # resource tracking changes only when buffers are (de)registered; a little churn is normal
+        mrs = np.array(st.rdma_mrs) + self.rng.poisson(0.05, len(R)) * self.rng.choice([-1, 1], len(R))
+        o.add(t, dev, "rdma_dev_mrs", np.maximum(mrs, 0))
+        o.add(t, dev, "rdma_dev_qps", np.array(st.rdma_qps))
+
+    def _emit_host(self, o: _Out, st: NodeState) -> None:
+        t = st.t1 + self.phase["host"]
+        self.c_cpu += np.round(st.cpu * 100) / 100
+        self.c_cpu = np.round(self.c_cpu * 100) / 100
+        self.c_softirq_rx += st.softirq_rx
+        self.c_softirq_tx += st.softirq_tx
+        for k, v in st.tcp.items():
+            self.c_tcp[k] += max(0.0, v)
+        for k, v in st.udp.items():
+            self.c_udp[k] += v
+        cols = {"user": 0, "system": 1, "irq": 2, "softirq": 3, "iowait": 4, "steal": 5, "idle": 6}
+        busy = self.c_cpu[:, :4].sum(1)
+        for mode in HOST_MODES:
+            v = busy if mode == "busy" else self.c_cpu[:, cols[mode]]
+            o.add(t, self.ent_cpu, f"host_cpu_{mode}_seconds_total", np.round(v * 100) / 100)
+            o.one(t, "", f"host_node_cpu_{mode}_seconds_total", round(float(v.sum()), 2))
+        o.add(t, self.ent_cpu, "host_softirq_net_rx_total", self.c_softirq_rx)
+        o.add(t, self.ent_cpu, "host_softirq_net_tx_total", self.c_softirq_tx)
+        o.one(t, "", "host_cpus_online", float(self.n.cpus))
+        o.one(t, "", "host_procs_running", st.procs_running)
+        o.one(t, "", "host_procs_blocked", st.procs_blocked)
+        for k, v in self.c_tcp.items():
+            o.one(t, "", f"host_tcp_{k}_total", float(round(v)))
+        for k, v in self.c_udp.items():
+            o.one(t, "", f"host_udp_{k}_total", float(round(v)))
+        dt = st.t1 - st.t0
+        for i, tau in enumerate((60.0, 300.0, 900.0)):
+            a = math.exp(-dt / tau)
+            self.load[i] = self.load[i] * a + st.procs_running * (1 - a)
+        o.one(t, "", "host_load1", round(float(self.load[0]), 2))
+        o.one(t, "", "host_load5", round(float(self.load[1]), 2))
+        o.one(t, "", "host_load15", round(float(self.load[2]), 2))
+
+    def _emit_vllm(self, o: _Out, st: NodeState) -> None:
+        t = st.t1 + self.phase["vllm"]
+        dt = st.t1 - st.t0
+        for ent, (out, eng) in st.engines.items():
+            up = st.vllm_up.get(ent, True)
+            o.one(t, ent, "vllm_up", 1.0 if up else 0.0)
+            if not up:
+                self.prev_vllm.pop(ent, None)  # the restarted engine's counters start over
+                eng.c_prompt = eng.c_gen = eng.c_preempt = eng.c_success = eng.c_prefix_q = eng.c_prefix_h = 0.0
+                for k in eng.hist_counts:
+                    eng.hist_counts[k][:] = 0
+                continue
+            o.one(t, ent, "vllm_requests_running", float(out.running))
+            o.one(t, ent, "vllm_requests_waiting", float(out.waiting))
+            o.one(t, ent, "vllm_kv_cache_usage_ratio", round(out.kv, 6))
+            cnt = {"vllm_preemptions_total": eng.c_preempt, "vllm_prompt_tokens_total": eng.c_prompt,
+                   "vllm_generation_tokens_total": eng.c_gen, "vllm_prefix_cache_queries_total": eng.c_prefix_q,
+                   "vllm_prefix_cache_hits_total": round(eng.c_prefix_h), "vllm_request_success_total": eng.c_success}
+            for k, v in cnt.items():
+                o.one(t, ent, k, float(v))
+            prev = self.prev_vllm.get(ent)
+            for h, bounds in HISTS.items():
+                cum = eng.hist_counts[h]
+                o.one(t, ent, f"vllm_{h}_observations_total", float(cum[-1]))
+                win = cum - prev[1][h] if prev is not None else cum
+                if win[-1] > 0:
+                    for qn, v in zip(("p50", "p99"), hist_quantiles((0.5, 0.99), bounds, win)):
+                        if not math.isnan(v):
+                            o.one(t, ent, f"vllm_{h}_{qn}_seconds", v)
+            if prev is not None:
+                pr = (eng.c_prompt - prev[0][0]) / dt
+                gr = (eng.c_gen - prev[0][1]) / dt
+                o.one(t, ent, "vllm_prompt_tokens_per_second", pr)
+                o.one(t, ent, "vllm_generation_tokens_per_second", gr)
+                tot = pr + gr
+                o.one(t, ent, "vllm_phase", 0.0 if tot < 1 else (2.0 if pr / tot >= 0.5 else 1.0))
+            self.prev_vllm[ent] = ((eng.c_prompt, eng.c_gen), {h: eng.hist_counts[h].copy() for h in HISTS})
+
+    def _emit_pkt(self, o: _Out, st: NodeState) -> None:
+        n, t = self.n, st.t1 + self.phase["pkt"]
+        ports = self.c.pkt_ports
+        if ports in ("all", "front"):
+            # kept so tests can hand the very same packets to the real pkt collector's tracker
+            self.last_packets = (st.fe_flow, st.fe_ts, st.fe_wl, st.fe_rtx, st.fe_fin, st.t0, st.t1)
+            rows, cols, closed = self.flows.update(st.fe_flow, st.fe_ts, st.fe_wl, st.fe_rtx, st.fe_fin, st.t0, st.t1)
+            E = _objs([self.flows.names[i] for i in rows.tolist()])
+            tot = float(cols["bytes"].sum())
+            cols["pkt_flow_bytes_share_ratio"] = np.where(cols["packets"] > 0, cols["bytes"] / tot, np.nan) \
+                if tot > 0 else np.full(len(rows), np.nan)
+            for k, v in cols.items():
+                if k.startswith("pkt_"):
+                    o.add(t, E, k, v)
+            eg = np.array(self.flows.egress, bool)
+            ingress = ~eg[st.fe_flow] if len(st.fe_flow) else np.zeros(0, bool)
+            ends = cols["pkt_flow_end_seconds"][closed]
+            fbytes = cols["bytes"]
+            bulk_rows = []
+            for b in st.bulk:  # a bulk transfer: one continuous burst, frames back to back
+                bs = self.bulk_state.setdefault(b["name"], P.RoceFlowState())
+                dt = st.t1 - st.t0
+                f = P.roce_flow_features(bs, np.array([st.t0]), np.array([dt * 0.999]), np.array([b["bytes"]]), 1,
+                                         max(b["bytes"] / dt, 1.0), 0.0, 0.0, st.t0, st.t1, self.rng)
+                f["pkt_flow_egress"] = 1.0 if b["egress"] else 0.0
+                f["pkt_flow_tcp_retransmits_total"] = 0.0
+                f["pkt_flow_closed"] = 0.0
+                f.pop("pkt_flow_roce_retransmits_total", None)
+                bulk_rows.append((b["name"], f))
+                fbytes = np.r_[fbytes, b["bytes"]]
+            pf = P.port_features(self.front_port, st.fe_ts, st.fe_wl, ingress, fbytes,
+                                 int(cols["rtx"].sum()), ends, st.t0, st.t1)
+            for name, f in bulk_rows:
+                tot_b = float(fbytes.sum())
+                for k, v in f.items():
+                    if k.startswith("pkt_"):
+                        o.one(t, name, k, v)
+                o.one(t, name, "pkt_flow_bytes_share_ratio", f["_bytes"] / tot_b if tot_b > 0 else np.nan)
+                self.front_port.packets += int(f["_packets"])
+                self.front_port.bytes += int(f["_bytes"])
+                pf["pkt_packets_total"] = self.front_port.packets
+                pf["pkt_bytes_total"] = self.front_port.bytes
+                if not f["pkt_flow_egress"]:
+                    dt = st.t1 - st.t0
+                    pf["pkt_ingress_packets_per_second"] = pf.get("pkt_ingress_packets_per_second", 0.0) + f["_packets"] / dt
+                    pf["pkt_ingress_bytes_per_second"] = pf.get("pkt_ingress_bytes_per_second", 0.0) + f["_bytes"] / dt
+                    pf["pkt_ingress_gap_p99_seconds"] = min(pf.get("pkt_ingress_gap_p99_seconds", 1.0),
+                                                            f.get("pkt_flow_gap_p99_seconds", 1.0))
+            for k, v in pf.items():
+                o.one(t, n.front, k, v)
+        if ports in ("all", "rdma") and n.rdma_ports:
+            self._emit_roce(o, st, t)
+
+    def _emit_roce(self, o: _Out, st: NodeState, t: float) -> None:
+        n = self.n
+        layers = self.c.model.layers
+        per_port: dict[int, list[dict[str, float]]] = {p: [] for p in range(len(n.rdma_ports))}
+        names: list[str] = []
+        rows: list[dict[str, float]] = []
+        empty = (np.zeros(0), np.zeros(0), np.zeros(0))
+        memo: dict[tuple, tuple[dict, P.RoceFlowState]] = {}
+        for fi, f in enumerate(self.roce_flows):
+            tup = st.roce.get(fi, empty)
+            starts, durs, nb = tup
+            if not len(starts) and (math.isnan(f.state.last) or st.t1 - f.state.last > P.FLOW_TIMEOUT):
+                continue
+            rtx, ecn = st.roce_rtx.get(fi, 0.0), st.roce_ecn.get(fi, 0.0)
+            # flows with the same history and the same bursts get the same features: compute once
+            fs = f.state
+            key = (id(tup), fs.packets, fs.bytes, fs.bursts, fs.rtx, fs.ecn, fs.first, fs.last, fs.b_start,
+                   fs.b_bytes, fs.b_gap, rtx, ecn)
+            hit = memo.get(key)
+            if hit is not None:
+                feats, f.state = dict(hit[0]), copy.copy(hit[1])
+            else:
+                feats = P.roce_flow_features(f.state, starts, durs, nb, layers, self.c.rdma_speed, rtx, ecn,
+                                             st.t0, st.t1, self.rng)
+                memo[key] = (dict(feats), copy.copy(f.state))
+            if feats["_packets"] > 0:
+                feats["pkt_flow_egress"] = 1.0 if f.egress else 0.0
+            feats["_ingress"] = 0.0 if f.egress else 1.0
+            names.append(f.name)
+            rows.append(feats)
+            per_port[f.port].append(feats)
+        if rows:
+            keys = sorted({k for r in rows for k in r if k.startswith("pkt_")})
+            E = _objs(names)
+            port_of = [self.roce_flows[self._roce_index_by_name(nm)].port for nm in names]
+            port_bytes = {p: sum(r["_bytes"] for r in per_port[p]) for p in per_port}
+            for k in keys:
+                o.add(t, E, k, np.array([r.get(k, np.nan) for r in rows]))
+            o.add(t, E, "pkt_flow_bytes_share_ratio",
+                  np.array([r["_bytes"] / port_bytes[p] if port_bytes[p] > 0 and r["_packets"] > 0 else np.nan
+                            for r, p in zip(rows, port_of)]))
+        dt = st.t1 - st.t0
+        by_port: dict[int, list[int]] = {}
+        for fi, tup in st.roce.items():
+            if len(tup[0]):
+                by_port.setdefault(self.roce_flows[fi].port, []).append(fi)
+        for p, dev in enumerate(n.rdma_netdevs):
+            agg = self.roce_ports[p]
+            fr = per_port[p]
+            b = np.array([r["_bytes"] for r in fr]) if fr else np.zeros(0)
+            pk = sum(r["_packets"] for r in fr)
+            agg.packets += int(pk) + int(self.rng.poisson(3))
+            agg.bytes += int(b.sum()) + int(self.rng.poisson(400))
+            agg.other += int(self.rng.poisson(1))
+            out = {"pkt_packets_total": agg.packets, "pkt_bytes_total": agg.bytes, "pkt_other_packets_total": agg.other,
+                   "pkt_kernel_drops_total": 0.0, "pkt_tcp_retransmits_total": 0.0}
+            bb = b[b > 0]
+            out["pkt_flows"] = float(len(bb))
+            if len(bb):
+                out["pkt_flow_bytes_share_max_ratio"] = float(bb.max() / bb.sum())
+                sb = np.sort(bb)
+                k = np.arange(1, len(sb) + 1)
+                out["pkt_flow_bytes_gini_ratio"] = float(2 * (k * sb).sum() / (len(sb) * sb.sum()) - (len(sb) + 1) / len(sb))
+            ing = [r for r in fr if r["_ingress"]]
+            ip = sum(r["_packets"] for r in ing)
+            out["pkt_ingress_packets_per_second"] = ip / dt
+            out["pkt_ingress_bytes_per_second"] = sum(r["_bytes"] for r in ing) / dt
+            if ing:
+                out["pkt_ingress_gap_p99_seconds"] = float(np.nanmax([r.get("pkt_flow_gap_p99_seconds", np.nan) for r in ing]
+                                                                       + [0.0])) / max(1, len(ing)) ** 0.5
+                out["pkt_ingress_gap_max_seconds"] = float(np.nanmin([r.get("pkt_flow_gap_max_seconds", np.nan) for r in ing]
+                                                                       + [np.inf]))
+                if not np.isfinite(out["pkt_ingress_gap_max_seconds"]):
+                    del out["pkt_ingress_gap_max_seconds"]
+            # aggregate bursts of the port: all its flows burst together each step
+            mine = by_port.get(p, [])
+            if mine:
+                sts = np.concatenate([st.roce[fi][0] for fi in mine])
+                order = np.argsort(sts, kind="stable")
+                s_sorted = sts[order]
+                e_sorted = np.concatenate([st.roce[fi][0] + st.roce[fi][1] for fi in mine])[order]
+                b_sorted = np.concatenate([st.roce[fi][2] for fi in mine])[order]
+                run_end = np.maximum.accumulate(e_sorted)
+                prev_end = np.concatenate(([agg.last_ns / P.NS if agg.last_ns >= 0 else -np.inf], run_end[:-1]))
+                new = (s_sorted - prev_end) >= P.BURST_GAP
+                agg.bursts += int(new.sum())
+                ks = np.flatnonzero(new)
+                if len(ks):
+                    k = ks[-1]
+                    agg.b_start = float(s_sorted[k])
+                    agg.b_bytes = float(b_sorted[k:].sum())
+                    agg.b_gap = float(s_sorted[k] - prev_end[k]) if np.isfinite(prev_end[k]) else math.nan
+                else:
+                    agg.b_bytes = (0.0 if math.isnan(agg.b_bytes) else agg.b_bytes) + float(b_sorted.sum())
+                if len(run_end):
+                    agg.last_ns = int(run_end[-1] * P.NS)
+            out.update(P._burst_out(agg))
+            for k, v in out.items():
+                o.one(t, dev, k, float(v))
+
+    def _roce_index_by_name(self, name: str) -> int:
+        if not hasattr(self, "_rname") or len(self._rname) != len(self.roce_flows):
+            self._rname = {f.name: i for i, f in enumerate(self.roce_flows)}
+        return self._rname[name]

@@ -1,0 +1,345 @@
+"""The fault-lab simulator: a seeded cluster run, interval by interval.
+
+Per collection interval (1 s, the collectors' default) it:
+
+1. asks the active fault injectors how they change each replica's engine (rate, step time, stall);
+2. advances every replica's engine (:mod:`.workload`) and gets its step timeline;
+3. turns the timelines into RDMA traffic: one collective burst per decode step per TP group on
+   every member node (all-reduce), stage hand-offs between pipeline stages, KV-cache transfers
+   from prefill to decode nodes; injectors may delay, resize, drop or slow bursts;
+4. derives each node's physical state (:mod:`.node`), lets injectors change it, and measures it
+   the way the collectors do.
+
+Same scenario + same seed → identical batches: every random draw comes from generators seeded
+from (seed, purpose), and nothing reads the clock.
+"""
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+from skewd.model import SampleBatch
+
+from .node import NodeSim, NodeState
+from .scenario import Scenario, build_from
+from .topology import Cluster
+from .workload import EngineSim, Effects, LoadSpec, TickOut
+
+INTERVAL = 1.0  # collection interval of every simulated collector (their default)
+
+
+@dataclass
+class GroundTruth:
+    """What was injected: the answer key the benchmark scores findings against."""
+
+    pathology: str
+    nodes: list[str]  # culprit node(s)
+    entity: str  # culprit entity on those nodes ("" = the node itself)
+    onset: float  # epoch seconds
+    end: float
+    severity: float  # 0..1 as drawn
+    variant: str
+    params: dict[str, float] = field(default_factory=dict)
+    detectable: str = ""  # non-empty: why no catalogued signal can show it on this host type
+
+    def to_dict(self) -> dict:
+        return {"pathology": self.pathology, "nodes": self.nodes, "entity": self.entity, "onset": self.onset,
+                "end": self.end, "severity": round(self.severity, 4), "variant": self.variant,
+                "params": self.params, "detectable": self.detectable}
+
+
+@dataclass
+class RepTraffic:
+    """Per replica and interval: how faults bend its collective traffic (neutral = healthy)."""
+
+    delay: dict[int, float] = field(default_factory=dict)  # node → seconds its bursts start late
+    delay_jitter: dict[int, float] = field(default_factory=dict)  # node → extra random lateness (s)
+    bytes_mult: dict[int, float] = field(default_factory=dict)  # node → bytes of its share
+    skip: dict[int, float] = field(default_factory=dict)  # node → share of steps it sends nothing
+    stage_weight: dict[int, float] = field(default_factory=dict)  # pp stage → compute weight
+    kv_mult: float = 1.0  # KV transfer size multiplier (disaggregated)
+    kv_rate: dict[int, float] = field(default_factory=dict)  # node → share of link rate KV transfers get
+
+
+@dataclass
+class NodeTraffic:
+    """Per node and interval: per-port effects on its RDMA flows."""
+
+    stall: dict[int, float] = field(default_factory=dict)  # port → share of that port's flows stalled
+    rate: dict[int, float] = field(default_factory=dict)  # port → share of line rate available
+    rtx: dict[int, float] = field(default_factory=dict)  # port → retransmitted packets per second
+    ecn: dict[int, float] = field(default_factory=dict)  # port → CE-marked packets per second
+
+
+class Simulation:
+    """Iterate to get ``(t, node, SampleBatch)`` in time order; ``truth`` holds the faults."""
+
+    def __init__(self, scenario: Scenario, seed: int = 0, only: set[str] | None = None) -> None:
+        from .faults import make_injectors
+
+        self.scenario = scenario
+        self.seed = int(seed)
+        self.only = frozenset(only) if only is not None else None
+        self.cluster: Cluster = build_from(scenario.cluster, scenario.name)
+        c = self.cluster
+        self.start = float(scenario.start)
+        self.end = self.start + scenario.duration
+        L = scenario.load
+        self.load = LoadSpec(rate=L["rate"], variation=L["variation"], prompt_median=L["prompt_tokens"]["median"],
+                             prompt_sigma=L["prompt_tokens"]["sigma"], prompt_max=int(L["prompt_tokens"]["max"]),
+                             output_median=L["output_tokens"]["median"], output_sigma=L["output_tokens"]["sigma"],
+                             output_max=int(L["output_tokens"]["max"]), prefix_hit=L["prefix_hit"],
+                             connections=int(L["connections"]))
+        self.engines: list[EngineSim] = []
+        for r in c.replicas:
+            load = self.load
+            if r.role == "decode":  # requests reach decode engines from the prefill side
+                load = LoadSpec(**{**load.__dict__, "rate": 0.0})
+            elif r.role == "prefill":
+                load = LoadSpec(**{**load.__dict__, "rate": load.rate * 2, "output_median": 1.0, "output_sigma": 0.0,
+                                   "output_max": 1})
+            self.engines.append(EngineSim(r, c, load, self._rng("engine", r.id)))
+        self.nodes = [NodeSim(c, n, self._rng("node", n.index), self.start) for n in c.nodes]
+        # each node's clock: an offset from true time (bursts are timestamped with it) and the
+        # error bound its time daemon reports (what a summary's clock_sync.max_error_s carries)
+        crng = self._rng("clock", 0)
+        if c.clock == "ptp":
+            self.clock_offset = {n.name: float(crng.normal(0, 2e-6)) for n in c.nodes}
+            self.clock_error = {n.name: float(crng.uniform(5e-6, 2e-5)) for n in c.nodes}
+        else:
+            self.clock_offset = {n.name: float(crng.normal(0, 4e-4)) for n in c.nodes}
+            self.clock_error = {n.name: float(crng.uniform(1e-3, 4e-3)) for n in c.nodes}
+        self.injectors = make_injectors(scenario, c, self._rng("faults", 0), self.start)
+        for inj in self.injectors:
+            inj.sim = self  # injectors that react to the cluster's state read it through this
+        self.truth: list[GroundTruth] = [inj.truth for inj in self.injectors]
+        self.traffic_rng = self._rng("traffic", 0)
+        self.bursts: dict[str, list[tuple[float, float]]] = {n.name: [] for n in c.nodes}
+        self.handoff: list[tuple[int, float, float, float]] = []  # (decode replica, t, prompt, out)
+        self._rr = 0
+        self.t = self.start
+
+    def _rng(self, purpose: str, k: int) -> np.random.Generator:
+        return np.random.default_rng([self.seed, zlib.crc32(f"{self.scenario.name}/{purpose}".encode()), k])
+
+    # -- public ---------------------------------------------------------------------------------
+    @property
+    def node_names(self) -> list[str]:
+        return self.cluster.node_names
+
+    def node_labels(self) -> dict[str, dict[str, str]]:
+        return {n.name: dict(n.labels) for n in self.cluster.nodes}
+
+    def __iter__(self) -> Iterator[tuple[float, str, SampleBatch]]:
+        return self.run()
+
+    def run(self) -> Iterator[tuple[float, str, SampleBatch]]:
+        while self.t + INTERVAL <= self.end + 1e-9:
+            for item in self.step():
+                yield item
+
+    def collective_bursts(self, node: str, t0: float, t1: float) -> list[tuple[float, float]]:
+        """(start, bytes) of the node's collective bursts that started in ``(t0, t1]`` - what a
+        pkt collector reporting every burst would put in the node's summary (start times on the
+        node's own clock)."""
+        return [b for b in self.bursts.get(node, []) if t0 < b[0] <= t1]
+
+    def prune_bursts(self, before: float) -> None:
+        for k, v in self.bursts.items():
+            self.bursts[k] = [b for b in v if b[0] >= before]
+
+    # -- one interval ---------------------------------------------------------------------------
+    def step(self) -> list[tuple[float, str, SampleBatch]]:
+        """Advance one collection interval: every collector's batch of every node, as
+        ``(collection time, node, batch)``, in node order."""
+        c = self.cluster
+        t0, t1 = self.t, self.t + INTERVAL
+        self.t = t1
+        active = [inj for inj in self.injectors if inj.active(t0)]
+        effs = {r.id: Effects() for r in c.replicas}
+        for inj in active:
+            inj.on_engine(t0, t1, effs)
+        outs: dict[int, TickOut] = {}
+        for r, eng in zip(c.replicas, self.engines):
+            if r.role == "decode":
+                mine = [h for h in self.handoff if h[0] == r.id and h[1] < t1]
+                self.handoff = [h for h in self.handoff if not (h[0] == r.id and h[1] < t1)]
+                if mine:
+                    arr = np.array([h[1] for h in mine])
+                    eng.wait.push(arr=arr, prompt=np.array([h[2] for h in mine]), out=np.array([h[3] for h in mine]),
+                                  gen=np.zeros(len(mine)), conn=eng._assign_conns(len(mine), effs[r.id]),
+                                  hit=np.full(len(mine), 0.98))
+            outs[r.id] = eng.tick(t0, t1, effs[r.id])
+        rep_tr = {r.id: RepTraffic() for r in c.replicas}
+        node_tr = {n.index: NodeTraffic() for n in c.nodes}
+        for inj in active:
+            inj.on_traffic(t0, t1, rep_tr, node_tr)
+        roce: dict[int, dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]] = {n.index: {} for n in c.nodes}
+        bursts: dict[int, list[tuple[float, float]]] = {n.index: [] for n in c.nodes}
+        for r in c.replicas:
+            self._replica_traffic(r, outs[r.id], rep_tr[r.id], node_tr, roce, bursts, t0, t1)
+        out = []
+        for n, ns in zip(c.nodes, self.nodes):
+            engines = {rid: (outs[rid], self.engines[rid]) for rid in n.replicas}
+            self._apply_node_traffic(ns, node_tr[n.index], roce[n.index])
+            st = ns.baseline(t0, t1, engines, roce[n.index], bursts[n.index])
+            for inj in active:
+                inj.on_node(t0, t1, n.index, st, self)
+            off = self.clock_offset[n.name]
+            self.bursts[n.name].extend((b0 + off, b1) for b0, b1 in st.bursts)
+            out += [(float(b.t[0]), n.name, b) for b in ns.emit(st, self.only)]
+        if int(t1) % 60 == 0:
+            self.prune_bursts(t1 - 120)
+        return out
+
+    # -- RDMA traffic ---------------------------------------------------------------------------
+    def _replica_traffic(self, r, out: TickOut, tr: RepTraffic, node_tr: dict[int, NodeTraffic],
+                         roce: dict, bursts: dict, t0: float, t1: float) -> None:
+        c = self.cluster
+        rng = self.traffic_rng
+        m = c.model
+        st = out.steps
+        ns = len(st.starts)
+        P = max(1, len(c.nodes[0].rdma_ports))
+        if ns and len(c.nodes[0].rdma_ports):
+            # TP all-reduce across the nodes of each stage: one burst per step on every member
+            for s, members in enumerate(r.stages):
+                k = len(members)
+                if k < 2:
+                    continue
+                # the step's all-reduces run from the first layer to the last; after them the
+                # LM head, sampling and the scheduler leave the links idle for a few ms
+                tail = rng.lognormal(np.log(0.002), 0.4, ns)
+                base = st.starts + 0.0002
+                span = np.maximum(st.durs - 0.0002 - tail, 0.0002)
+                delays = {}
+                for nd in members:
+                    d = tr.delay.get(nd, 0.0) + np.abs(rng.normal(0, 2e-5, ns))
+                    j = tr.delay_jitter.get(nd, 0.0)
+                    if j:
+                        d = d + rng.exponential(j, ns)
+                    delays[nd] = d
+                latest = np.max(np.stack(list(delays.values())), axis=0)
+                tokens = np.maximum(st.batch, 1) + st.prefill  # prefill chunks all-reduce every token
+                per_node = 2 * m.layers * tokens * m.hidden * 2 * (k - 1) / k / max(1, c.pp)
+                for nd in members:
+                    start = base + delays[nd]
+                    dur = span + latest - delays[nd]
+                    B = per_node * tr.bytes_mult.get(nd, 1.0)
+                    send = np.ones(ns, bool)
+                    if tr.skip.get(nd, 0.0) > 0:
+                        send = rng.random(ns) >= tr.skip[nd]
+                    bursts[nd].extend(zip(start[send].tolist(), B[send].tolist()))
+                    peers = [q for q in members if q != nd]
+                    share = 1.0 / (P * len(peers) * 2)
+                    # every flow of this node carries the same share of each burst: one array set
+                    t_out = (start[send], dur[send], B[send] * share)
+                    t_in = (start[send] + 2e-6, dur[send], B[send] * share)
+                    for p in range(P):
+                        for q in peers:
+                            for ch in range(2):
+                                fi = self.nodes[nd].roce_flow(p, q, "tp", True, ch, c.nodes[q].rdma_ips[p])
+                                roce[nd][fi] = t_out
+                                fo = self.nodes[q].roce_flow(p, nd, "tp", False, ch, c.nodes[nd].rdma_ips[p])
+                                roce[q][fo] = t_in
+            # pipeline hand-off: activations from stage s to s+1 at the end of its compute
+            if len(r.stages) > 1 and len(r.nodes) > 1:
+                w = np.array([tr.stage_weight.get(s, 1.0) for s in range(len(r.stages))])
+                frac = w / w.max()
+                act = np.maximum(st.batch, 1) * m.hidden * 2.0
+                for s in range(len(r.stages)):
+                    src = r.stages[s]
+                    dst = r.stages[(s + 1) % len(r.stages)]
+                    last = s == len(r.stages) - 1
+                    nbytes = (np.maximum(st.batch, 1) * 8.0 + 4096) if last else act  # sampled ids go back
+                    start = st.starts + st.durs * frac[s] - (0.0002 if not last else 0.0)
+                    start = np.minimum(start, st.starts + st.durs - 1e-4)
+                    for i, a in enumerate(src):
+                        b = dst[i % len(dst)]
+                        if a == b:
+                            continue
+                        dur = nbytes / (c.rdma_speed * 0.8) / P + 2e-5
+                        bursts[a].extend(zip(start.tolist(), nbytes.tolist()))
+                        for p in range(P):
+                            fi = self.nodes[a].roce_flow(p, b, "pp", True, 0, c.nodes[b].rdma_ips[p])
+                            roce[a][fi] = (start, dur, nbytes / P)
+                            fo = self.nodes[b].roce_flow(p, a, "pp", False, 0, c.nodes[a].rdma_ips[p])
+                            roce[b][fo] = (start + 2e-6, dur, nbytes / P)
+        # disaggregated serving: each finished prefill ships its KV blocks to a decode replica
+        if r.role == "prefill" and len(out.fin_t):
+            decs = [d for d in c.replicas if d.role == "decode"]
+            src = r.engine_node
+            kvb = m.kv_bytes_per_token * tr.kv_mult
+            starts, durs, byts, dst_of = [], [], [], []
+            free_at = t0
+            for ft, L in zip(out.fin_t.tolist(), self._prefill_prompts(out)):
+                d = decs[self._rr % len(decs)]
+                self._rr += 1
+                nbytes = L * kvb
+                rate = c.rdma_speed * P * 0.8 * tr.kv_rate.get(src, 1.0)
+                s0 = max(ft, free_at)
+                du = nbytes / rate
+                free_at = s0 + du
+                starts.append(s0)
+                durs.append(du)
+                byts.append(nbytes)
+                dst_of.append(d.engine_node)
+                out_len = float(np.clip(np.round(np.exp(rng.normal(np.log(self.load.output_median),
+                                                                   self.load.output_sigma))), 1, self.load.output_max))
+                self.handoff.append((d.id, s0 + du, float(L), out_len))
+            for dn in set(dst_of):
+                sel = np.array([x == dn for x in dst_of])
+                s_ = np.array(starts)[sel]
+                du_ = np.array(durs)[sel]
+                b_ = np.array(byts)[sel]
+                bursts[src].extend(zip(s_.tolist(), b_.tolist()))
+                for p in range(P):
+                    fi = self.nodes[src].roce_flow(p, dn, "kv", True, 0, c.nodes[dn].rdma_ips[p])
+                    prev = roce[src].get(fi)
+                    roce[src][fi] = _cat(prev, (s_, du_, b_ / P))
+                    fo = self.nodes[dn].roce_flow(p, src, "kv", False, 0, c.nodes[src].rdma_ips[p])
+                    roce[dn][fo] = _cat(roce[dn].get(fo), (s_ + 2e-6, du_, b_ / P))
+
+    @staticmethod
+    def _prefill_prompts(out: TickOut) -> list[float]:
+        return out.fin_prompt.astype(float).tolist()
+
+    def _apply_node_traffic(self, ns: NodeSim, tr: NodeTraffic, roce: dict) -> None:
+        """Per-port effects: stalled flows send nothing for a while; a throttled port stretches bursts."""
+        if not (tr.stall or tr.rate):
+            return
+        rng = self.traffic_rng
+        for fi, (s, d, b) in list(roce.items()):
+            f = ns.roce_flows[fi]
+            share = tr.stall.get(f.port, 0.0)
+            if share > 0 and (zlib.crc32(f"{f.name}/{int(self.t) // 10}".encode()) % 1000) / 1000.0 < share:
+                # head-of-line blocked: the flow is silent for this interval, its data waits
+                roce[fi] = (s[:0], d[:0], b[:0])
+                continue
+            rate = tr.rate.get(f.port, 1.0)
+            if rate < 1.0:
+                roce[fi] = (s, d / max(rate, 0.02), b)
+
+
+def _cat(prev, new):
+    if prev is None:
+        return new
+    return tuple(np.concatenate([a, b]) for a, b in zip(prev, new))
+
+
+def simulate(scenario: Scenario | str, seed: int = 0) -> Simulation:
+    """Run ``scenario`` (a :class:`Scenario` or a path/name) with ``seed``: iterate the result
+    for ``(t, node, SampleBatch)``; ``.truth`` lists the injected faults."""
+    from .scenario import load_scenario, SCENARIO_DIR
+    from pathlib import Path
+
+    if isinstance(scenario, str):
+        p = Path(scenario)
+        if not p.exists():
+            p = SCENARIO_DIR / f"{scenario}.yaml"
+        scenario = load_scenario(p)
+    return Simulation(scenario, seed)

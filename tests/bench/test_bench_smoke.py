@@ -1,0 +1,93 @@
+"""Every benchmark runs from its documented command in a tiny configuration and prints its
+figures, its goal and its peer (no timing is asserted: machines here are noisy, and a missed
+goal is reported by the benchmark, never an error)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def run(script: str, *args: str) -> tuple[list[str], dict | None]:
+    p = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True, timeout=220)
+    assert p.returncode == 0, f"{script} exited {p.returncode}:\n{p.stdout}\n{p.stderr[-3000:]}"
+    lines = p.stdout.splitlines()
+    figures = next((json.loads(line) for line in lines if line.startswith('{"benchmark"')), None)
+    return lines, figures
+
+
+def test_replay_speed_records_and_replays_every_sample() -> None:
+    lines, f = run("replay_speed.py", "--hours", "0.005", "--cpus", "2", "--flows", "2", "--json")
+    assert f is not None and f["benchmark"] == "replay_speed"
+    # 18 recorded seconds, every series at 10 Hz, all of it written and replayed
+    assert f["samples"] == f["series"] * 10 * 18
+    assert f["evaluations"] == 18
+    assert f["day_s"] > 0 and not f["day_measured"]
+    assert any("goal <= 20 s" in line and "extrapolated" in line for line in lines)
+    assert any("naive one-sample batches" in line for line in lines)
+
+
+def test_controller_ingest_reports_controller_and_bare_transport() -> None:
+    lines, f = run("controller_ingest.py", "--seconds", "1", "--nodes", "16", "--latency-rate", "200", "--json")
+    assert f is not None
+    for side in ("skewd", "peer"):
+        assert f[side]["handled"] > 0 and f[side]["handled"] <= f[side]["sent"]
+        assert f[f"{side}_latency"]["handled"] > 0
+    assert f["skewd"]["tp_groups"] == 2  # 16 agents in TP groups of 8, learned from their labels
+    assert any("goal >= 50,000 summaries/s" in line and "ratio to the bare transport" in line for line in lines)
+
+
+def test_agent_footprint_runs_the_real_agent() -> None:
+    lines, f = run("agent_footprint.py", "--minutes", "0.1", "--warmup", "5", "--pkt-interface", "none", "--json")
+    assert f is not None
+    assert "host" in f["collectors"] and "pkt" not in f["collectors"]
+    assert f["peak_rss_mib"] > 10 and f["cpu_pct"] >= 0
+    assert f["summaries"] > 0  # the agent published to the benchmark's nats-server
+    assert any("dcgm-exporter" in line and "less memory" in line for line in lines)
+
+
+def test_e2e_latency_runs_controller_and_agents() -> None:
+    lines, f = run("e2e_latency.py", "--groups", "1", "--first-onset", "2", "--spread", "0", "--tail", "2", "--json")
+    assert f is not None and len(f["groups"]) == 1
+    g = f["groups"][0]
+    assert g["culprit"] == "g0n1" and g["onset"] is not None  # the fault was injected
+    assert any("onset -> remap suggestion published" in line for line in lines)
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and AF_PACKET sockets need root")
+@pytest.mark.skipif(shutil.which("ip") is None, reason="needs iproute2's ip command")
+@pytest.mark.skipif(shutil.which("gcc") is None and shutil.which("cc") is None, reason="needs gcc for bench/sender.c")
+def test_live_capture_both_phases_and_cleans_up() -> None:
+    before = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    lines, f = run("live_capture.py", "--seconds", "1", "--rate", "20000", "--senders", "1", "--json")
+    assert f is not None
+    for side in ("skewd", "peer"):
+        r = f[side]
+        assert r["sent"] > 1000 and r["arrived"] == r["sent"]  # every datagram crossed the veth
+        assert 0 < r["captured"] <= r["sent"]
+    # at 20k packets/s the ring keeps everything
+    assert f["skewd"]["captured"] == f["skewd"]["sent"] and f["skewd"]["kernel_drops"] == 0
+    assert any(line.startswith("  ratio:") for line in lines)
+    after = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert "skwbench-" not in after.replace(before, "")
+
+
+def test_run_all_runs_the_selection_and_writes_results(tmp_path: Path) -> None:
+    out = tmp_path / "results.json"
+    p = subprocess.run([sys.executable, str(BENCH / "run_all.py"), "--quick", "--only", "replay_speed",
+                        "--replay-hours", "0.003", "--out", str(out)], capture_output=True, text=True, timeout=220)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "1 of 1 benchmarks ran" in p.stdout and "machine:" in p.stdout
+    res = json.loads(out.read_text())
+    assert res["machine"]["nproc"] == str(os.cpu_count())
+    assert res["results"]["replay_speed"]["figures"]["benchmark"] == "replay_speed"
