@@ -122,7 +122,6 @@ def run(minutes: float, warmup: float, pkt: str) -> dict:
         async def watch() -> dict:
             stop = asyncio.Event()
             task = asyncio.create_task(count_summaries(server.url, stop, counts))
-            loop = asyncio.get_running_loop()
             out: dict = {}
             await asyncio.sleep(warmup)
             if proc.poll() is not None:
@@ -147,7 +146,6 @@ def run(minutes: float, warmup: float, pkt: str) -> dict:
             out["active"] = counts["active"]
             stop.set()
             await task
-            del loop
             return out
 
         res = asyncio.run(watch())

@@ -80,8 +80,6 @@ async def play(url: str, groups: int, per: int, late_s: float, first_onset: floa
             d = json.loads(msg.data)
         except ValueError:
             return
-        if os.environ.get("SKEWD_BENCH_DEBUG"):
-            print("finding:", d.get("rule_id"), d.get("state"), d.get("node"), file=sys.stderr)
         if d.get("pathology") == "EW-1" and d.get("state") == "firing":
             found.setdefault(d.get("node", ""), time.time())
 
@@ -91,8 +89,6 @@ async def play(url: str, groups: int, per: int, late_s: float, first_onset: floa
         except ValueError:
             return
         node = ((d.get("culprit") or {}).get("node")) or ""
-        if os.environ.get("SKEWD_BENCH_DEBUG"):
-            print("remap:", d.get("pathology"), node, d.get("summary", "")[:100], file=sys.stderr)
         if d.get("pathology") == "EW-1":
             suggested.setdefault(node, time.time())
 
@@ -186,10 +182,15 @@ def main(argv: list[str] | None = None) -> int:
             except subprocess.TimeoutExpired:
                 ctl.kill()
         server.stop()
-        if os.environ.get("SKEWD_BENCH_DEBUG"):
-            print((work / "controller.log").read_text()[-5000:], file=sys.stderr)
+        try:
+            ctl_log = (work / "controller.log").read_text(errors="replace")
+        except OSError:
+            ctl_log = ""
         shutil.rmtree(work, ignore_errors=True)
     gs = res["groups"]
+    if any(g["suggestion_s"] is None for g in gs) and ctl_log.strip():
+        print(f"e2e latency: not every fault got a suggestion; controller log tail:\n{ctl_log[-3000:]}",
+              file=sys.stderr)
     fnd = [g["finding_s"] for g in gs if g["finding_s"] is not None]
     sug = [g["suggestion_s"] for g in gs if g["suggestion_s"] is not None]
     from skewd.controller.config import load_config
