@@ -176,8 +176,10 @@ class Agent:
                 now = self.clock()
                 next_tick = max(next_tick + interval, now)
                 self.tick(now)
-                if now >= next_summary:
-                    next_summary = now + self.cfg.summary_interval
+                if now >= next_summary - 1e-3:  # a tick may wake a hair early: do not skip an interval
+                    next_summary += self.cfg.summary_interval
+                    if next_summary <= now:  # fell behind (suspend, overload): skip ahead, no burst
+                        next_summary = now + self.cfg.summary_interval
                     await self._send_summary(now)
                 if now >= next_reload_check or self._reload_requested:
                     next_reload_check = now + self.cfg.reload_poll
