@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import multiprocessing as mp
 import os
 import platform
@@ -86,7 +85,7 @@ def _run_one(job: tuple[str, int]) -> RunResult:
         sc.duration = max(120.0, sc.duration * o["duration_scale"])
     sim = Simulation(sc, seed)
     h = Harness(sim, _W["rules"], _W["cat"], eval_interval=o["eval_interval"], summary_interval=o["eval_interval"],
-                group_interval=o["eval_interval"], bursts=o["bursts"])
+                group_interval=o["eval_interval"], bursts=o["bursts"], clock_report=o.get("clock_report", "sim"))
     try:
         r = h.run()
         err = ""
@@ -229,7 +228,7 @@ def render(sc: dict[str, IdScore], extra: dict[str, Any], runs: Sequence[RunResu
              f"{sum(1 for r in runs if not r.truth)} healthy), seeds {meta['seeds']}, healthy node-hours "
              f"{hours:.2f}",
              f"- agent evaluation every {meta['eval_interval']:g}s (summaries and controller too), collectors every 1s; "
-             f"collective bursts in summaries: {meta['bursts']}",
+             f"collective bursts in summaries: {meta['bursts']}, clock error in summaries: {meta['clock_report']}",
              f"- wall time {meta['wall']:.0f}s on {meta['machine']} with {meta['jobs']} worker(s)", "",
              "How to read it: see the end of this page. Latencies are medians over detected runs.", "",
              "| ID | pathology | recall | precision | localisation | latency (finding) | latency (suggestion) "
@@ -288,7 +287,39 @@ def render(sc: dict[str, IdScore], extra: dict[str, Any], runs: Sequence[RunResu
     errs = [r for r in runs if r.error]
     if errs:
         lines += ["### Runs that failed", ""] + [f"- {r.scenario} seed {r.seed}: {r.error}" for r in errs] + [""]
-    lines += ["## How this is measured", "",
+    lines += ["## The fault lab", "",
+              "`skewd.controller.sim` simulates a cluster interval by interval (1 s, the collectors' default): "
+              "per replica a vLLM-V1-like engine (FCFS admission on 16-token KV blocks, chunked prefill mixed into "
+              "decode steps, recompute preemption, step cost from batch, context and prefill tokens), heavy-tailed "
+              "lognormal prompt/output lengths, Poisson arrivals around an Ornstein-Uhlenbeck rate, prefix-cache hits; "
+              "from the step timeline: one collective burst per decode step per cross-node TP group (all-reduce bytes "
+              "from batch, hidden size and layers), pipeline hand-offs, KV-cache transfers (disaggregated serving), "
+              "GPUDirect and KV-offload PCIe traffic sampled the way NVML samples it (20 ms windows, whole KB/s), "
+              "GPU util/power/clocks/temperature, host CPU time in USER_HZ ticks, and every front-end TCP packet "
+              "(request segments, one SSE packet per token, delayed ACKs) from which the `pkt` features are computed "
+              "exactly as `collectors/pkt` computes them (a test hands the same packets to its FlowTracker).", "",
+              "| shape | cluster |", "|---|---|",
+              "| dp | 4 nodes x 8 H100, one TP8 replica of a 405B FP8 model per node, BlueField DPUs (DTS via the "
+              "exporter), 100 GbE front end, 4x400G RoCE |",
+              "| pergpu | 4 nodes x 4 L40S, one 8B replica per GPU, 25 GbE, no RDMA |",
+              "| tp | 4 nodes x 8 H100, two TP16 replicas of a 405B bf16 model, each across two nodes |",
+              "| pp | 4 nodes x 8 H100, two TP8 x PP2 replicas (stages on different nodes) |",
+              "| disagg | 4 nodes x 8 H100, 70B: two prefill nodes ship KV over RDMA to two decode nodes |", "",
+              "Summaries carry the node's clock error bound and every collective burst start it saw (the "
+              "controller's contract); see *Known gaps* for what today's agent sends instead.", "",
+              "## Known gaps found by the lab", "",
+              "- The agent's summaries do not fill `clock_sync.max_error_s`; the controller then assumes 50 ms for "
+              "every node and no millisecond straggler (EW-1) can be told from clock error. The lab reports the "
+              "simulated bound (`--clock-report agent` would show today's behaviour).",
+              "- The agent reports at most one `collective_burst_starts` entry per pkt collection (the port's latest "
+              "burst, 1/s); alignment needs every step's burst. The lab sends every burst (`--bursts agent` for today's).",
+              "- `rdma_port_xmit_wait_total` is a 32-bit saturating counter: on a long-running node it pins at "
+              "2^32-1 and reads as zero rate; the lab starts it below the ceiling.",
+              "- RoCE traffic bypasses the kernel, so an AF_PACKET capture on the host sees it only with a DPU or a "
+              "sniffer/mirror; the lab assumes the pkt collector sees both the front end and the RoCE ports, so "
+              "flow-scope peer groups mix TCP client flows with RDMA flows.",
+              "",
+              "## How this is measured", "",
               "- Every scenario (`controller/sim/scenarios/*.yaml`) models one pathology as the runbooks describe "
               "it, with its natural variability: onset, duration, severity, culprit and cause are drawn from the seed "
               "within the ranges the file gives. Scenarios are not tuned to the rules; mild cases are included and may "
@@ -339,6 +370,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     ap.add_argument("--bursts", choices=("every", "agent"), default="every",
                     help="collective bursts in summaries: every burst (the controller's contract) or only what "
                          "today's agent derives from pkt samples")
+    ap.add_argument("--clock-report", choices=("sim", "agent"), default="sim",
+                    help="clock error bound in summaries: the simulated node's (what clock_sync is for) or none, as "
+                         "today's agent sends")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--quick", action="store_true", help="short smoke run: a few scenarios, shortened, no docs")
     ap.add_argument("--out", default=str(DOC), help="markdown output (default docs/detection.md)")
@@ -371,7 +405,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ScenarioError as e:
         print(f"skewd bench: invalid scenario:\n{e}", file=sys.stderr)
         return 2
-    opts = {"eval_interval": a.eval_interval, "bursts": a.bursts, "duration_scale": 0.6 if a.quick else 1.0}
+    opts = {"eval_interval": a.eval_interval, "bursts": a.bursts, "clock_report": a.clock_report,
+            "duration_scale": 0.6 if a.quick else 1.0}
     try:
         _init_worker(rules, opts)
     except SystemExit as e:
@@ -400,7 +435,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     cmd = "python bench/detection.py" + ("" if not argv else " " + " ".join(argv))
     meta = {"command": cmd, "rules_commit": _git_commit(ROOT / "rules" / "packs"),
             "rules": len(_W["rules"].rules), "seeds": f"{a.seed_base}..{a.seed_base + max(a.seeds, a.healthy_seeds) - 1}",
-            "eval_interval": a.eval_interval, "bursts": a.bursts, "wall": wall, "jobs": a.jobs,
+            "eval_interval": a.eval_interval, "bursts": a.bursts, "clock_report": a.clock_report, "wall": wall,
+            "jobs": a.jobs,
             "machine": f"{platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}"}
     text = render(sc, extra, runs, meta)
     if a.json:

@@ -13,7 +13,6 @@ any collector (it is then still injected through its side effects, and reported 
 """
 from __future__ import annotations
 
-import math
 from typing import ClassVar
 
 import numpy as np

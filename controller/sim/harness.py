@@ -4,10 +4,11 @@ group evaluation over their summaries - no NATS, same code paths.
 Per node this does what ``agent/runner.py`` does at each tick (ingest the collectors' batches,
 evaluate node-scope rules at the tick time, every summary interval compute the summary with
 :func:`skewd.agent.summary.make_summary` and feed it back into the node's own store); the
-summaries then go to the controller's components exactly as ``Controller.ingest_summary`` and
-``Controller.tick`` use them: topology from labels, the burst aligner's derived ``ctl_*``
-signals, the group-scope rule engine, the correlator (incidents) and the planner (remap
-suggestions). Node findings reach the correlator as they would through JetStream.
+summaries go to the controller service itself (``Controller.ingest_summary``, then
+``Controller.tick`` at every group interval: topology from labels, the burst aligner's
+``ctl_*`` signals, the group-scope rule engine, the correlator and the planner), with its NATS
+and KV sinks replaced by in-memory ones. Node findings reach its correlator as they would
+through JetStream.
 
 Clocks: summaries report the node's clock error bound (``clock_report="sim"``) - the agent
 does not fill ``clock_sync.max_error_s`` yet, and without it the controller assumes 50 ms and no
@@ -20,16 +21,15 @@ today from ``pkt_burst_start_seconds`` samples (``bursts="agent"``).
 """
 from __future__ import annotations
 
-import math
+import json
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable
 
 import numpy as np
 
-from skewd import wire
 from skewd.agent import summary as summary_mod
 from skewd.agent.pipeline import Pipeline
-from skewd.model import GROUP_SCOPES, NODE_SCOPES, Catalogue, Finding, SampleBatch, State
+from skewd.model import NODE_SCOPES, Catalogue, Finding
 from skewd.rules.engine import RuleSet
 
 from .simulator import Simulation
@@ -116,59 +116,39 @@ class Harness:
 
     # -- the controller, offline -------------------------------------------------------------------
     def _make_controller(self, lookback: float, horizon: float) -> None:
+        """The controller service itself, its NATS/KV sinks replaced by in-memory ones: its own
+        ``ingest_summary`` and ``tick`` run unchanged."""
+        import asyncio
+
         from skewd.controller.config import load_config
         from skewd.controller.service import Controller
 
-        cfg = load_config(None, env={}, overrides={"cluster": self.cluster,
+        cfg = load_config(None, env={}, overrides={"cluster": self.cluster, "controller_id": "sim",
                                                    "evaluation_interval": f"{self.group_interval:g}s"})
-        self.ctl = Controller(cfg, catalogue=self.cat, ruleset=self.ruleset)
+        self.ctl = Controller(cfg, catalogue=self.cat, ruleset=self.ruleset, wall_clock=lambda: self._now)
         self.cfg = cfg
-        self.planned: set[str] = set()
+        self._mem = MemoryState(cfg.cluster)
+        self.ctl.state = self._mem
+        self.ctl.js = CaptureJetStream()
+        self._loop = asyncio.new_event_loop()
+        self._now = self.sim.start
 
-    def _ctl_tick(self, t: float, out: list[Finding], sugg: list[Suggestion]) -> list[Finding]:
-        """What ``Controller.tick`` does at time ``t``, minus persistence and publishing."""
-        import math as _m
-
-        from skewd.controller.planner import suggestion_key
-
-        c = self.ctl
-        c.now = t
-        if c.topology.version != c._labels_version or len(c.store.registry.node_labels) < len(c.aligner.clocks):
-            for node in set(c.aligner.clocks) | {n for g in c.topology.tp_groups().values() for n in g.nodes}:
-                c.store.registry.set_node_labels(node, c.topology.node_labels(node))
-            c._labels_version = c.topology.version
-        tp = {name: g.nodes for name, g in c.topology.tp_groups().items()}
-        pp = {name: [c.topology.stage_members(s) for s in p.stages] for name, p in c.topology.pp_groups().items()}
-        derived = c.aligner.derive(t, tp, pp)
-        rows = [(t, node, "", sig, v) for node, vals in derived.items() for sig, v in vals.items()
-                if v is not None and not _m.isnan(v)]
-        if rows:
-            c.store.ingest(SampleBatch.from_rows(rows))
-        c.correlator.reports = c.aligner.reports
-        found: list[Finding] = []
-        if c.first_t is not None and t - c.first_t >= self.cfg.warmup:
-            found = c.engine.evaluate(t)
-            for f in found:
-                c._enrich(f, t)
-                c.correlator.observe(f)
-        c.correlator.correlate(t)
-        for inc in sorted(c.correlator.open_incidents(), key=lambda i: (i.opened_at, i.id)):
-            if t - inc.opened_at < self.cfg.group_wait:
-                continue
-            key = suggestion_key(self.cfg.cluster, inc.id)
-            if key in self.planned:
-                continue
-            self.planned.add(key)
-            s = c.planner.plan(inc, t, self.cfg.controller_id)
-            if s is None:
-                continue
-            d = s.to_dict()
-            targets = sorted({a.get("target", {}).get("node", "") for a in d.get("actions", []) if isinstance(a, dict)}
-                             - {""})
-            sugg.append(Suggestion(t, inc.id, key, targets or [n for n in getattr(inc, "nodes", [])],
-                                   [str(a.get("type", "")) for a in d.get("actions", []) if isinstance(a, dict)],
-                                   str(d.get("summary", ""))))
-        return found
+    def _ctl_tick(self, t: float, sugg: list[Suggestion]) -> list[Finding]:
+        """``Controller.tick(t)``; returns the controller's own transitions."""
+        self._now = t
+        n0 = len(self._mem.findings)
+        s0 = len(self._mem.remaps_created)
+        self._loop.run_until_complete(self.ctl.tick(t))
+        for d in self._mem.remaps_created[s0:]:
+            sg = d.get("suggestion") or {}
+            acts = [a for a in sg.get("actions", []) if isinstance(a, dict)]
+            nodes = sorted({str((a.get("target") or {}).get("node", "")) for a in acts} - {""})
+            cul = (sg.get("culprit") or {}).get("node")
+            if cul and cul not in nodes:
+                nodes.insert(0, str(cul))
+            sugg.append(Suggestion(t, str(sg.get("incident", "")), str(sg.get("key", "")), nodes,
+                                   [str(a.get("type", "")) for a in acts], str(sg.get("summary", ""))))
+        return self._mem.findings[n0:]
 
     # -- the run ----------------------------------------------------------------------------------
     def run(self, on_step: Callable[[float, list[Finding]], None] | None = None) -> HarnessResult:
@@ -194,7 +174,7 @@ class Harness:
                     res.node_evaluations += 1
                     step_found += f
                     if self.ctl is not None:
-                        for x in f:
+                        for x in f:  # what the controller's findings consumer does with each
                             self.ctl.correlator.observe(x)
             if t >= next_sum - 1e-9:
                 next_sum += self.summary_interval
@@ -203,13 +183,14 @@ class Harness:
                     last_sum[node] = t
             if self.ctl is not None and t >= next_group - 1e-9:
                 next_group += self.group_interval
-                step_found += self._ctl_tick(t, step_found, res.suggestions)
+                step_found += self._ctl_tick(t, res.suggestions)
                 res.group_evaluations += 1
             res.findings += step_found
             if on_step is not None:
                 on_step(t, step_found)
         if self.ctl is not None:
             res.incidents = list(self.ctl.correlator.open_incidents())
+            self._loop.close()
         return res
 
     def _summary(self, node: str, p: Pipeline, t: float, interval: float) -> None:
@@ -228,3 +209,74 @@ class Harness:
                 msg.signals["collective_burst_starts"] = {str(k): s for k, (s, _) in enumerate(bs)}
                 msg.signals["collective_burst_bytes"] = {str(k): b for k, (_, b) in enumerate(bs)}
         self.ctl.ingest_summary(msg, self.labels.get(node, {}))
+
+
+class MemoryState:
+    """The controller's KV state (``controller/state.py``) kept in dicts: same methods, same
+    compare-and-set semantics, no NATS. It also records what was stored, in order."""
+
+    def __init__(self, cluster: str) -> None:
+        self.prefix = f"skewd.{cluster}"
+        self.findings: list[Finding] = []
+        self.remaps: dict[str, dict] = {}
+        self.remaps_created: list[dict] = []
+        self.incidents: dict[str, tuple[str, float]] = {}
+        self.writes = 0
+
+    async def load(self) -> dict:
+        return {}
+
+    async def put_finding(self, f: Finding) -> None:
+        self.findings.append(f)
+
+    async def delete_finding(self, fingerprint: str) -> None:
+        pass
+
+    async def put_incident_id(self, group_key: str, incident_id: str, opened_at: float) -> None:
+        self.incidents[group_key] = (incident_id, opened_at)
+
+    async def delete_incident_id(self, group_key: str) -> None:
+        self.incidents.pop(group_key, None)
+
+    async def put_engine(self, engine, t: float) -> None:
+        pass
+
+    async def create_remap(self, key: str, record: dict) -> bool:
+        if key in self.remaps:
+            return False
+        self.remaps[key] = json.loads(json.dumps(record))
+        self.remaps_created.append(self.remaps[key])
+        return True
+
+    async def update_remap(self, key: str, fn, attempts: int = 20) -> dict | None:
+        cur = self.remaps.get(key)
+        if cur is None:
+            return None
+        new = fn(json.loads(json.dumps(cur)))
+        if new is None:
+            return cur
+        self.remaps[key] = new
+        return new
+
+    async def get_remap(self, key: str) -> dict | None:
+        return self.remaps.get(key)
+
+
+class CaptureJetStream:
+    """Stands in for the JetStream publish of controller findings, incidents and suggestions:
+    accepts and counts them (their content is captured by :class:`MemoryState`)."""
+
+    def __init__(self) -> None:
+        self.published: list[str] = []
+
+    async def publish(self, subject: str, payload: bytes = b"", headers: dict | None = None, timeout: float = 0.0,
+                      **kw) -> "_Ack":
+        self.published.append(subject)
+        return _Ack(len(self.published))
+
+
+@dataclass
+class _Ack:
+    seq: int
+    duplicate: bool = False
+    stream: str = "sim"

@@ -15,7 +15,6 @@ from (seed, purpose), and nothing reads the clock.
 """
 from __future__ import annotations
 
-import math
 import zlib
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -24,7 +23,7 @@ import numpy as np
 
 from skewd.model import SampleBatch
 
-from .node import NodeSim, NodeState
+from .node import NodeSim
 from .scenario import Scenario, build_from
 from .topology import Cluster
 from .workload import EngineSim, Effects, LoadSpec, TickOut
@@ -187,6 +186,7 @@ class Simulation:
             engines = {rid: (outs[rid], self.engines[rid]) for rid in n.replicas}
             self._apply_node_traffic(ns, node_tr[n.index], roce[n.index])
             st = ns.baseline(t0, t1, engines, roce[n.index], bursts[n.index])
+            self._port_marks(ns, node_tr[n.index], st)
             for inj in active:
                 inj.on_node(t0, t1, n.index, st, self)
             off = self.clock_offset[n.name]
@@ -308,11 +308,18 @@ class Simulation:
     def _prefill_prompts(out: TickOut) -> list[float]:
         return out.fin_prompt.astype(float).tolist()
 
+    def _port_marks(self, ns: NodeSim, tr: NodeTraffic, st) -> None:
+        """Retransmitted and CE-marked packets of a port land on the flows that carried traffic."""
+        for table, per_port in ((st.roce_rtx, tr.rtx), (st.roce_ecn, tr.ecn)):
+            for p, total in per_port.items():
+                flows = [fi for fi, tup in st.roce.items() if len(tup[0]) and ns.roce_flows[fi].port == p]
+                for fi, k in zip(flows, _spread(total * (st.t1 - st.t0), len(flows), self.traffic_rng)):
+                    table[fi] = table.get(fi, 0.0) + float(k)
+
     def _apply_node_traffic(self, ns: NodeSim, tr: NodeTraffic, roce: dict) -> None:
         """Per-port effects: stalled flows send nothing for a while; a throttled port stretches bursts."""
         if not (tr.stall or tr.rate):
             return
-        rng = self.traffic_rng
         for fi, (s, d, b) in list(roce.items()):
             f = ns.roce_flows[fi]
             share = tr.stall.get(f.port, 0.0)
@@ -323,6 +330,11 @@ class Simulation:
             rate = tr.rate.get(f.port, 1.0)
             if rate < 1.0:
                 roce[fi] = (s, d / max(rate, 0.02), b)
+
+
+def _spread(total: float, k: int, rng: np.random.Generator) -> np.ndarray:
+    """``total`` events per second over ``k`` flows (Poisson, uneven)."""
+    return rng.poisson(max(total, 0.0) * rng.dirichlet(np.ones(k))) if k else np.zeros(0)
 
 
 def _cat(prev, new):

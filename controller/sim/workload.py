@@ -365,7 +365,6 @@ class EngineSim:
             ntok[pidx] = done
             self.c_preempt += preempted
         # ---- token accounting per request
-        gen_before = allc["gen"].copy()
         allc["gen"] = allc["gen"] + ntok
         new_first = np.isnan(allc["first"]) & (ntok > 0)
         if n_steps:

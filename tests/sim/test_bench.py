@@ -57,7 +57,7 @@ def test_scoring():
     assert sc["GPU-8"].fp == 1 and sc["NS-6"].fp_healthy == 1
     assert extra["healthy_node_hours"] == 1.0
     text = D.render(sc, extra, [fault, miss, healthy], {"command": "x", "rules_commit": "c", "rules": 1, "seeds": "1",
-                                                        "eval_interval": 5.0, "bursts": "every", "wall": 1.0,
+                                                        "eval_interval": 5.0, "bursts": "every", "clock_report": "sim", "wall": 1.0,
                                                         "jobs": 1, "machine": "m"})
     assert "| EW-1 | TP straggler | 1.00 (1/1) | 0.33 (1/3) | 0.00 (0/1) | 80s | 100s |" in text
     assert "1 false finding(s) in 1.00 node-hours = 24.0 per node-day" in text

@@ -3,7 +3,6 @@ entity names, sane units, counters that only go up - and, for the packets it gen
 same features the real pkt collector computes from them."""
 from __future__ import annotations
 
-import itertools
 import re
 from collections import defaultdict
 
