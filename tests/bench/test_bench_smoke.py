@@ -25,6 +25,23 @@ def run(script: str, *args: str) -> tuple[list[str], dict | None]:
     return lines, figures
 
 
+def test_pkt_offline_times_skewd_and_both_peers_on_the_same_file() -> None:
+    lines, f = run("pkt_offline.py", "--packets", "3000", "--flows", "40", "--repeat", "1",
+                   "--scapy-packets", "300", "--json")
+    assert f is not None and f["benchmark"] == "pkt_offline"
+    assert f["skewd"]["pps_cpu"] > 0 and f["skewd"]["flows"] == 40
+    # both peers ran on the generated file and computed the same per-flow numbers as skewd
+    assert f["dpkt"]["packets"] == 3000 and not f["dpkt"]["prefix"] and f["dpkt"]["agrees_with_skewd"]
+    assert f["scapy"]["packets"] == 300 and f["scapy"]["prefix"] and f["scapy"]["agrees_with_skewd"]
+    for peer in ("dpkt", "scapy"):
+        assert f[peer]["pps_cpu"] > 0 and f[peer]["ratio_cpu"] > 0
+    assert any(line.startswith("  skewd:") and "goal >= 1.5 M packets/s" in line for line in lines)
+    assert any("peer dpkt" in line and "all 3,000 packets" in line for line in lines)
+    assert any("peer scapy PcapReader (full dissection)" in line and "first 300 of 3,000 packets only" in line
+               for line in lines)
+    assert any("ratio" in line and "skewd/dpkt" in line and "skewd/scapy" in line for line in lines)
+
+
 def test_replay_speed_records_and_replays_every_sample() -> None:
     lines, f = run("replay_speed.py", "--hours", "0.005", "--cpus", "2", "--flows", "2", "--json")
     assert f is not None and f["benchmark"] == "replay_speed"
