@@ -3,26 +3,51 @@
 The capture thread only copies header bytes out of the kernel ring; ``collect(t)`` decodes
 the frames captured since the previous collect and turns them into per-flow features with
 the same :class:`FlowTracker` the offline reader uses.
+
+Ring size (when ``ring_block_size``/``ring_blocks`` are not set): the kernel hands a block
+over when it is full *or* ``block_timeout`` after its first frame, so below the rate that
+fills a block within one timeout every block carries one timeout's worth of frames and the
+ring absorbs a reader stall of ``blocks x block_timeout`` whatever the block size (measured:
+16 x 1 MiB and 16 x 256 KiB both drop after ~150 ms at 30k pkt/s). Block size only matters
+above that rate: a header-only frame (snaplen 128) takes 216 bytes of a block, so 256 KiB
+blocks fill before the timeout above ~120k frames/s, 1 MiB blocks above ~480k (300k pkt/s
+fill 0.65 MiB per 10 ms). So the ring starts at 16 x 256 KiB (4 MiB) and is replaced once by
+16 x 1 MiB (16 MiB) the first time a collection interval sees more than ``GROW_PPS`` frames
+per second or any kernel drop; it stays large afterwards. The ring's pages are pinned kernel
+memory and count in RSS one for one.
 """
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
 from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
 from skewd.collectors.base import Availability, Collector, CollectorError, Status
 from skewd.model import SampleBatch, parse_duration
 
 from .bpf import FilterError, compile_filter, parse_program
 from .catalogue import CATALOGUE
 from .features import FlowTracker
+from .frames import Frames
 from .parse import decode
 from .ring import ARPHRD_ETHER, ARPHRD_LOOPBACK, ARPHRD_NONE, Capture, RingConfig, in_netns
 from .samples import to_batch
 
 CAP_NET_RAW = 13
+log = logging.getLogger(__name__)
+
+#: adaptive ring (see the module docstring): start small, grow once under load
+SMALL_BLOCK_SIZE = 256 << 10
+LARGE_BLOCK_SIZE = 1 << 20
+DEFAULT_BLOCKS = 16
+#: frames/s into the ring (after the filter) that trigger the large ring: a quarter of the
+#: rate at which 256 KiB blocks of header-only frames fill before the 10 ms block timeout,
+#: so traffic that ramps up within a second still finds the small ring at full tolerance
+GROW_PPS = 30_000
 
 
 def _size(v: Any, key: str) -> int:
@@ -54,6 +79,15 @@ class PktCollector(Collector):
         self._tracker: FlowTracker | None = None
         self._last_t: float | None = None
         self._cfg_error: str | None = None
+        self._ring_cfg: RingConfig | None = None
+        self._carry: Frames | None = None  # frames the replaced ring held at the swap
+        self._dedupe_ns: int | None = None  # the new ring's frames up to here were in the old one
+        self._base_packets = 0  # kernel counters of replaced rings, so ours stay cumulative
+        self._base_drops = 0
+        self._last_stats = (0, 0)
+        self._last_rate = 0
+        self._discarded_before = 0
+        self._adaptive = False
         try:
             self._settings()
         except (ValueError, FilterError) as e:
@@ -68,8 +102,10 @@ class PktCollector(Collector):
         out = {
             "interface": c.get("interface") or "",
             "snaplen": snaplen,
-            "block_size": _size(c.get("ring_block_size", 1 << 20), "ring_block_size"),
-            "blocks": int(c.get("ring_blocks", 16)),
+            "block_size": _size(c.get("ring_block_size", LARGE_BLOCK_SIZE), "ring_block_size"),
+            "blocks": int(c.get("ring_blocks", DEFAULT_BLOCKS)),
+            # neither geometry key set: start with small blocks and grow under load
+            "adaptive": "ring_block_size" not in c and "ring_blocks" not in c,
             "block_timeout_ms": max(1, int(round(parse_duration(c.get("block_timeout", "10ms")) * 1000))),
             "burst_gap": parse_duration(c.get("burst_gap", "1ms")),
             "flow_timeout": parse_duration(c.get("flow_timeout", "60s")),
@@ -161,7 +197,10 @@ class PktCollector(Collector):
             return Status(Availability.NEEDS_OPERATOR,
                           f"interface {s['interface']!r} not found{where} (have: {', '.join(missing)})")
         filt = s["filter"] or ("raw program" if s["filter_program"] else "none")
-        return Status(Availability.ACTIVE, f"capturing on {s['interface']} (filter: {filt}, snaplen {s['snaplen']})")
+        ring = (f"ring {SMALL_BLOCK_SIZE * s['blocks'] >> 20} MiB, {LARGE_BLOCK_SIZE * s['blocks'] >> 20} MiB "
+                f"above {GROW_PPS // 1000}k pkt/s" if s["adaptive"] else f"ring {s['block_size'] * s['blocks'] >> 10} KiB")
+        return Status(Availability.ACTIVE,
+                      f"capturing on {s['interface']} (filter: {filt}, snaplen {s['snaplen']}, {ring})")
 
     def start(self) -> None:
         if self._capture is not None:
@@ -172,7 +211,8 @@ class PktCollector(Collector):
         if not s["interface"]:
             raise CollectorError("no interface configured (set collectors.pkt.interface)", stage="config")
         prog = self._program(s, self._hatype(s))
-        cfg = RingConfig(s["interface"], s["snaplen"], min(128, s["snaplen"]), s["block_size"], s["blocks"],
+        block_size = SMALL_BLOCK_SIZE if s["adaptive"] else s["block_size"]
+        cfg = RingConfig(s["interface"], s["snaplen"], min(128, s["snaplen"]), block_size, s["blocks"],
                          s["block_timeout_ms"], prog, s["netns"])
         cap = Capture(cfg, s["max_pending"])
         try:
@@ -180,6 +220,11 @@ class PktCollector(Collector):
         except OSError as e:
             raise CollectorError(f"cannot capture on {s['interface']}: {e}", stage="start") from e
         self._capture = cap
+        self._ring_cfg = cfg
+        self._carry, self._dedupe_ns = None, None
+        self._base_packets = self._base_drops = self._discarded_before = 0
+        self._last_stats = (0, 0)
+        self._adaptive = s["adaptive"]
         self._tracker = FlowTracker(s["burst_gap"], s["flow_timeout"], s["max_flows"])
         self._last_t = time.time()
         self.started = True
@@ -190,11 +235,48 @@ class PktCollector(Collector):
             cap.stop()
         self.started = False
 
+    @property
+    def ring_bytes(self) -> int:
+        """Size of the capture ring now in use (0 when not capturing)."""
+        c = self._ring_cfg
+        return c.block_size * c.blocks if c is not None and self._capture is not None else 0
+
     def kernel_stats(self) -> tuple[int, int]:
-        """(packets the kernel passed to the socket, packets it dropped), cumulative since start."""
+        """(packets the kernel passed to the socket, packets it dropped), cumulative since start
+        (packets that arrived while an old and a new ring overlapped count once per ring)."""
         if self._capture is None:
             return 0, 0
-        return self._capture.ring.read_stats()
+        pk, dr = self._capture.ring.read_stats()
+        return self._base_packets + pk, self._base_drops + dr
+
+    def _grow_ring(self) -> None:
+        """Replace the small ring by the large one without a gap: the new socket is bound (and
+        receiving) before the old one closes; frames both rings saw are kept from the old one."""
+        old, cfg = self._capture, self._ring_cfg
+        assert old is not None and cfg is not None
+        big = RingConfig(cfg.interface, cfg.snaplen, cfg.width, LARGE_BLOCK_SIZE, cfg.blocks,
+                         cfg.block_timeout_ms, cfg.filter, cfg.netns)
+        new = Capture(big, old.max_pending)
+        try:
+            new.start()
+        except (OSError, ValueError) as e:  # e.g. no memory for 16 MiB: keep the small ring
+            log.warning("pkt: could not enlarge the capture ring on %s (%s); keeping %d KiB",
+                        cfg.interface, e, cfg.block_size * cfg.blocks >> 10)
+            self._adaptive = False
+            return
+        # the old ring hands over its last, partly filled block after one block timeout
+        time.sleep(2 * cfg.block_timeout_ms / 1000)
+        pk, dr = old.ring.read_stats()  # before close: the kernel's unread counts die with the socket
+        old.stop()
+        self._base_packets += pk
+        self._base_drops += dr
+        carry = old.take()
+        self._discarded_before += old.discarded
+        self._carry = carry if len(carry) else None
+        self._dedupe_ns = int(carry.ts_ns.max()) if len(carry) else None
+        self._capture, self._ring_cfg = new, big
+        log.info("pkt: capture ring on %s enlarged to %d MiB (%d frames/s seen)", cfg.interface,
+                 big.block_size * big.blocks >> 20, self._last_rate)
 
     def collect(self, t: float) -> SampleBatch:
         cap, tr = self._capture, self._tracker
@@ -203,10 +285,30 @@ class PktCollector(Collector):
         if cap.error is not None:
             raise CollectorError(f"capture thread failed: {cap.error}", stage="read")
         frames = cap.take()
-        self.stats.discarded = cap.discarded
-        _, drops = cap.ring.read_stats()
+        if self._dedupe_ns is not None:  # after a ring swap, until the new ring is past the old
+            newer = frames.ts_ns > self._dedupe_ns
+            frames = frames.select(np.flatnonzero(newer))
+            if newer.any():
+                self._dedupe_ns = None
+        if self._carry is not None:
+            frames, self._carry = Frames.concat([self._carry, frames]), None
+        packets, drops = self.kernel_stats()
         t0 = self._last_t if self._last_t is not None else t
         self._last_t = t
+        # before decoding: the decode of a busy interval is the longest the ring thread waits
+        self._maybe_grow(packets, drops, t - t0)
+        cap = self._capture or cap
+        self.stats.discarded = cap.discarded + self._discarded_before
         pk = decode(frames)
         feats = tr.update(pk, t0, t, [self.config.get("interface", "")], {0: drops})
         return to_batch(feats, self.node, t)
+
+    def _maybe_grow(self, packets: int, drops: int, dt: float) -> None:
+        prev_packets, prev_drops = self._last_stats
+        self._last_stats = (packets, drops)
+        cfg = self._ring_cfg
+        if not self._adaptive or cfg is None or cfg.block_size >= LARGE_BLOCK_SIZE or dt <= 0:
+            return
+        self._last_rate = int((packets - prev_packets) / dt)
+        if self._last_rate > GROW_PPS or drops > prev_drops:
+            self._grow_ring()
