@@ -121,17 +121,23 @@ def _read_pcap(a: np.ndarray, name: str, big: bool, nano: bool, hdrlen: int) -> 
     e = ">" if big else "<"
     _, _, _, _, snaplen, network = struct.unpack(e + "HHiIII", bytes(a[4:24]))
     linktype = network & 0xFFFF  # the upper bits carry FCS-length flags
-    offs, h, problem = frame_pcap_headers(a, big, hdrlen)
+    offs, h, caplen, problem = _frame_pcap(a, big, hdrlen)
     n = len(offs)
-    u = np.ascontiguousarray(h[:, :16]).view(e + "u4")
-    frac = u[:, 1].astype(np.int64)
-    ts = u[:, 0].astype(np.int64) * 1_000_000_000 + (frac if nano else frac * 1000)
+    ts = _header_field(h, 0, big).astype(np.int64)
+    ts *= 1_000_000_000
+    frac = _header_field(h, 4, big).astype(np.int64)
+    if not nano:
+        frac *= 1000
+    ts += frac
+    del frac
+    doff = offs
+    doff += hdrlen  # in place: the offsets are ours and not needed after this
     direction = np.zeros(n, np.int8)
     if hdrlen == 24:  # modified pcap: pkt_type at byte 22 (0-3 received, 4 outgoing)
         pt = h[:, 22]
         direction[pt <= 3] = DIR_IN
         direction[pt == 4] = DIR_OUT
-    frames = Frames(a, offs + hdrlen, u[:, 2].astype(np.int64), u[:, 3].astype(np.int64), ts,
+    frames = Frames(a, doff, caplen, _header_field(h, 12, big).astype(np.int64), ts,
                     np.full(n, linktype, np.int32), np.zeros(n, np.int32), direction)
     cap = Capture(name, "pcap", frames, [Interface("", linktype, snaplen)])
     if problem:
@@ -150,18 +156,35 @@ def frame_pcap(a: np.ndarray, big: bool, hdrlen: int = 16, lockstep: bool | None
 def frame_pcap_headers(a: np.ndarray, big: bool, hdrlen: int = 16, lockstep: bool | None = None
                        ) -> tuple[np.ndarray, np.ndarray, str | None]:
     """:func:`frame_pcap` plus the record headers themselves (``(n, hdrlen)`` bytes)."""
+    offs, h, _, problem = _frame_pcap(a, big, hdrlen, lockstep)
+    return offs, h, problem
+
+
+def _frame_pcap(a: np.ndarray, big: bool, hdrlen: int, lockstep: bool | None = None
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, str | None]:
+    """(offsets, headers, captured lengths as int64, problem) of the sound records."""
     end = len(a)
     if lockstep is None:
         lockstep = end >= LOCKSTEP_MIN_BYTES
+    h = None
     if lockstep and end >= 24 + 2 * hdrlen:
-        offs, problem = _lockstep_pcap(a, big, hdrlen)
+        offs, h, problem = _lockstep_pcap(a, big, hdrlen)
     else:
         walked, _, problem = _walk_pcap(a, 24, end, big, hdrlen)
         offs = np.asarray(walked, np.int64)
-    h = gather(a, offs, hdrlen)
-    caplen = np.ascontiguousarray(h[:, 8:12]).view(">u4" if big else "<u4")[:, 0].astype(np.int64)
+    if h is None:
+        h = gather(a, offs, hdrlen)
+    caplen = _header_field(h, 8, big).astype(np.int64)
     n, problem = _validate_pcap(a, offs, caplen, hdrlen, big, problem)
-    return offs[:n], h[:n], problem
+    if n < len(offs):
+        return offs[:n], h[:n], caplen[:n], problem
+    return offs, h, caplen, problem
+
+
+def _header_field(h: np.ndarray, at: int, big: bool) -> np.ndarray:
+    """The 32-bit field ``at`` bytes into every row of a header matrix (a strided view)."""
+    dt = np.dtype({"names": ["f"], "formats": [">u4" if big else "<u4"], "offsets": [at], "itemsize": h.shape[1]})
+    return np.ascontiguousarray(h).view(dt)["f"][:, 0]
 
 
 def _walk_pcap(a: np.ndarray, pos: int, stop: int, big: bool, hdrlen: int
@@ -230,7 +253,10 @@ def _segment_starts(a: np.ndarray, big: bool, hdrlen: int, nano: bool, seg: int,
     return pos[first]
 
 
-def _lockstep_pcap(a: np.ndarray, big: bool, hdrlen: int) -> tuple[np.ndarray, str | None]:
+def _lockstep_pcap(a: np.ndarray, big: bool, hdrlen: int) -> tuple[np.ndarray, np.ndarray | None, str | None]:
+    """Record offsets, and their headers (``(n, hdrlen)`` bytes) when the lockstep walk ran
+    (each step reads whole headers: they sit in the cache line the walk has to load anyway,
+    so the caller needs no second pass over the file for them)."""
     end = len(a)
     nano = int.from_bytes(bytes(a[:4]), "little") in (0xA1B23C4D, 0x4D3CB2A1)
     # window to find a record start in: a few typical records (from the first ones)
@@ -241,53 +267,86 @@ def _lockstep_pcap(a: np.ndarray, big: bool, hdrlen: int) -> tuple[np.ndarray, s
     starts = np.concatenate([[24], _segment_starts(a, big, hdrlen, nano, seg, win)]).astype(np.int64)
     if len(starts) < 64:  # too few chains to gain anything (e.g. timestamps far from the first)
         offs_l, _, problem = _walk_pcap(a, 24, end, big, hdrlen)
-        return np.asarray(offs_l, np.int64), problem
+        return np.asarray(offs_l, np.int64), None, problem
     bounds = np.r_[starts[1:], end]
     S = len(starts)
+    # the captured length of each header as one strided field of the gathered rows
+    cl_dt = np.dtype({"names": ["caplen"], "formats": [">u4" if big else "<u4"], "offsets": [8], "itemsize": hdrlen})
     # walk every segment at once, one record per step; the last few long chains finish in
     # Python (a numpy step costs tens of microseconds however few chains are left)
     P = starts.copy()
     land = np.full(S, -1, np.int64)
     act = np.arange(S)
-    steps: list[tuple[np.ndarray, np.ndarray]] = []
+    steps: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     while len(act) >= 16:
         p = P[act]
-        steps.append((act, p))
-        cl = _u32_at(a, np.minimum(p + 8, end - 4), big)
+        hs = gather(a, p, hdrlen)  # rows past the end read zeros; such chains end below
+        steps.append((act, p, hs))
+        cl = hs.view(cl_dt)["caplen"][:, 0].astype(np.int64)
         cl[p + hdrlen > end] = MAX_CAPLEN + 1  # a truncated header ends the chain
         nxt = p + hdrlen + cl
         done = nxt >= bounds[act]
         land[act[done]] = nxt[done]
         act = act[~done]
         P[act] = nxt[~done]
-    unfinished = np.zeros(S, bool)
-    unfinished[act] = True  # P[k] is where their walk continues
     counts = np.zeros(S, np.int64)
-    for idx, _ in steps:
+    for idx, _, _ in steps:
         counts[idx] += 1
+    # the unfinished chains continue in Python (their problem counts only if the segment is used)
+    tails: dict[int, tuple[list[int], str | None]] = {}
+    for k in act.tolist():
+        offs, land[k], tail_problem = _walk_pcap(a, int(P[k]), int(bounds[k]), big, hdrlen)
+        tails[k] = (offs, tail_problem)
+        counts[k] += len(offs)
     base = np.r_[0, np.cumsum(counts)[:-1]]
-    flat = np.empty(int(counts.sum()), np.int64)
-    for j, (idx, p) in enumerate(steps):
-        flat[base[idx] + j] = p
+    total = int(counts.sum())
+    flat = np.empty(total, np.int64)
+    hflat = np.empty((total, hdrlen), np.uint8)
+    hview = hflat.view(np.dtype((np.void, hdrlen))).ravel()
+    for j, (idx, p, hs) in enumerate(steps):
+        at = base[idx] + j
+        flat[at] = p
+        hview[at] = hs.view(np.dtype((np.void, hdrlen))).ravel()
+    del steps
+    for k, (offs, _) in tails.items():
+        if offs:
+            b1 = int(base[k] + counts[k])
+            flat[b1 - len(offs): b1] = offs
+            hflat[b1 - len(offs): b1] = gather(a, flat[b1 - len(offs): b1], hdrlen)
     # stitch: a segment is valid when the previous valid walk lands exactly on its start
-    pieces: list[np.ndarray] = []
+    pieces: list[tuple[int, int] | np.ndarray] = []  # (from, to) in flat, or walked offsets
     problem: str | None = None
     cur = 24
     for k in range(S):
         if k and cur != starts[k]:  # a false start (or a damaged file): walk this segment in Python
             offs, cur, problem = _walk_pcap(a, int(cur), int(bounds[k]), big, hdrlen)
+            if offs:
+                pieces.append(np.asarray(offs, np.int64))
         else:
-            offs = []
-            pieces.append(flat[base[k]: base[k] + counts[k]])
+            b0 = int(base[k])
+            if pieces and isinstance(pieces[-1], tuple) and pieces[-1][1] == b0:
+                pieces[-1] = (pieces[-1][0], b0 + int(counts[k]))
+            else:
+                pieces.append((b0, b0 + int(counts[k])))
             cur = int(land[k])
-            if unfinished[k]:
-                offs, cur, problem = _walk_pcap(a, int(P[k]), int(bounds[k]), big, hdrlen)
-        if offs:
-            pieces.append(np.asarray(offs, np.int64))
+            if k in tails:
+                problem = tails[k][1]
         if problem:
             break
-    offs = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
-    return offs, problem  # every record is validated by the caller (_validate_pcap)
+    if len(pieces) == 1 and isinstance(pieces[0], tuple) and pieces[0] == (0, total):
+        return flat, hflat, problem  # the usual case: every segment start was a true record start
+    op: list[np.ndarray] = []
+    hp: list[np.ndarray] = []
+    for piece in pieces:
+        if isinstance(piece, tuple):
+            op.append(flat[piece[0]: piece[1]])
+            hp.append(hflat[piece[0]: piece[1]])
+        else:
+            op.append(piece)
+            hp.append(gather(a, piece, hdrlen))
+    if not op:
+        return np.zeros(0, np.int64), np.zeros((0, hdrlen), np.uint8), problem
+    return np.concatenate(op), np.concatenate(hp), problem  # the caller validates every record
 
 
 def _validate_pcap(a: np.ndarray, offs: np.ndarray, caplen: np.ndarray, hdrlen: int, big: bool,
@@ -295,9 +354,12 @@ def _validate_pcap(a: np.ndarray, offs: np.ndarray, caplen: np.ndarray, hdrlen: 
     """How many leading records are sound, and the first problem: a walk can look valid and
     still have crossed a damaged header (the lockstep walk does not check as it goes)."""
     end = len(a)
-    bad = (offs + hdrlen > end) | (caplen > MAX_CAPLEN) | (offs + hdrlen + caplen > end)
-    if not bad.any():
+    if not len(offs):
+        return 0, problem
+    reach = offs + caplen  # each record must end inside the file (caplen >= 0: header included)
+    if int(caplen.max()) <= MAX_CAPLEN and int(reach.max()) <= end - hdrlen:
         return len(offs), problem
+    bad = (caplen > MAX_CAPLEN) | (reach > end - hdrlen)
     i = int(np.argmax(bad))
     _, _, first_problem = _walk_pcap(a, int(offs[i]), int(offs[i]) + 1, big, hdrlen)
     return i, first_problem

@@ -18,7 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from skewd.collectors.pkt.capfile import CaptureError, frame_pcap, parse_capture, read_capture
+from skewd.collectors.pkt.capfile import (CaptureError, frame_pcap, frame_pcap_headers, parse_capture,
+                                          read_capture)
+from skewd.collectors.pkt.frames import gather
 from skewd.collectors.pkt.features import analyze
 from skewd.collectors.pkt.parse import counts, decode
 
@@ -269,6 +271,8 @@ def test_lockstep_framing_equals_sequential_walk(seed: int, snap: int, jump: int
     slow, p2 = frame_pcap(a, False, lockstep=False)
     assert p1 is None and p2 is None and len(slow) == 6000
     assert np.array_equal(fast, slow)
+    _, fh, _ = frame_pcap_headers(a, False, lockstep=True)  # headers read during the walk
+    assert np.array_equal(fh, gather(a, slow, 16))
     # and when the file is cut mid-record, both keep the same records and report the same offset
     cut = np.frombuffer(data[: len(data) - 500], np.uint8)
     fc = parse_capture(cut, "cut")
@@ -276,6 +280,26 @@ def test_lockstep_framing_equals_sequential_walk(seed: int, snap: int, jump: int
     ff, pf = frame_pcap(cut, False, lockstep=True)
     fs, ps = frame_pcap(cut, False, lockstep=False)
     assert np.array_equal(ff, fs) and pf == ps and "truncated record" in ps
+
+
+@pytest.mark.parametrize("bad_record", [5, 2999, 5990])
+@pytest.mark.parametrize("how", ["huge caplen", "caplen off by 3"])
+def test_lockstep_framing_equals_sequential_walk_on_damaged_files(bad_record: int, how: str) -> None:
+    """A damaged record header mid-file: the lockstep walk (which reads whole headers as it
+    goes) keeps exactly the records and headers the sequential walk keeps, with its problem."""
+    data = bytearray(_synthetic(6000, 7))
+    slow, _ = frame_pcap(np.frombuffer(bytes(data), np.uint8), False, lockstep=False)
+    at = int(slow[bad_record]) + 8
+    old = struct.unpack_from("<I", data, at)[0]
+    struct.pack_into("<I", data, at, 0x7FFFFFF0 if how == "huge caplen" else old + 3)
+    a = np.frombuffer(bytes(data), np.uint8)
+    fo, fh, fp = frame_pcap_headers(a, False, lockstep=True)
+    so, sh, sp = frame_pcap_headers(a, False, lockstep=False)
+    assert np.array_equal(fo, so) and np.array_equal(fh, sh) and fp == sp
+    if how == "huge caplen":
+        assert len(fo) == bad_record and "corrupt record header" in fp
+    else:  # the walk continues from a wrong offset: whatever it reads, both read the same
+        assert np.array_equal(fo[:bad_record + 1], slow[:bad_record + 1])
 
 
 def test_pcapng_block_runs_equal_block_walk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
