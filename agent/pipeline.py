@@ -46,6 +46,16 @@ class Pipeline:
         for s in self.sinks:
             s.on_batch(batch)
 
+    def ingest_many(self, batches: list[SampleBatch]) -> None:
+        """Every batch due before an evaluation at once (replay): the store writes a collector's
+        collections together; the store ends up as with one :meth:`ingest` per batch. Sinks see
+        each batch in order after the store has taken them all."""
+        self.store.ingest_many(batches)
+        for batch in batches:
+            if len(batch):
+                for s in self.sinks:
+                    s.on_batch(batch)
+
     def evaluate(self, t: float) -> list[Finding]:
         findings = self.engine.evaluate(t)
         if self._last_gc is None:

@@ -332,8 +332,15 @@ class Replayer:
             seg = self.segments[i]
             rs = self._seg_rules[i]
             _, nb = ticks[i]
+            due: dict[str, list[SampleBatch]] = {}
             for node, batch in feeds[i].until(int(nb[k])):
-                self._pipeline(node, rs, seg).ingest(batch)
+                got = due.get(node)
+                if got is None:
+                    self._pipeline(node, rs, seg)  # created in arrival order, as before
+                    got = due[node] = []
+                got.append(batch)
+            for node, batches in due.items():  # one ingest per node and tick: see WindowStore.ingest_many
+                self._pipeline(node, rs, seg).ingest_many(batches)
             evaluate = self.t_from is None or t >= self.t_from
             found: list[Finding] = []
             made: list[wire.Summary] = []

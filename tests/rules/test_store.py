@@ -1,0 +1,195 @@
+"""The window store's fast ingest (cached batch layouts, several collections written at once)
+leaves exactly the store that ingesting one batch at a time through the general path leaves:
+same windows, rows, entity ids, drops, compaction and ageing out."""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from skewd.model import BatchBuilder, SampleBatch
+from skewd.rules import functions as F
+from skewd.rules.store import WindowStore
+
+
+class GeneralPathStore(WindowStore):
+    """The reference: every batch through the general per-signal path, never a cached layout."""
+
+    def _known_layout(self, batch):
+        return None
+
+
+ENTITIES = {
+    "gpu_util_ratio": ["gpu0", "gpu1", "gpu2", "gpu3"],
+    "gpu_power_watts": ["gpu0", "gpu1", "gpu2"],
+    "pcie_rx_bytes_total": ["gpu0", "gpu1", "gpu2", "gpu3"],
+    "rdma_port_xmit_bytes_total": ["mlx5_0/1", "mlx5_1/1"],
+    "host_tcp_retrans_segs_total": [""],
+    "netdev_qdisc_backlog_bytes": ["eth0", "eth1"],
+    "not_catalogued_signal": ["x"],
+}
+
+
+def snapshot(store: WindowStore) -> dict:
+    """Everything a reader can see, and the bookkeeping that decides what it will see later."""
+    blocks = {}
+    for sig, per_node in store.blocks.items():
+        for node, b in per_node.items():
+            blocks[sig, node] = (b.n, b.times.shape[0], list(b.rows.items()), b.eids[: b.nrows].tolist(),
+                                 b.last_seen[: b.nrows].tolist(), b.times[: b.n].tolist(),
+                                 np.nan_to_num(b.values[: b.nrows, : b.n], nan=-1.5).tolist())
+    reg = store.registry
+    return {"blocks": blocks, "registry": (reg.keys, reg._free, reg._refs),
+            "ingested": store.samples_ingested, "out_of_order": store.dropped_out_of_order,
+            "uncatalogued": list(store.dropped_uncatalogued.items()), "latest": store.latest_t}
+
+
+def stream(seed: int, steps: int = 300) -> list:
+    """Collector batches as an agent sees them: a few collectors at 10 Hz whose entity sets change
+    (a flow appears, a GPU goes quiet), counters that reset, late and out-of-order batches, a
+    batch spanning two timestamps or two nodes, a repeated entity, uncatalogued signals - and gc
+    calls between them (``("gc", t)``)."""
+    rng = random.Random(seed)
+    names = list(ENTITIES)
+    collectors = []
+    for _ in range(3):
+        cols = [(s, e) for s in rng.sample(names, rng.randint(1, 3)) for e in ENTITIES[s]]
+        collectors.append(cols)
+    counters: dict = {}
+    out: list = []
+    t = 100.0
+    for _ in range(steps):
+        r = rng.random()
+        if r < 0.03:
+            out.append(("gc", t))
+            continue
+        if r < 0.07:  # an entity appears or goes away
+            c = rng.randrange(len(collectors))
+            cols = list(collectors[c])
+            if len(cols) > 1 and rng.random() < 0.5:
+                cols.pop(rng.randrange(len(cols)))
+            else:
+                s = rng.choice(names)
+                cols.append((s, rng.choice(ENTITIES[s] + [f"new{rng.randint(0, 3)}"])))
+            collectors[c] = cols
+        t += rng.choice([0.1, 0.1, 0.1, 0.0, 0.7, 4.0, 15.0])
+        cols = list(rng.choice(collectors))
+        if rng.random() < 0.03:
+            cols.append(cols[0])  # the same entity twice in one collection
+        ts = np.full(len(cols), t - (rng.choice([0.05, 0.3, 6.0]) if rng.random() < 0.06 else 0.0))
+        if rng.random() < 0.04:
+            ts += np.array([rng.choice([0.0, 0.05, -0.05]) for _ in cols])
+        nodes = np.full(len(cols), "n1" if rng.random() < 0.9 else "n2", dtype=object)
+        if rng.random() < 0.03:
+            nodes[: len(cols) // 2] = "n2"
+        vals = []
+        for s, e in cols:
+            if s.endswith("_total"):
+                v = 0.0 if rng.random() < 0.03 else counters.get((s, e), 0.0) + rng.random() * 1e3  # resets
+                counters[s, e] = v
+            else:
+                v = np.nan if rng.random() < 0.02 else rng.random()
+            vals.append(v)
+        out.append(("batch", SampleBatch(ts, nodes, np.array([e for _, e in cols], dtype=object),
+                                         np.array([s for s, _ in cols], dtype=object), np.array(vals))))
+    return out
+
+
+def play(store: WindowStore, events: list, group: random.Random | None) -> WindowStore:
+    """Batches one by one (``group`` None) or in runs of random length through ingest_many."""
+    pending: list = []
+    for kind, x in events:
+        if kind == "gc":
+            store.ingest_many(pending)
+            pending = []
+            store.gc(x)
+        elif group is None:
+            store.ingest(x)
+        else:
+            pending.append(x)
+            if group.random() < 0.15:
+                store.ingest_many(pending)
+                pending = []
+    store.ingest_many(pending)
+    return store
+
+
+@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("horizon,cap", [(600.0, 64), (5.0, 4), (2.0, 2)])
+def test_fast_ingest_leaves_the_store_of_the_general_path(cat, seed, horizon, cap) -> None:
+    events = stream(seed)
+    want = snapshot(play(GeneralPathStore(cat, horizon=horizon, initial_cap=cap), events, None))
+    assert snapshot(play(WindowStore(cat, horizon=horizon, initial_cap=cap), events, None)) == want
+    assert snapshot(play(WindowStore(cat, horizon=horizon, initial_cap=cap), events, random.Random(seed))) == want
+
+
+def collections(start: float, n: int, values, entities=("gpu0", "gpu1"), node="n1",
+                signal="pcie_rx_bytes_total") -> list[SampleBatch]:
+    out = []
+    for k in range(n):
+        b = BatchBuilder(node)
+        for e, v in zip(entities, values(k)):
+            b.add(start + 0.1 * k, e, signal, v)
+        out.append(b.build())
+    return out
+
+
+def test_a_second_of_collections_at_once_gives_the_windows_of_one_at_a_time(cat) -> None:
+    # a counter that resets at collection 23, and a GPU that goes quiet after 5 s
+    def counter(k):
+        return [1e6 * (k if k < 23 else k - 23), 5e5 * k]
+
+    batches = collections(0.0, 80, counter)
+    batches += collections(8.0, 80, lambda k: [2e6 * k], entities=("gpu0",))
+    one, many = WindowStore(cat, horizon=5.0, initial_cap=4), WindowStore(cat, horizon=5.0, initial_cap=4)
+    for second in range(0, len(batches), 10):
+        for b in batches[second: second + 10]:
+            one.ingest(b)
+        many.ingest_many(batches[second: second + 10])
+        now = float(batches[second + 9].t[0])
+        for store in (one, many):
+            store.gc(now)
+        a = [b for b in one.signal_blocks("pcie_rx_bytes_total")]
+        m = [b for b in many.signal_blocks("pcie_rx_bytes_total")]
+        assert [list(b.rows) for b in a] == [list(b.rows) for b in m]
+        for x, y in zip(a, m):
+            for dur in (1.0, 3.0, 5.0):
+                (ta, Wa), (tm, Wm) = x.window(now - dur, now), y.window(now - dur, now)
+                np.testing.assert_array_equal(ta, tm)
+                np.testing.assert_array_equal(Wa, Wm)
+                np.testing.assert_array_equal(F.increase(ta, Wa), F.increase(tm, Wm))
+                np.testing.assert_array_equal(F.resets(ta, Wa), F.resets(tm, Wm))
+    # gpu1 went quiet at t=7.9: gone from both once it aged out
+    assert list(many.blocks["pcie_rx_bytes_total"]["n1"].rows) == ["gpu0"]
+    assert snapshot(one) == snapshot(many)
+
+
+def test_late_and_out_of_order_collections_in_one_ingest_are_dropped_as_one_by_one(cat) -> None:
+    batches = collections(10.0, 5, lambda k: [float(k), float(k)])
+    late = collections(10.15, 1, lambda k: [-1.0, -1.0])  # older than the newest (10.4): dropped
+    same = collections(10.4, 1, lambda k: [7.0, 7.0])  # the newest timestamp again: overwrites
+    seq = batches + late + same + collections(10.5, 3, lambda k: [9.0, 9.0])
+    one, many = WindowStore(cat), WindowStore(cat)
+    for b in seq:
+        one.ingest(b)
+    many.ingest_many(seq)
+    assert snapshot(one) == snapshot(many)
+    assert many.dropped_out_of_order == 2 and many.samples_ingested == 20
+    t, v = many.series("pcie_rx_bytes_total", "n1", "gpu0")
+    assert t.tolist() == pytest.approx([10.0, 10.1, 10.2, 10.3, 10.4, 10.5, 10.6, 10.7])
+    assert v.tolist() == [0.0, 1.0, 2.0, 3.0, 7.0, 9.0, 9.0, 9.0]
+
+
+def test_a_new_entity_mid_ingest_gets_the_id_it_gets_one_by_one(cat) -> None:
+    util = collections(0.0, 3, lambda k: [0.5, 0.5], signal="gpu_util_ratio")
+    power = collections(0.0, 3, lambda k: [300.0], entities=("gpu7",), signal="gpu_power_watts")
+    grown = collections(0.3, 2, lambda k: [0.5, 0.5, 0.9], entities=("gpu0", "gpu1", "gpu9"),
+                        signal="gpu_util_ratio")
+    seq = [b for pair in zip(util, power) for b in pair] + grown + power
+    one, many = WindowStore(cat), WindowStore(cat)
+    for b in seq:
+        one.ingest(b)
+    many.ingest_many(seq)
+    assert snapshot(one) == snapshot(many)
+    assert many.registry.lookup(many.blocks["gpu_util_ratio"]["n1"].scope, "n1", "gpu9") == 3
