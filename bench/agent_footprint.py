@@ -1,6 +1,7 @@
 """Agent footprint: the real ``skewd agent`` on this host for N minutes, CPU % of one core and peak RSS.
 
     python bench/agent_footprint.py [--minutes 10] [--warmup 30] [--pkt-interface auto|NAME|none]
+                                    [--py-spy FILE]
 
 Runs ``skewd agent`` as its own process with every collector this host supports at its default
 interval, publishing summaries and health to a real ``nats-server`` (started here on a free
@@ -8,7 +9,10 @@ loopback port, JetStream in a temporary directory), as a node would in productio
 ``pkt`` collector needs an interface: ``auto`` captures on the interface of the default route
 (passive; only what that interface already carries). The process's CPU time comes from
 ``/proc/PID/stat`` (utime + stime), its peak RSS from ``VmHWM`` in ``/proc/PID/status``; the
-summaries the agent publishes are counted on NATS to show it did its work all along.
+summaries the agent publishes are counted on NATS to show it did its work all along. The load
+average before and after is printed because on a shared machine the CPU figure moves with it.
+``--py-spy FILE`` samples the agent over the measured window (py-spy, non-blocking, 100 Hz,
+raw collapsed stacks; idle threads excluded) for the split of where the CPU goes.
 
 Goal: < 1 % of one core, < 80 MB peak RSS. Reference: dcgm-exporter's published footprint,
 450-510 MiB RSS per node (../shared/facts.md); the ratio printed is that over ours.
@@ -104,7 +108,25 @@ async def count_summaries(url: str, stop: asyncio.Event, counts: dict[str, int])
     await nc.close()
 
 
-def run(minutes: float, warmup: float, pkt: str) -> dict:
+def loadavg() -> str:
+    try:
+        with open("/proc/loadavg") as f:
+            return " ".join(f.read().split()[:3])
+    except OSError:
+        return "?"
+
+
+def start_py_spy(pid: int, seconds: float, out: str) -> subprocess.Popen | None:
+    exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not os.path.exists(exe):
+        print("agent footprint: py-spy not found (pip install py-spy); not profiling", file=sys.stderr)
+        return None
+    return subprocess.Popen([exe, "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "100",
+                             "-f", "raw", "-o", out, "--nonblocking"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def run(minutes: float, warmup: float, pkt: str, py_spy: str | None = None) -> dict:
     iface = default_route_interface() if pkt == "auto" else (None if pkt == "none" else pkt)
     work = Path(tempfile.mkdtemp(prefix="skewd-bench-footprint-"))
     server = EmbeddedNatsServer(store_dir=str(work / "js"))
@@ -128,6 +150,8 @@ def run(minutes: float, warmup: float, pkt: str) -> dict:
                 raise RuntimeError(f"agent exited with {proc.returncode}:\n{(work / 'agent.log').read_text()[-3000:]}")
             c0, w0, s0 = cpu_seconds(proc.pid), time.monotonic(), counts["summaries"]
             out["startup_cpu_s"] = c0
+            out["loadavg_start"] = loadavg()
+            spy = start_py_spy(proc.pid, minutes * 60, py_spy) if py_spy else None
             rss_max = 0
             end = w0 + minutes * 60
             while time.monotonic() < end:
@@ -137,6 +161,12 @@ def run(minutes: float, warmup: float, pkt: str) -> dict:
                                        f"{(work / 'agent.log').read_text()[-3000:]}")
                 rss_max = max(rss_max, status_kib(proc.pid, "VmRSS"))
             c1, w1 = cpu_seconds(proc.pid), time.monotonic()
+            out["loadavg_end"] = loadavg()
+            if spy is not None:
+                try:
+                    spy.wait(30)
+                except subprocess.TimeoutExpired:
+                    spy.kill()
             out.update(cpu_s=c1 - c0, wall_s=w1 - w0, total_cpu_s=c1, total_wall_s=w1 - t_start,
                        hwm_kib=status_kib(proc.pid, "VmHWM"), rss_kib=status_kib(proc.pid, "VmRSS"),
                        rss_parts_kib={k: status_kib(proc.pid, k) for k in ("RssAnon", "RssFile", "RssShmem")},
@@ -170,9 +200,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pkt-interface", default="auto",
                     help="interface for the pkt collector: auto (default route), a name, or none")
     ap.add_argument("--json", action="store_true", help="also print the figures as one JSON line")
+    ap.add_argument("--py-spy", metavar="FILE", help="profile the agent over the measured window into FILE")
     a = ap.parse_args(argv)
     try:
-        r = run(a.minutes, a.warmup, a.pkt_interface)
+        r = run(a.minutes, a.warmup, a.pkt_interface, a.py_spy)
     except (RuntimeError, OSError) as e:
         print(f"agent footprint: could not run: {e}", file=sys.stderr)
         return 1
@@ -182,19 +213,21 @@ def main(argv: list[str] | None = None) -> int:
     lo, hi = DCGM_EXPORTER_RSS_MIB
     print(f"agent footprint: skewd agent, {r['wall_s'] / 60:.1f} min measured after {a.warmup:g} s warm-up; "
           f"active collectors: {', '.join(r['active']) or '?'} (pkt on {r['pkt_interface']}); "
-          f"{r['summaries']} summaries published to NATS; {r['threads']} threads")
+          f"{r['summaries']} summaries published to NATS; {r['threads']} threads; "
+          f"load average {r['loadavg_start']} at the start, {r['loadavg_end']} at the end ({os.cpu_count()} CPUs)")
     print(f"  CPU: {cpu_pct:.2f} % of one core ({r['cpu_s']:.1f} s CPU in {r['wall_s']:.0f} s)   (goal < 1 %); "
           f"whole run incl. start-up: {total_pct:.2f} % ({r['startup_cpu_s']:.1f} s CPU to start)")
     print(f"  peak RSS (VmHWM): {hwm_mib:.1f} MiB ({r['hwm_kib'] * 1024 / 1e6:.1f} MB)   (goal < 80 MB); "
           f"RSS at end {r['rss_kib'] / 1024:.1f} MiB = "
           + " + ".join(f"{v / 1024:.1f} {k[3:].lower()}" for k, v in r["rss_parts_kib"].items())
-          + " (file: mapped libraries; shmem: the packet ring's pages)")
+          + " (file: mapped libraries and the packet ring, whose socket mapping counts as file pages)")
     print(f"  reference: dcgm-exporter {lo:.0f}-{hi:.0f} MiB RSS per node (published); "
           f"ratio {lo / hwm_mib:.1f}-{hi / hwm_mib:.1f}x less memory")
     if a.json:
         print(json.dumps({"benchmark": "agent_footprint", "cpu_pct": cpu_pct, "cpu_pct_with_startup": total_pct,
                           "peak_rss_mib": hwm_mib, "peak_rss_mb": r["hwm_kib"] * 1024 / 1e6,
                           "rss_parts_kib": r["rss_parts_kib"],
+                          "loadavg": [r["loadavg_start"], r["loadavg_end"]],
                           "minutes": r["wall_s"] / 60, "collectors": r["active"], "summaries": r["summaries"],
                           "ratio_dcgm_exporter": [lo / hwm_mib, hi / hwm_mib]}))
     return 0
