@@ -43,13 +43,23 @@ _ROCE_NO_PSN = (17, 18, 0x81)  # ACK, atomic ACK, CNP: not part of the request P
 _M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
-def _mix(x: np.ndarray) -> np.ndarray:
+def _mix(x: np.ndarray, scratch: np.ndarray | None = None) -> np.ndarray:
+    """Avalanche mix of a uint64 array. With ``scratch`` (a uint64 array of the same shape) it
+    works in place on ``x`` (which it returns), without full-size temporaries."""
     with np.errstate(over="ignore"):
-        x = x ^ (x >> np.uint64(33))
-        x = x * np.uint64(0xFF51AFD7ED558CCD)
-        x = x ^ (x >> np.uint64(33))
-        x = x * np.uint64(0xC4CEB9FE1A85EC53)
-        return x ^ (x >> np.uint64(33))
+        if scratch is None:
+            x = x ^ (x >> np.uint64(33))
+            x = x * np.uint64(0xFF51AFD7ED558CCD)
+            x = x ^ (x >> np.uint64(33))
+            x = x * np.uint64(0xC4CEB9FE1A85EC53)
+            return x ^ (x >> np.uint64(33))
+        s33 = np.uint64(33)
+        x ^= np.right_shift(x, s33, out=scratch)
+        x *= np.uint64(0xFF51AFD7ED558CCD)
+        x ^= np.right_shift(x, s33, out=scratch)
+        x *= np.uint64(0xC4CEB9FE1A85EC53)
+        x ^= np.right_shift(x, s33, out=scratch)
+        return x
 
 
 def flow_key_columns(pk: Packets, idx: np.ndarray) -> np.ndarray:
@@ -91,30 +101,45 @@ def group_flows(pk: Packets, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
     def col(a: np.ndarray) -> np.ndarray:
         return a if whole else a[idx]
 
-    misc = ((col(pk.ipver).astype(np.uint64) << np.uint64(56))
-            | (col(pk.proto).astype(np.uint64) & np.uint64(0xFFFF)) << np.uint64(32)
-            | col(pk.sport).astype(np.uint64) << np.uint64(16) | col(pk.dport).astype(np.uint64))
+    # the hash is built in place in one buffer: every full-size temporary costs page faults
+    u64 = np.uint64
+    h = col(pk.ipver).astype(u64)
+    h <<= u64(56)
+    t = col(pk.proto).astype(u64)
+    t &= u64(0xFFFF)
+    t <<= u64(32)
+    h |= t
+    t[...] = col(pk.sport)
+    t <<= u64(16)
+    h |= t
+    t[...] = col(pk.dport)
+    h |= t  # h = version|proto|sport|dport (the key's misc word)
     v6 = bool((col(pk.ipver) == 6).any())
     with np.errstate(over="ignore"):  # odd-multiplier linear combination, then one avalanche mix
-        h = misc * np.uint64(0x9E3779B97F4A7C15) + col(pk.src_lo) * np.uint64(0xC2B2AE3D27D4EB4F) \
-            + col(pk.dst_lo) * np.uint64(0x165667B19E3779F9)
+        h *= u64(0x9E3779B97F4A7C15)
+        h += np.multiply(col(pk.src_lo), u64(0xC2B2AE3D27D4EB4F), out=t)
+        h += np.multiply(col(pk.dst_lo), u64(0x165667B19E3779F9), out=t)
         if v6:
-            h += col(pk.src_hi) * np.uint64(0xD6E8FEB86659FD93) + col(pk.dst_hi) * np.uint64(0xFF51AFD7ED558CCD)
-        h = _mix(h)
+            h += np.multiply(col(pk.src_hi), u64(0xD6E8FEB86659FD93), out=t)
+            h += np.multiply(col(pk.dst_hi), u64(0xFF51AFD7ED558CCD), out=t)
+        h = _mix(h, t)
     bits = max(1, int(n - 1).bit_length())
-    mask = np.uint64((1 << bits) - 1)
-    comp = np.sort((h & ~mask) | np.arange(n, dtype=np.uint64))
-    order = (comp & mask).astype(np.int64)
-    hp = comp & ~mask
+    mask = u64((1 << bits) - 1)
+    comp = np.bitwise_and(h, ~mask, out=t)
+    comp |= np.arange(n, dtype=u64)
+    comp.sort()
+    order = (comp & mask).view(np.int64)
+    comp &= ~mask  # the hash prefix of each element in sorted order
     first = np.empty(n, bool)
     first[0] = True
-    np.not_equal(hp[1:], hp[:-1], out=first[1:])
-    hf = h[order]
+    np.not_equal(comp[1:], comp[:-1], out=first[1:])
+    hf = np.take(h, order, out=comp)
     if not ((hf[1:] == hf[:-1]) | first[1:]).all():  # hash prefix collision: group on the full hash
         order = np.argsort(h, kind="stable")
         hf = h[order]
         np.not_equal(hf[1:], hf[:-1], out=first[1:])
-    gi = np.cumsum(first) - 1
+    gi = np.cumsum(first)
+    gi -= 1
     gs = np.flatnonzero(first)
     return (order if whole else idx[order]), gi, gs
 
@@ -150,8 +175,12 @@ def _group_quantiles(gid: np.ndarray, val: np.ndarray, gs: np.ndarray, cnt: np.n
     if len(gid) == 0:
         return out
     if ng < (1 << 22):
-        key = np.sort((gid.astype(np.int64) << 40) | np.where(val < 0, lim, np.minimum(val, lim)))
-        v = (key & lim).astype(np.float64)
+        key = np.minimum(val, lim)
+        np.putmask(key, val < 0, lim)
+        key |= np.left_shift(gid, 40, dtype=np.int64)
+        key.sort()
+        key &= lim
+        v = key.astype(np.float64)
     else:
         v = np.where(val < 0, lim, val)[np.lexsort((np.where(val < 0, lim, val), gid))].astype(np.float64)
     has = cnt > 0
@@ -427,35 +456,45 @@ class FlowTracker:
         p50, p99 = _group_quantiles(gi, gap, gs, ng, (0.5, 0.99), lim)
         gmax = np.maximum.reduceat(gap, gs).astype(np.float64) if F else np.zeros(0)
         gmax[gmax < 0] = np.nan
-        gf = np.maximum(gap, 0).astype(np.float64)
+        gf = gap.astype(np.float64)
+        np.maximum(gf, 0.0, out=gf)
         gsum = np.add.reduceat(gf, gs) if F else np.zeros(0)
-        gsq = np.add.reduceat(gf * gf, gs) if F else np.zeros(0)
+        gsq = np.add.reduceat(np.square(gf, out=gf), gs) if F else np.zeros(0)
+        del gf
         with np.errstate(invalid="ignore", divide="ignore"):
             mean = gsum / ng
             var = np.maximum(gsq / ng - mean ** 2, 0.0)
             cov = np.where((ng >= 2) & (mean > 0), np.sqrt(var) / mean, np.nan)
-        # ---- bursts: a burst starts at a flow's first packet ever or after an idle gap
-        bstart = (gap < 0) | (gap >= self.burst_gap_ns)
+        # ---- bursts: a burst starts at a flow's first packet ever or after an idle gap. Bursts
+        # ("segments") are cut at every start and at every flow's first packet of the interval;
+        # a flow's first segment may continue the burst open at the end of the previous one.
+        bstart = gap >= self.burst_gap_ns
+        bstart |= gap < 0
         seg = bstart.copy()
         seg[gs] = True
         sgs = np.flatnonzero(seg)
-        sgi = gi[sgs]
+        del seg
         s_bytes = np.add.reduceat(wl, sgs) if len(sgs) else np.zeros(0, np.int64)
-        s_pk = np.diff(np.r_[sgs, m])
-        s_cont = ~bstart[sgs]  # continues the burst open at the end of the previous interval
-        s_start = ts[sgs]
-        s_gap = np.where(gap[sgs] >= 0, gap[sgs] / NS, np.nan)
-        if s_cont.any():
-            c = np.flatnonzero(s_cont)
-            cs = slot_g[sgi[c]]
-            s_bytes[c] += st["b_bytes"][cs]
-            s_pk[c] += st["b_packets"][cs]
-            s_start[c] = st["b_start"][cs]
-            s_gap[c] = self.b_gap[cs]
-        s_last_i = np.r_[sgs[1:], m] - 1
-        g_first_seg = np.flatnonzero(np.r_[True, sgi[1:] != sgi[:-1]]) if len(sgs) else sgs
+        g_first_seg = np.searchsorted(sgs, gs)  # every flow's first element starts a segment
         g_last_seg = np.r_[g_first_seg[1:], len(sgs)] - 1 if len(sgs) else sgs
-        nb = np.add.reduceat(~s_cont, g_first_seg).astype(np.int64) if len(sgs) else np.zeros(0, np.int64)
+        cont = ~bstart[gs]  # per flow: its first segment continues the previous interval's burst
+        del bstart
+        nb = (g_last_seg - g_first_seg + 1) - cont  # bursts started in the interval
+        # the latest burst of each flow (its last segment)
+        l_el = sgs[g_last_seg]
+        l_start = ts[l_el]
+        l_pk = last_i - l_el + 1
+        l_gap = np.where(gap[l_el] >= 0, gap[l_el] / NS, np.nan)
+        if cont.any():
+            c = np.flatnonzero(cont)
+            cs = slot_g[c]
+            s_bytes[g_first_seg[c]] += st["b_bytes"][cs]
+            only = c[g_first_seg[c] == g_last_seg[c]]  # the continued burst is also the latest
+            cs = slot_g[only]
+            l_pk[only] += st["b_packets"][cs]
+            l_start[only] = st["b_start"][cs]
+            l_gap[only] = self.b_gap[cs]
+        l_bytes = s_bytes[g_last_seg]
         bmax = np.maximum.reduceat(s_bytes, g_first_seg) if len(sgs) else np.zeros(0, np.int64)
         # ---- TCP retransmissions
         is_tcp = (pk.proto == 6) & pk.l4ok
@@ -497,12 +536,11 @@ class FlowTracker:
         st["roce"][slot_g] |= roce_any
         st["port"][slot_g] = port_g
         if len(sgs):
-            ls = g_last_seg
-            st["b_start"][slot_g] = s_start[ls]
-            st["b_last"][slot_g] = ts[s_last_i[ls]]
-            st["b_bytes"][slot_g] = s_bytes[ls]
-            st["b_packets"][slot_g] = s_pk[ls]
-            self.b_gap[slot_g] = s_gap[ls]
+            st["b_start"][slot_g] = l_start
+            st["b_last"][slot_g] = ts[last_i]
+            st["b_bytes"][slot_g] = l_bytes
+            st["b_packets"][slot_g] = l_pk
+            self.b_gap[slot_g] = l_gap
         # ---- one row per flow with packets, then per tracked flow idle in this interval
         live = np.fromiter(self.slots.values(), np.int64, len(self.slots))
         idle = np.setdiff1d(live, slot_g)
