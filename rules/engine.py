@@ -11,7 +11,7 @@ rules whose definition is unchanged, so a hot reload never re-fires or forgets a
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
 import numpy as np
@@ -168,18 +168,24 @@ class Engine:
                 continue
             frame = self._frame(rule)
             if frame is None or len(frame.eids) == 0:
-                result = np.zeros(0)
+                true_idx = np.empty(0, dtype=np.int64)
                 ctx = None
             else:
                 ctx = EvalContext(self.store, now, frame.eids, frame.node_eids, frame.groups, frame.names,
                                   frame.nodes, self.lookback, memo)
                 try:
-                    result = rule.compiled.fn(ctx)
-                except (FloatingPointError, ValueError, IndexError, TypeError) as e:  # defensive: never kill the loop
+                    fires = rule.compiled.fires(ctx)
+                except _EVAL_ERRORS as e:  # defensive: never kill the loop
                     self.last_eval_errors[rule.id] = f"{type(e).__name__}: {e}"
                     continue
-                result = np.broadcast_to(np.asarray(result, dtype=float), (len(frame.eids),))
-            out.extend(self._transition(rule, frame, ctx, result, now))
+                if isinstance(fires, np.ndarray) and fires.ndim:
+                    true_idx = np.flatnonzero(fires)
+                else:  # one verdict for every entity (a condition on node-wide constants)
+                    true_idx = np.arange(len(frame.eids)) if fires else np.empty(0, dtype=np.int64)
+            try:
+                out.extend(self._transition(rule, frame, ctx, true_idx, now))
+            except _EvidenceError as e:
+                self.last_eval_errors[rule.id] = str(e)
         self.evaluations += 1
         return out
 
@@ -222,13 +228,14 @@ class Engine:
         # the node eids may have been created just now: a later frame build sees them cached
         return _Frame(eids, node_eids, groups, names, nodes, group_labels)
 
-    def _transition(self, rule: Rule, frame: _Frame | None, ctx: EvalContext | None, result: np.ndarray,
+    def _transition(self, rule: Rule, frame: _Frame | None, ctx: EvalContext | None, true_idx: np.ndarray,
                     now: float) -> list[Finding]:
         states = self.states.setdefault(rule.id, {})
         out: list[Finding] = []
-        true_idx = np.flatnonzero(result == 1.0) if len(result) else np.empty(0, dtype=np.int64)
         seen: set[str] = set()
-        for i in true_idx:
+        hits = []
+        need_evidence = False
+        for i in true_idx.tolist():
             node, entity = str(frame.nodes[i]), str(frame.names[i])
             labels = {**rule.labels, **frame.group_labels[i]}
             fkey = (rule.id, int(frame.eids[i]), tuple(sorted(labels.items())))
@@ -237,8 +244,22 @@ class Engine:
                 fp = ((node, entity), fingerprint(rule.id, node, entity, labels))
                 self._fp_cache[fkey] = fp
             fp = fp[1]
-            seen.add(fp)
             st = states.get(fp)
+            hits.append((i, node, entity, labels, fp, st))
+            if st is None or (st.state is State.PENDING and now - st.active_at >= rule.for_s):
+                need_evidence = True
+        if need_evidence:
+            # ``fires`` may have skipped functions whose values the evidence reports: evaluate
+            # the full expression once (window results come from this tick's memo). Done
+            # before any state changes, so a failure leaves the rule as if not evaluated.
+            full = replace(ctx, evidence=[])
+            try:
+                rule.compiled.fn(full)
+            except _EVAL_ERRORS as e:
+                raise _EvidenceError(f"{type(e).__name__}: {e}") from None
+            ctx = full
+        for i, node, entity, labels, fp, st in hits:
+            seen.add(fp)
             if st is None:
                 st = AlertState(rule.id, node, entity, State.PENDING, now, now, None, _evidence(ctx, i), labels)
                 states[fp] = st
@@ -284,6 +305,13 @@ class Engine:
         """Current pending and firing alerts, in a stable order."""
         out = [st for r in self.rules.rules for st in self.states.get(r.id, {}).values()]
         return sorted(out, key=lambda s: (s.rule_id, s.node, s.entity))
+
+
+_EVAL_ERRORS = (FloatingPointError, ValueError, IndexError, TypeError)
+
+
+class _EvidenceError(Exception):
+    """The full evaluation for evidence failed: the rule is skipped this tick."""
 
 
 def _evidence(ctx: EvalContext | None, i: int) -> dict[str, float | None]:

@@ -164,11 +164,18 @@ class EvalContext:
 
 @dataclass
 class Compiled:
+    """``fn`` computes the expression's exact value per entity (1/0/NaN for a condition) and
+    records every function's value as evidence. ``fires`` computes only where that value is
+    exactly 1 (a bool mask, or a bool scalar for every entity), short-circuiting ``and``/``or``
+    once the outcome is settled for every entity; its evidence is incomplete, so the engine
+    re-runs ``fn`` on the rare tick where a transition needs evidence."""
+
     fn: Callable[[EvalContext], Any]
     signals: set[str]
     max_window: float
     evidence_labels: list[str]
     uses_peers: bool
+    fires: Callable[[EvalContext], Any] | None = None
 
 
 @dataclass
@@ -185,6 +192,10 @@ class _Node:
     t: T
     fn: Callable[[EvalContext], Any]
     const: Any = None  # for NUM/DUR/STR/LIST constants
+    # Kleene conditions only: masks of where the value is exactly true (pos) / false (neg).
+    # Two-valued masks encode the three-valued result exactly: unknown = neither.
+    pos: Callable[[EvalContext], Any] | None = None
+    neg: Callable[[EvalContext], Any] | None = None
 
 
 # window functions: name → (kernel, needs counter, needs gauge)
@@ -305,6 +316,91 @@ def _num_cmp(op: Callable, a: Any, b: Any) -> Any:
     return np.where(unknown, np.nan, r.astype(float) if isinstance(r, np.ndarray) else float(r))
 
 
+def _any(m: Any) -> bool:
+    return bool(m.any()) if isinstance(m, np.ndarray) else bool(m)
+
+
+def _all(m: Any) -> bool:
+    return bool(m.all()) if isinstance(m, np.ndarray) else bool(m)
+
+
+def _pos_of(n: _Node) -> Callable[[EvalContext], Any]:
+    """Where a value is exactly true in a boolean context (``_truth`` == 1)."""
+    if n.pos is not None:
+        return n.pos
+    if n.const is not None:
+        c = float(n.const)
+        val = bool(c == c and c != 0)
+        return lambda ctx: val
+    f = n.fn
+
+    def pos(ctx):
+        x = np.asarray(f(ctx), dtype=float)
+        return (x != 0) & ~np.isnan(x)
+
+    return pos
+
+
+def _neg_of(n: _Node) -> Callable[[EvalContext], Any]:
+    """Where a value is exactly false in a boolean context (``_truth`` == 0)."""
+    if n.neg is not None:
+        return n.neg
+    if n.const is not None:
+        c = float(n.const)
+        val = bool(c == 0)
+        return lambda ctx: val
+    f = n.fn
+    return lambda ctx: np.asarray(f(ctx), dtype=float) == 0
+
+
+def _mask_and(fns: list[Callable]) -> Callable:
+    """Conjunction of masks, stopping as soon as no entity is left true."""
+    if len(fns) == 1:
+        return fns[0]
+
+    def mand(ctx, fns=fns):
+        acc = fns[0](ctx)
+        for f in fns[1:]:
+            if not _any(acc):
+                return acc
+            acc = acc & f(ctx)
+        return acc
+
+    return mand
+
+
+def _mask_or(fns: list[Callable]) -> Callable:
+    """Disjunction of masks, stopping as soon as every entity is true."""
+    if len(fns) == 1:
+        return fns[0]
+
+    def mor(ctx, fns=fns):
+        acc = fns[0](ctx)
+        for f in fns[1:]:
+            if _all(acc):
+                return acc
+            acc = acc | f(ctx)
+        return acc
+
+    return mor
+
+
+def _both_known(a: Any, b: Any) -> Any:
+    return ~(np.isnan(a) | np.isnan(b))
+
+
+# comparison → (mask where exactly true, mask where exactly false); a comparison with NaN
+# is false in numpy for every operator but !=, which is the one that needs the explicit check
+_CMP_MASKS: dict[type, tuple[Callable, Callable]] = {
+    ast.Lt: (np.less, np.greater_equal),
+    ast.LtE: (np.less_equal, np.greater),
+    ast.Gt: (np.greater, np.less_equal),
+    ast.GtE: (np.greater_equal, np.less),
+    ast.Eq: (np.equal, lambda a, b: np.not_equal(a, b) & _both_known(a, b)),
+    ast.NotEq: (lambda a, b: np.not_equal(a, b) & _both_known(a, b), np.equal),
+}
+
+
 class Compiler:
     def __init__(self, env: CompileEnv, text: str) -> None:
         self.env = env
@@ -329,7 +425,11 @@ class Compiler:
             e.offset = max(0, min(map_offset(e.offset, self._spans), len(self.text)))
             raise
         fn = node.fn
-        return Compiled(fn, self.signals, self.max_window, self.evidence_labels, self.uses_peers)
+        if node.pos is not None:
+            fires = node.pos
+        else:  # a plain value fires where it is exactly 1, as the engine always tested
+            fires = lambda ctx, fn=fn: np.asarray(fn(ctx), dtype=float) == 1.0
+        return Compiled(fn, self.signals, self.max_window, self.evidence_labels, self.uses_peers, fires)
 
     def _parse(self, text: str) -> ast.Expression:
         if not isinstance(text, str) or not text.strip():
@@ -401,13 +501,17 @@ class Compiler:
                     acc = op(acc, f(ctx))
                 return acc
 
-            return _Node(T.VEC, boolop)
+            pos = [_pos_of(p) for p in parts]
+            neg = [_neg_of(p) for p in parts]
+            if op is _and:  # true where all are true; false where any is false
+                return _Node(T.VEC, boolop, pos=_mask_and(pos), neg=_mask_or(neg))
+            return _Node(T.VEC, boolop, pos=_mask_or(pos), neg=_mask_and(neg))
         if isinstance(node, ast.UnaryOp):
             inner = self._expr(node.operand, depth)
             if isinstance(node.op, ast.Not):
                 self._need(inner, (T.VEC, T.NUM), node.operand, "not")
                 f = inner.fn
-                return _Node(T.VEC, lambda ctx: _not(f(ctx)))
+                return _Node(T.VEC, lambda ctx: _not(f(ctx)), pos=_neg_of(inner), neg=_pos_of(inner))
             if isinstance(node.op, (ast.USub, ast.UAdd)):
                 self._need(inner, (T.VEC, T.NUM, T.DUR), node.operand, "unary minus")
                 sign = -1.0 if isinstance(node.op, ast.USub) else 1.0
@@ -474,11 +578,18 @@ class Compiler:
     def _compare(self, node: ast.Compare, depth: int) -> _Node:
         left = self._expr(node.left, depth)
         parts: list[Callable] = []
+        poss: list[Callable] = []
+        negs: list[Callable] = []
         prev = left
         prev_node = node.left
         for op, comp in zip(node.ops, node.comparators):
             right = self._expr(comp, depth)
-            parts.append(self._cmp_one(op, prev, right, prev_node, comp))
+            fn, pos, neg = self._cmp_one(op, prev, right, prev_node, comp)
+            parts.append(fn)
+            if pos is None:
+                pos, neg = _pos_of(_Node(T.VEC, fn)), _neg_of(_Node(T.VEC, fn))
+            poss.append(pos)
+            negs.append(neg)
             prev, prev_node = right, comp
 
         def compare(ctx, parts=parts):
@@ -487,9 +598,11 @@ class Compiler:
                 acc = _and(acc, p(ctx))
             return acc
 
-        return _Node(T.VEC, compare)
+        return _Node(T.VEC, compare, pos=_mask_and(poss), neg=_mask_or(negs))
 
-    def _cmp_one(self, op: ast.cmpop, a: _Node, b: _Node, an: ast.AST, bn: ast.AST) -> Callable:
+    def _cmp_one(self, op: ast.cmpop, a: _Node, b: _Node, an: ast.AST,
+                 bn: ast.AST) -> tuple[Callable, Callable | None, Callable | None]:
+        """(exact value, true mask, false mask); masks None where derived from the value."""
         if isinstance(op, (ast.In, ast.NotIn)):
             if b.t is not T.LIST:
                 raise self._fix(_err(Code.WRONG_TYPE, "'in' needs a list on the right (a lists: name or (a, b))", bn))
@@ -510,7 +623,7 @@ class Compiler:
                     x = np.asarray(fa(ctx), dtype=float)
                     r = np.where(np.isnan(x), np.nan, np.isin(x, nitems).astype(float))
                     return np.where(np.isnan(r), np.nan, 1.0 - r) if neg else r
-            return member
+            return member, None, None
         cmp = _CMP.get(type(op))
         if cmp is None:
             raise self._fix(_err(Code.FORBIDDEN_SYNTAX, f"comparison {type(op).__name__} not allowed", an))
@@ -518,11 +631,14 @@ class Compiler:
             if not (a.t in (T.STRVEC, T.STR) and b.t in (T.STRVEC, T.STR)) or type(op) not in (ast.Eq, ast.NotEq):
                 raise self._fix(_err(Code.WRONG_TYPE, "names compare only with == or != against strings", an))
             fa, fb = a.fn, b.fn
-            return lambda ctx: cmp(np.asarray(fa(ctx), dtype=object), fb(ctx)).astype(float)
+            return lambda ctx: cmp(np.asarray(fa(ctx), dtype=object), fb(ctx)).astype(float), None, None
         self._need(a, (T.VEC, T.NUM, T.DUR), an, "comparison")
         self._need(b, (T.VEC, T.NUM, T.DUR), bn, "comparison")
         fa, fb = a.fn, b.fn
-        return lambda ctx: _num_cmp(cmp, fa(ctx), fb(ctx))
+        mpos, mneg = _CMP_MASKS[type(op)]
+        return (lambda ctx: _num_cmp(cmp, fa(ctx), fb(ctx)),
+                lambda ctx: mpos(fa(ctx), fb(ctx)),
+                lambda ctx: mneg(fa(ctx), fb(ctx)))
 
     # -- names -------------------------------------------------------------------------------
     def _name(self, node: ast.Name, depth: int) -> _Node:
