@@ -118,16 +118,17 @@ def gather(buf: np.ndarray, starts: np.ndarray, width: int) -> np.ndarray:
     stays n long instead of n*width). Rows running past the buffer end read zeros.
     """
     n = len(starts)
-    out = np.zeros((n, width), np.uint8)
     if n == 0 or len(buf) == 0:
-        return out
+        return np.zeros((n, width), np.uint8)
     starts = np.asarray(starts, np.int64)
     limit = len(buf) - width
-    inside = (starts >= 0) & (starts <= limit)
     if limit >= 0:
         rows = np.ndarray(shape=(limit + 1,), dtype=np.dtype((np.void, width)), buffer=buf, strides=(1,))
-        if inside.all():
+        if int(starts.min()) >= 0 and int(starts.max()) <= limit:  # the usual case: all inside
             return rows[starts].view(np.uint8).reshape(n, width)
+    inside = (starts >= 0) & (starts <= limit)
+    out = np.zeros((n, width), np.uint8)
+    if limit >= 0:
         idx = np.flatnonzero(inside)
         out[idx] = rows[starts[idx]].view(np.uint8).reshape(len(idx), width)
     rest = np.flatnonzero(~inside)
