@@ -88,6 +88,8 @@ class _Frame:
     names: np.ndarray
     nodes: np.ndarray
     group_labels: list[dict[str, str]]
+    align: dict = field(default_factory=dict)  # see EvalContext.align; lives as long as the frame
+    keys: dict = field(default_factory=dict)  # rule id → per entity (node, entity, labels, fingerprint)
 
 
 class Engine:
@@ -172,14 +174,14 @@ class Engine:
                 ctx = None
             else:
                 ctx = EvalContext(self.store, now, frame.eids, frame.node_eids, frame.groups, frame.names,
-                                  frame.nodes, self.lookback, memo)
+                                  frame.nodes, self.lookback, memo, [], frame.align)
                 try:
                     fires = rule.compiled.fires(ctx)
                 except _EVAL_ERRORS as e:  # defensive: never kill the loop
                     self.last_eval_errors[rule.id] = f"{type(e).__name__}: {e}"
                     continue
                 if isinstance(fires, np.ndarray) and fires.ndim:
-                    true_idx = np.flatnonzero(fires)
+                    true_idx = fires.nonzero()[0]
                 else:  # one verdict for every entity (a condition on node-wide constants)
                     true_idx = np.arange(len(frame.eids)) if fires else np.empty(0, dtype=np.int64)
             try:
@@ -235,15 +237,14 @@ class Engine:
         seen: set[str] = set()
         hits = []
         need_evidence = False
+        keys = frame.keys.get(rule.id) if len(true_idx) else None
+        if keys is None and len(true_idx):
+            keys = frame.keys[rule.id] = [None] * len(frame.eids)
         for i in true_idx.tolist():
-            node, entity = str(frame.nodes[i]), str(frame.names[i])
-            labels = {**rule.labels, **frame.group_labels[i]}
-            fkey = (rule.id, int(frame.eids[i]), tuple(sorted(labels.items())))
-            fp = self._fp_cache.get(fkey)
-            if fp is None or fp[0] != (node, entity):
-                fp = ((node, entity), fingerprint(rule.id, node, entity, labels))
-                self._fp_cache[fkey] = fp
-            fp = fp[1]
+            key = keys[i]
+            if key is None:
+                key = keys[i] = self._alert_key(rule, frame, i)
+            node, entity, labels, fp = key
             st = states.get(fp)
             hits.append((i, node, entity, labels, fp, st))
             if st is None or (st.state is State.PENDING and now - st.active_at >= rule.for_s):
@@ -261,7 +262,7 @@ class Engine:
         for i, node, entity, labels, fp, st in hits:
             seen.add(fp)
             if st is None:
-                st = AlertState(rule.id, node, entity, State.PENDING, now, now, None, _evidence(ctx, i), labels)
+                st = AlertState(rule.id, node, entity, State.PENDING, now, now, None, _evidence(ctx, i), dict(labels))
                 states[fp] = st
                 if rule.for_s <= 0:
                     st.state, st.fired_at = State.FIRING, now
@@ -286,6 +287,16 @@ class Engine:
                 out.append(self._finding(rule, st, now, resolved_at=now))
                 del states[fp]
         return out
+
+    def _alert_key(self, rule: Rule, frame: _Frame, i: int) -> tuple[str, str, dict[str, str], str]:
+        node, entity = str(frame.nodes[i]), str(frame.names[i])
+        labels = {**rule.labels, **frame.group_labels[i]}
+        fkey = (rule.id, int(frame.eids[i]), tuple(sorted(labels.items())))
+        fp = self._fp_cache.get(fkey)
+        if fp is None or fp[0] != (node, entity):
+            fp = ((node, entity), fingerprint(rule.id, node, entity, labels))
+            self._fp_cache[fkey] = fp
+        return node, entity, labels, fp[1]
 
     def _finding(self, rule: Rule, st: AlertState, now: float, resolved_at: float | None = None) -> Finding:
         summary = _render(rule.summary or rule.desc, st, rule.params)

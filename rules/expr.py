@@ -158,8 +158,11 @@ class EvalContext:
     names: np.ndarray  # entity names (object array)
     nodes: np.ndarray  # node names (object array)
     lookback: float
-    memo: dict
+    memo: dict  # per-tick results shared by every rule of one evaluation (see _window_vec)
     evidence: list = field(default_factory=list)
+    # signal → where each evaluated entity's value sits among the signal's block rows; the
+    # engine keeps one per entity frame, valid as long as the frame (store shape unchanged)
+    align: dict | None = None
 
 
 @dataclass
@@ -317,11 +320,11 @@ def _num_cmp(op: Callable, a: Any, b: Any) -> Any:
 
 
 def _any(m: Any) -> bool:
-    return bool(m.any()) if isinstance(m, np.ndarray) else bool(m)
+    return np.count_nonzero(m) > 0  # (ndarray.any is a Python wrapper, several times slower)
 
 
 def _all(m: Any) -> bool:
-    return bool(m.all()) if isinstance(m, np.ndarray) else bool(m)
+    return np.count_nonzero(m) == np.size(m)
 
 
 def _pos_of(n: _Node) -> Callable[[EvalContext], Any]:
@@ -968,22 +971,60 @@ def _fmt_dur(d: float) -> str:
 def _window_vec(ctx: EvalContext, sig: str, dur: float, key: tuple, kernel: Callable) -> np.ndarray:
     """Evaluate a window kernel over every block of ``sig`` and align to the rule's entities.
 
-    Results are memoised per tick in a dense array indexed by entity id, so rules sharing a
-    window (common: many rules read the same rate) compute it once."""
-    dense = ctx.memo.get(key)
-    if dense is None:
-        store = ctx.store
-        dense = np.full(len(store.registry), np.nan)
+    Per tick (``ctx.memo`` lives for one evaluation) each kernel result is computed once for
+    all rules that use it (common: many rules read the same rate), and each signal's window
+    slices are found once for all kernels over them. Results are kept in block row order and
+    gathered for the rule's entities with an alignment that depends only on the store's shape."""
+    memo = ctx.memo
+    vals = memo.get(key)
+    if vals is None:
+        parts = _slices(ctx, sig, dur)
+        if len(parts) == 1:
+            vals = kernel(*parts[0])
+        else:
+            vals = np.concatenate([np.asarray(kernel(t, W), dtype=float) for t, W in parts]) if parts \
+                else np.empty(0)
+        memo[key] = vals
+    node_scope = ctx.store.catalogue[sig].scope == Scope.NODE
+    align = ctx.align
+    ak = (sig, node_scope)
+    al = align.get(ak) if align is not None else None
+    if al is None:
+        al = _alignment(ctx, sig, node_scope)
+        if align is not None:
+            align[ak] = al
+    rows, ok = al
+    if ok is None:
+        return vals[rows]
+    out = np.full(len(rows), np.nan)
+    out[ok] = vals[rows[ok]]
+    return out
+
+
+def _slices(ctx: EvalContext, sig: str, dur: float) -> list:
+    """(times, values) of ``sig``'s window ending now, per block; found once per tick."""
+    key = ("slices", sig, dur)
+    parts = ctx.memo.get(key)
+    if parts is None:
         start = ctx.now - dur
-        for blk in store.signal_blocks(sig):
-            t, W = blk.window(start, ctx.now)
-            vals = kernel(t, W)
-            dense[blk.eids[: blk.nrows]] = vals
-        ctx.memo[key] = dense
-    spec = ctx.store.catalogue[sig]
-    if spec.scope == Scope.NODE:
-        return dense[ctx.node_eids]
-    return dense[ctx.eids]
+        parts = [blk.window(start, ctx.now) for blk in ctx.store.signal_blocks(sig)]
+        ctx.memo[key] = parts
+    return parts
+
+
+def _alignment(ctx: EvalContext, sig: str, node_scope: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """For each evaluated entity (its node for a node-scope signal), its row among ``sig``'s
+    blocks taken in order, and which entities have a row at all (None: every one)."""
+    want = ctx.node_eids if node_scope else ctx.eids
+    blocks = list(ctx.store.signal_blocks(sig))
+    have = np.concatenate([b.eids[: b.nrows] for b in blocks]) if blocks else np.empty(0, dtype=np.int64)
+    if not len(have):
+        return np.zeros(len(want), dtype=np.int64), np.zeros(len(want), dtype=bool)
+    order = np.argsort(have, kind="stable")
+    pos = np.minimum(np.searchsorted(have[order], want), len(have) - 1)
+    rows = order[pos]
+    ok = have[rows] == want
+    return rows, (None if ok.all() else ok)
 
 
 def compile_expr(text: str, env: CompileEnv) -> Compiled:

@@ -66,10 +66,32 @@ def old_rate(t, W, wrap_bits=None):
     return np.where((cnt >= 2) & (span > 0), inc / span, np.nan)
 
 
+def old_quantile(t, W, q):
+    rows, k = W.shape
+    if k == 0:
+        return np.full(rows, np.nan)
+    S = np.sort(W, axis=1)
+    n = (~np.isnan(W)).sum(axis=1)
+    pos = (n - 1) * q
+    lo = np.floor(pos).astype(np.int64)
+    hi = np.minimum(lo + 1, np.maximum(n - 1, 0))
+    lo = np.clip(lo, 0, k - 1)
+    r = np.arange(rows)
+    a, b = S[r, lo], S[r, hi]
+    frac = pos - np.floor(pos)
+    out = a + (b - a) * frac
+    return np.where(n > 0, np.where(frac == 0, a, out), np.nan)
+
+
+def _q(fn, q):
+    return lambda t, W: fn(t, W, q)
+
+
 PAIRS = [(F.avg, old_avg), (F.wmin, old_wmin), (F.wmax, old_wmax), (F.stddev, old_stddev), (F.wsum, old_wsum),
          (F.last, old_last), (F.delta, old_delta), (F.increase, old_increase), (F.rate, old_rate),
          (lambda t, W: F.increase(t, W, 32), lambda t, W: old_increase(t, W, 32)),
-         (lambda t, W: F.rate(t, W, 32), lambda t, W: old_rate(t, W, 32))]
+         (lambda t, W: F.rate(t, W, 32), lambda t, W: old_rate(t, W, 32))] + \
+    [(_q(F.quantile, q), _q(old_quantile, q)) for q in (0.0, 0.5, 0.9, 0.95, 0.99, 1.0, 0.3)]
 
 special = st.sampled_from([0.0, -0.0, 1.0, -1.0, 2.0 ** 32 - 5, 3.0, math.inf, -math.inf, 1e300, math.nan])
 fcell = st.one_of(st.floats(-1e6, 1e6, allow_nan=False), special)
