@@ -437,13 +437,20 @@ class FileView:
 
 
 def _str_column(arr: pa.Array) -> np.ndarray:
+    return _str_codes(arr)[0]
+
+
+def _str_codes(arr: pa.Array) -> tuple[np.ndarray, np.ndarray | None, int]:
+    """(strings, dictionary index per row or None, dictionary size + 1). Equal indices within
+    one column are equal strings, and the decoded strings are then the same objects."""
     if pa.types.is_dictionary(arr.type):
+        n = len(arr.dictionary)
         d = np.array(arr.dictionary.to_pylist() + [""], dtype=object)
-        idx = arr.indices.fill_null(len(arr.dictionary)).to_numpy(zero_copy_only=False)
-        return d[idx]
+        idx = arr.indices.fill_null(n).to_numpy(zero_copy_only=False)
+        return d[idx], idx, n + 1
     out = np.empty(len(arr), dtype=object)
     out[:] = [("" if v is None else v) for v in arr.to_pylist()]
-    return out
+    return out, None, 0
 
 
 def _num_column(arr: pa.Array) -> np.ndarray:
@@ -659,18 +666,30 @@ class Segment:
             return None
         return max([c.extra["batches"][1] for c in v.good if "batches" in c.extra] or [0])
 
-    def iter_batches(self, signals: set[str] | None = None) -> Iterator[tuple[int, SampleBatch]]:
-        """(batch number, SampleBatch) in arrival order over the intact prefix. ``signals``
-        keeps only those signals (for reports); batch numbering is unaffected."""
+    def iter_sample_chunks(self) -> Iterator[tuple[np.ndarray, SampleBatch, np.ndarray | None]]:
+        """Per stored chunk over the intact prefix, in arrival order: (batch number per sample,
+        the chunk's samples, a code per sample of its (node, entity, signal) or None). Two runs
+        of samples of one chunk with equal codes have equal node, entity and signal columns:
+        replay uses that to recognise a collector's batch layout without comparing strings."""
         for rb in self._record_batches(SAMPLES):
             names = rb.schema.names
             t = _num_column(rb.column(names.index("t")))
-            node = _str_column(rb.column(names.index("node")))
-            ent = _str_column(rb.column(names.index("entity")))
-            sig = _str_column(rb.column(names.index("signal")))
+            node, nc, nn = _str_codes(rb.column(names.index("node")))
+            ent, ec, en = _str_codes(rb.column(names.index("entity")))
+            sig, sc, sn = _str_codes(rb.column(names.index("signal")))
             val = _num_column(rb.column(names.index("value")))
             seq = (rb.column(names.index("batch")).to_numpy(zero_copy_only=False).astype(np.int64)
                    if "batch" in names else np.zeros(len(t), dtype=np.int64))
+            codes = None
+            if nc is not None and ec is not None and sc is not None and nn * en * sn < 1 << 62:
+                codes = (nc.astype(np.int64) * en + ec) * sn + sc
+            yield seq, SampleBatch(t, node, ent, sig, val), codes
+
+    def iter_batches(self, signals: set[str] | None = None) -> Iterator[tuple[int, SampleBatch]]:
+        """(batch number, SampleBatch) in arrival order over the intact prefix. ``signals``
+        keeps only those signals (for reports); batch numbering is unaffected."""
+        for seq, chunk, _ in self.iter_sample_chunks():
+            t, node, ent, sig, val = chunk.t, chunk.node, chunk.entity, chunk.signal, chunk.value
             if signals is not None:
                 keep = np.isin(sig.astype(str), list(signals))
                 t, node, ent, sig, val, seq = t[keep], node[keep], ent[keep], sig[keep], val[keep], seq[keep]

@@ -46,11 +46,12 @@ class Pipeline:
         for s in self.sinks:
             s.on_batch(batch)
 
-    def ingest_many(self, batches: list[SampleBatch]) -> None:
+    def ingest_many(self, batches: list[SampleBatch], shared_columns: bool = False) -> None:
         """Every batch due before an evaluation at once (replay): the store writes a collector's
         collections together; the store ends up as with one :meth:`ingest` per batch. Sinks see
-        each batch in order after the store has taken them all."""
-        self.store.ingest_many(batches)
+        each batch in order after the store has taken them all. ``shared_columns``: see
+        :meth:`WindowStore.ingest_many`."""
+        self.store.ingest_many(batches, shared_columns)
         for batch in batches:
             if len(batch):
                 for s in self.sinks:

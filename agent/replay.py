@@ -169,26 +169,60 @@ class ReplayResult:
 
 
 class _SegmentFeed:
-    """Pulls one segment's batches in order up to a batch number and routes them per node."""
+    """Pulls one segment's batches in order up to a batch number and routes them per node.
+
+    It reads whole stored chunks: a chunk's node column is checked once, not per batch, and the
+    batches of a chunk with the same (node, entity, signal) codes share one set of those column
+    arrays, so the store recognises a collector's layout by identity instead of comparing
+    strings (see ``WindowStore.ingest_many``'s ``shared_columns``)."""
 
     def __init__(self, seg: B.Segment, nodes: set[str] | None) -> None:
         self.seg = seg
-        self.it = seg.iter_batches()
-        self.next: tuple[int, SampleBatch] | None = None
+        self.chunks = seg.iter_sample_chunks()
         self.nodes = nodes
         self.done = 0
+        self._chunk: tuple | None = None
+        self._pos = 0
+
+    def _load(self) -> bool:
+        for seq, c, codes in self.chunks:
+            if not len(seq):
+                continue
+            cuts = np.flatnonzero(seq[1:] != seq[:-1]) + 1
+            node = c.node
+            one = str(node[0]) if bool((node == node[0]).all()) else None
+            self._chunk = (seq, c, codes, [0] + cuts.tolist(), cuts.tolist() + [len(seq)], one, {})
+            self._pos = 0
+            return True
+        self._chunk = None
+        return False
 
     def until(self, n: int) -> Iterator[tuple[str, SampleBatch]]:
         while True:
-            if self.next is None:
-                self.next = next(self.it, None)
-                if self.next is None:
+            if self._chunk is None or self._pos == len(self._chunk[3]):
+                if not self._load():
                     return
-            seq, batch = self.next
-            if seq >= n:
+            seq, c, codes, starts, ends, one, shapes = self._chunk
+            a, b = starts[self._pos], ends[self._pos]
+            num = int(seq[a])
+            if num >= n:
                 return
-            self.next = None
-            self.done = seq + 1
+            self._pos += 1
+            self.done = num + 1
+            cols = None
+            if codes is not None:
+                key = codes[a:b].tobytes()
+                cols = shapes.get(key)
+                if cols is None:
+                    # copies: the store may keep them, and must not keep the whole chunk alive
+                    cols = shapes[key] = (c.node[a:b].copy(), c.entity[a:b].copy(), c.signal[a:b].copy())
+            else:
+                cols = (c.node[a:b], c.entity[a:b], c.signal[a:b])
+            batch = SampleBatch(c.t[a:b], cols[0], cols[1], cols[2], c.value[a:b])
+            if one is not None:
+                if self.nodes is None or one in self.nodes:
+                    yield one, batch
+                continue
             nodes = batch.node
             first = nodes[0]
             if (nodes == first).all():
@@ -340,7 +374,7 @@ class Replayer:
                     got = due[node] = []
                 got.append(batch)
             for node, batches in due.items():  # one ingest per node and tick: see WindowStore.ingest_many
-                self._pipeline(node, rs, seg).ingest_many(batches)
+                self._pipeline(node, rs, seg).ingest_many(batches, shared_columns=True)
             evaluate = self.t_from is None or t >= self.t_from
             found: list[Finding] = []
             made: list[wire.Summary] = []

@@ -172,12 +172,13 @@ class WindowStore:
         self.latest_t = -np.inf
         self.version = 0  # bumps when rows or blocks change shape
         self._layouts: dict[tuple, _Layout] = {}  # batch shape → rows (see ingest_many)
+        self._shared: dict[int, tuple] = {}  # id(signal array) → (arrays, layout): shared_columns
 
     # -- ingest ----------------------------------------------------------------------------
     def ingest(self, batch: SampleBatch) -> None:
         self.ingest_many((batch,))
 
-    def ingest_many(self, batches: Iterable[SampleBatch]) -> None:
+    def ingest_many(self, batches: Iterable[SampleBatch], shared_columns: bool = False) -> None:
         """Ingest ``batches`` in order, exactly as one :meth:`ingest` per batch would.
 
         A collector sends the same signals for the same entities in the same order at every
@@ -190,6 +191,10 @@ class WindowStore:
         timestamps, a new entity, an unknown layout - flushes what is pending and takes the
         general path, one batch at a time, so entity ids and rows are assigned in the same order
         as always.
+
+        ``shared_columns``: the caller promises that batches whose ``signal``, ``entity`` and
+        ``node`` arrays are the very same objects hold the same strings (it builds them so and
+        never modifies them), so a layout seen with those arrays is recognised by identity.
         """
         pending: dict[int, tuple[_Layout, list[float], list[np.ndarray]]] = {}
         busy: set[int] = set()  # ids of blocks with pending writes
@@ -197,7 +202,7 @@ class WindowStore:
             n = len(batch)
             if not n:
                 continue
-            lay = self._known_layout(batch)
+            lay = self._known_layout(batch, shared_columns)
             if lay is None:
                 if pending:
                     self._flush(pending)
@@ -219,9 +224,15 @@ class WindowStore:
         if pending:
             self._flush(pending)
 
-    def _known_layout(self, batch: SampleBatch) -> "_Layout | None":
+    def _known_layout(self, batch: SampleBatch, shared: bool = False) -> "_Layout | None":
         """The cached layout of a one-node, one-timestamp batch, if it is still valid."""
         sig, ent, node = batch.signal, batch.entity, batch.node
+        t = batch.t
+        if shared:
+            hit = self._shared.get(id(sig))
+            if (hit is not None and hit[0] is sig and hit[1] is ent and hit[2] is node
+                    and hit[3].ncat == len(self.catalogue)):
+                return hit[3] if (t == t[0]).all() else None
         n = len(sig)
         key = (n, node[0], sig[0], ent[0], sig[n - 1], ent[n - 1])
         lay = self._layouts.get(key)
@@ -231,9 +242,12 @@ class WindowStore:
         # collector (or one decoded bundle chunk) are the same objects batch after batch
         if sig.tolist() != lay.sig or ent.tolist() != lay.ent or node.tolist() != lay.node:
             return None
-        t = batch.t
         if not (t == t[0]).all():
             return None
+        if shared:
+            if len(self._shared) >= 256:
+                self._shared.clear()
+            self._shared[id(sig)] = (sig, ent, node, lay)  # holds the arrays: ids stay unique
         return lay
 
     def _flush(self, pending: dict) -> None:
@@ -445,6 +459,7 @@ class WindowStore:
         if removed:
             self.version += 1
             self._layouts.clear()  # they point at the blocks just replaced
+            self._shared.clear()
         return removed
 
     # -- queries ---------------------------------------------------------------------------

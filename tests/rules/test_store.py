@@ -16,7 +16,7 @@ from skewd.rules.store import WindowStore
 class GeneralPathStore(WindowStore):
     """The reference: every batch through the general per-signal path, never a cached layout."""
 
-    def _known_layout(self, batch):
+    def _known_layout(self, batch, shared=False):
         return None
 
 
@@ -96,12 +96,26 @@ def stream(seed: int, steps: int = 300) -> list:
     return out
 
 
-def play(store: WindowStore, events: list, group: random.Random | None) -> WindowStore:
+def sharing(events: list) -> list:
+    """The same stream with equal signal/entity/node columns as one set of arrays, as replay
+    builds them for ``shared_columns``."""
+    seen: dict = {}
+    out = []
+    for kind, x in events:
+        if kind == "batch":
+            key = (tuple(x.signal), tuple(x.entity), tuple(x.node))
+            sig, ent, node = seen.setdefault(key, (x.signal, x.entity, x.node))
+            x = SampleBatch(x.t, node, ent, sig, x.value)
+        out.append((kind, x))
+    return out
+
+
+def play(store: WindowStore, events: list, group: random.Random | None, shared: bool = False) -> WindowStore:
     """Batches one by one (``group`` None) or in runs of random length through ingest_many."""
     pending: list = []
     for kind, x in events:
         if kind == "gc":
-            store.ingest_many(pending)
+            store.ingest_many(pending, shared)
             pending = []
             store.gc(x)
         elif group is None:
@@ -109,9 +123,9 @@ def play(store: WindowStore, events: list, group: random.Random | None) -> Windo
         else:
             pending.append(x)
             if group.random() < 0.15:
-                store.ingest_many(pending)
+                store.ingest_many(pending, shared)
                 pending = []
-    store.ingest_many(pending)
+    store.ingest_many(pending, shared)
     return store
 
 
@@ -122,6 +136,8 @@ def test_fast_ingest_leaves_the_store_of_the_general_path(cat, seed, horizon, ca
     want = snapshot(play(GeneralPathStore(cat, horizon=horizon, initial_cap=cap), events, None))
     assert snapshot(play(WindowStore(cat, horizon=horizon, initial_cap=cap), events, None)) == want
     assert snapshot(play(WindowStore(cat, horizon=horizon, initial_cap=cap), events, random.Random(seed))) == want
+    shared = sharing(events)
+    assert snapshot(play(WindowStore(cat, horizon=horizon, initial_cap=cap), shared, random.Random(seed), True)) == want
 
 
 def collections(start: float, n: int, values, entities=("gpu0", "gpu1"), node="n1",
