@@ -446,7 +446,10 @@ def _str_codes(arr: pa.Array) -> tuple[np.ndarray, np.ndarray | None, int]:
     if pa.types.is_dictionary(arr.type):
         n = len(arr.dictionary)
         d = np.array(arr.dictionary.to_pylist() + [""], dtype=object)
-        idx = arr.indices.fill_null(n).to_numpy(zero_copy_only=False)
+        idx = arr.indices
+        if idx.null_count:
+            idx = idx.fill_null(n)
+        idx = idx.to_numpy(zero_copy_only=False)
         return d[idx], idx, n + 1
     out = np.empty(len(arr), dtype=object)
     out[:] = [("" if v is None else v) for v in arr.to_pylist()]
@@ -454,7 +457,9 @@ def _str_codes(arr: pa.Array) -> tuple[np.ndarray, np.ndarray | None, int]:
 
 
 def _num_column(arr: pa.Array) -> np.ndarray:
-    return arr.fill_null(np.nan).to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+    if arr.null_count:  # fill_null costs a pass and a copy even when there is nothing to fill
+        arr = arr.fill_null(np.nan)
+    return arr.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
 
 
 class Segment:
