@@ -506,11 +506,16 @@ class FlowTracker:
         rrtx_g = np.zeros(F, np.int64)
         roce_any = np.zeros(F, bool)
         if (pk.bth_opcode >= 0).any():
-            rsel = np.flatnonzero(pk.bth_opcode[rows] >= 0)
-            roce_any |= np.bincount(gi[rsel], minlength=F) > 0
-            rsel = rsel[~np.isin(pk.bth_opcode[rows[rsel]], _ROCE_NO_PSN)]
+            ops = pk.bth_opcode[rows]
+            rsel = np.flatnonzero(ops >= 0)
+            rg = gi[rsel]
+            roce_any |= np.bincount(rg, minlength=F) > 0
+            keep = ~np.isin(ops[rsel], _ROCE_NO_PSN)
+            del ops
+            if not keep.all():
+                rsel, rg = rsel[keep], rg[keep]
             if len(rsel):
-                rrtx_g += self._roce(pk, rows, rsel, gi, slot_g, F)
+                rrtx_g += self._roce(pk, rows[rsel], rg, slot_g, F)
         # ---- direction, ECN
         egress = np.full(F, np.nan)
         if pk.direction.any():
@@ -600,22 +605,21 @@ class FlowTracker:
         self._expire(t1_ns)
         return feats
 
-    def _roce(self, pk: Packets, rows: np.ndarray, rsel: np.ndarray, gi: np.ndarray, slot_g: np.ndarray,
-              F: int) -> np.ndarray:
-        """RoCE retransmissions per flow: PSN not above the highest seen for the same dest QP."""
-        rg = gi[rsel]
-        qp = pk.bth_qp[rows[rsel]].astype(np.int64)
+    def _roce(self, pk: Packets, rr: np.ndarray, rg: np.ndarray, slot_g: np.ndarray, F: int) -> np.ndarray:
+        """RoCE retransmissions per flow: PSN not above the highest seen for the same dest QP.
+        ``rr``: the request packets (indices into ``pk``, grouped by flow), ``rg``: their flow."""
+        qp = pk.bth_qp[rr].astype(np.int64)
         comp = rg * (1 << 24) + qp
         if (comp[1:] < comp[:-1]).any():  # several QPs interleaved in a flow: group by QP too
             o2 = np.argsort(comp, kind="stable")
-            rsel, comp, rg, qp = rsel[o2], comp[o2], rg[o2], qp[o2]
+            rr, comp, rg, qp = rr[o2], comp[o2], rg[o2], qp[o2]
         rfirst = np.r_[True, comp[1:] != comp[:-1]]
         rgs = np.flatnonzero(rfirst)
         rslot = slot_g[rg]
         init = np.array([self.psn.get((int(s), int(q)), (-1, -1, int(_NONE)))
                          for s, q in zip(rslot[rgs].tolist(), qp[rgs].tolist())], np.int64).reshape(-1, 3)
-        psn = pk.bth_psn[rows[rsel]].astype(np.int64)
-        rl = np.r_[rgs[1:], len(rsel)] - 1
+        psn = pk.bth_psn[rr].astype(np.int64)
+        rl = np.r_[rgs[1:], len(rr)] - 1
         expect = np.empty(len(psn), np.int64)
         expect[1:] = (psn[:-1] + 1) & 0xFFFFFF
         expect[rgs] = np.where(init[:, 0] >= 0, (init[:, 0] + 1) & 0xFFFFFF, psn[rgs])
@@ -651,7 +655,6 @@ class FlowTracker:
         tslot = slot_g[tg]
         tfirst = np.r_[True, tg[1:] != tg[:-1]]
         tgs = np.flatnonzero(tfirst)
-        tgi = np.cumsum(tfirst) - 1
         pr = rows[tsel]
         ts = ts_rows[tsel]
         seq = pk.tcp_seq[pr]
@@ -659,9 +662,10 @@ class FlowTracker:
         pay = pk.payload[pr]
         seglen = pay + ((fl & TCP_SYN) > 0) + ((fl & TCP_FIN) > 0)
         tcp_any[tg[tgs]] = True
-        closed_g[tg[tgs]] = np.add.reduceat(((fl & (TCP_FIN | TCP_RST)) > 0).astype(np.int64), tgs) > 0
+        closed_g[tg[tgs]] = (np.bitwise_or.reduceat(fl, tgs) & (TCP_FIN | TCP_RST)) != 0
         if self._tcp_in_order(seq, seglen, ts, tfirst, tgs, tslot):
             return rtx_g, tcp_any, closed_g
+        tgi = np.cumsum(tfirst) - 1
         u = _unwrap(seq, tfirst, st["seq_raw"][tslot[tgs]], st["seq_u"][tslot[tgs]], 32)
         endv = np.where(seglen > 0, u + seglen, _NONE)
         excl, incl_last = _excl_cummax(endv, tfirst, st["seq_max"][tslot[tgs]])
