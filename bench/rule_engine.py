@@ -80,13 +80,16 @@ def run(n_ticks: int) -> dict:
     batches = [make_batch(cat, t0 + warm + k, state, rng).build() for k in range(n_ticks)]
     eng.evaluate(t0 + warm - 1)  # builds the entity frames once
     times = []
+    cpu = []
     ingest = []
     for k, b in enumerate(batches):
         t = t0 + warm + k
         a = time.perf_counter()
         store.ingest(b)
         m = time.perf_counter()
+        c = time.thread_time()
         eng.evaluate(t)
+        cpu.append(time.thread_time() - c)
         times.append(time.perf_counter() - m)
         ingest.append(m - a)
     evaluated = [r for r in res.ruleset.rules if eng.evaluates(r)]
@@ -115,6 +118,7 @@ def run(n_ticks: int) -> dict:
     ours_same = time.perf_counter() - a
     return {"entities": n_ent, "rules": len(evaluated), "ticks": n_ticks,
             "eval_ms_p50": statistics.median(times) * 1e3, "eval_ms_p99": float(np.percentile(times, 99)) * 1e3,
+            "eval_cpu_ms_p50": statistics.median(cpu) * 1e3, "eval_cpu_ms_p99": float(np.percentile(cpu, 99)) * 1e3,
             "ingest_ms_p50": statistics.median(ingest) * 1e3,
             "peer_python_ms": peer * 1e3, "ours_same_work_ms": ours_same * 1e3,
             "samples_per_tick": len(batches[0])}
@@ -129,6 +133,8 @@ def main() -> int:
     r = run(args.ticks)
     print(f"rule engine: {r['rules']} node rules x {r['entities']} entities, 60 s windows, {r['samples_per_tick']} samples/tick")
     print(f"  evaluate per tick: p50 {r['eval_ms_p50']:.2f} ms, p99 {r['eval_ms_p99']:.2f} ms   (goal <= 2 ms)")
+    # on a shared machine the wall time includes waiting for a core; the thread's CPU time does not
+    print(f"  evaluate CPU time: p50 {r['eval_cpu_ms_p50']:.2f} ms, p99 {r['eval_cpu_ms_p99']:.2f} ms")
     print(f"  ingest per tick:   p50 {r['ingest_ms_p50']:.2f} ms")
     print(f"  peer (per-entity Python, avg/rate of every flow signal): {r['peer_python_ms']:.1f} ms; "
           f"same work vectorised: {r['ours_same_work_ms']:.2f} ms; ratio {r['peer_python_ms'] / r['ours_same_work_ms']:.0f}x")

@@ -106,6 +106,7 @@ class Engine:
         self.available: set[str] | None = None
         self.inactive: dict[str, str] = {}
         self._frames: dict[tuple, tuple[int, int, _Frame]] = {}
+        self._frame_keys: dict[str, tuple[Rule, tuple]] = {}  # rule id → (rule, its frame key)
         self._fp_cache: dict[tuple, tuple[tuple[str, str], str]] = {}
         self.evaluations = 0
         self.last_eval_errors: dict[str, str] = {}
@@ -193,7 +194,10 @@ class Engine:
 
     def _frame(self, rule: Rule) -> _Frame | None:
         sigs = rule.compiled.signals
-        key = (rule.scope, frozenset(sigs))
+        key = self._frame_keys.get(rule.id)
+        if key is None or key[0] is not rule:
+            key = self._frame_keys[rule.id] = (rule, (rule.scope, frozenset(sigs)))
+        key = key[1]
         reg = self.store.registry
         cached = self._frames.get(key)
         if cached and cached[0] == self.store.version and cached[1] == reg.version:

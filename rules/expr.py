@@ -805,7 +805,12 @@ class Compiler:
             if len(subs) != 2 or subs[1].t is not T.NUM:
                 raise self._fix(_err(Code.WRONG_TYPE, "default(v, number) takes a value and a number", node))
             f, d = fns[0], subs[1].const
-            return _Node(T.VEC, lambda ctx: np.where(np.isnan(np.asarray(f(ctx), dtype=float)), d, f(ctx)))
+
+            def default(ctx, f=f, d=d):
+                x = np.asarray(f(ctx), dtype=float)
+                return np.where(np.isnan(x), d, x)
+
+            return _Node(T.VEC, default)
         # bitand
         if len(subs) != 2 or subs[1].t is not T.NUM:
             raise self._fix(_err(Code.WRONG_TYPE, "bitand(v, mask) takes a value and an integer mask", node))

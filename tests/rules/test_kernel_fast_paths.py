@@ -83,12 +83,22 @@ def old_quantile(t, W, q):
     return np.where(n > 0, np.where(frac == 0, a, out), np.nan)
 
 
+def old_changes(t, W):
+    if W.shape[1] == 0:
+        return np.full(W.shape[0], np.nan)
+    valid = ~np.isnan(W)
+    Fw = F._ffill(W, valid)
+    d = (W[:, 1:] != Fw[:, :-1]) & valid[:, 1:] & ~np.isnan(Fw[:, :-1])
+    cnt = valid.sum(axis=1)
+    return np.where(cnt > 0, d.sum(axis=1).astype(float), np.nan)
+
+
 def _q(fn, q):
     return lambda t, W: fn(t, W, q)
 
 
 PAIRS = [(F.avg, old_avg), (F.wmin, old_wmin), (F.wmax, old_wmax), (F.stddev, old_stddev), (F.wsum, old_wsum),
-         (F.last, old_last), (F.delta, old_delta), (F.increase, old_increase), (F.rate, old_rate),
+         (F.last, old_last), (F.changes, old_changes), (F.delta, old_delta), (F.increase, old_increase), (F.rate, old_rate),
          (lambda t, W: F.increase(t, W, 32), lambda t, W: old_increase(t, W, 32)),
          (lambda t, W: F.rate(t, W, 32), lambda t, W: old_rate(t, W, 32))] + \
     [(_q(F.quantile, q), _q(old_quantile, q)) for q in (0.0, 0.5, 0.9, 0.95, 0.99, 1.0, 0.3)]
