@@ -22,6 +22,7 @@ from skewd.model import Catalogue, SampleBatch, Scope, SignalSpec
 
 _NAN = np.nan
 _NO_ROWS = np.empty(0, dtype=np.int64)
+_LAYOUT_BUDGET = 1 << 16  # samples + signals over all cached batch layouts (a few MB at most)
 
 
 class EntityRegistry:
@@ -172,6 +173,7 @@ class WindowStore:
         self.latest_t = -np.inf
         self.version = 0  # bumps when rows or blocks change shape
         self._layouts: dict[tuple, _Layout] = {}  # batch shape → rows (see ingest_many)
+        self._layout_size = 0  # samples and groups the cached layouts describe
         self._shared: dict[int, tuple] = {}  # id(signal array) → (arrays, layout): shared_columns
 
     # -- ingest ----------------------------------------------------------------------------
@@ -271,8 +273,12 @@ class WindowStore:
             if increasing and (not n or t0 > blk.times[n - 1]):
                 if n + k <= blk.times.shape[0]:  # the common case, inline: k new columns
                     rows = g.rows
-                    blk.times[n: n + k] = ts
-                    blk.values[rows, n: n + k] = V[:, g.cols].T
+                    if k == 1:
+                        blk.times[n] = t0
+                        blk.values[rows, n] = V[0, g.cols]
+                    else:
+                        blk.times[n: n + k] = ts
+                        blk.values[rows, n: n + k] = V[:, g.cols].T
                     blk.n = n + k
                     blk.last_seen[rows] = t_last
                     wrote = True
@@ -361,8 +367,10 @@ class WindowStore:
     def _remember(self, batch: SampleBatch, groups: "list[_Group]") -> None:
         if any(g.blk is not None and not g.unique for g in groups):
             return  # an entity twice in one collection: always the general path
-        if len(self._layouts) >= 256:  # entity churn (flows) makes new layouts: stay bounded
+        self._layout_size += len(groups) + len(batch)
+        if self._layout_size > _LAYOUT_BUDGET:  # entity churn (flows) makes new layouts: stay bounded
             self._layouts.clear()
+            self._layout_size = len(groups) + len(batch)
         sig, ent, node = batch.signal, batch.entity, batch.node
         n = len(sig)
         key = (n, node[0], sig[0], ent[0], sig[n - 1], ent[n - 1])
@@ -459,6 +467,7 @@ class WindowStore:
         if removed:
             self.version += 1
             self._layouts.clear()  # they point at the blocks just replaced
+            self._layout_size = 0
             self._shared.clear()
         return removed
 

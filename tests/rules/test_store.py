@@ -209,3 +209,14 @@ def test_a_new_entity_mid_ingest_gets_the_id_it_gets_one_by_one(cat) -> None:
     many.ingest_many(seq)
     assert snapshot(one) == snapshot(many)
     assert many.registry.lookup(many.blocks["gpu_util_ratio"]["n1"].scope, "n1", "gpu9") == 3
+
+
+def test_a_full_layout_cache_is_forgotten_not_trusted(cat, monkeypatch) -> None:
+    from skewd.rules import store as store_mod
+
+    monkeypatch.setattr(store_mod, "_LAYOUT_BUDGET", 12)  # a couple of layouts at most
+    for seed in range(5):
+        events = stream(seed)
+        want = snapshot(play(GeneralPathStore(cat, horizon=5.0, initial_cap=4), events, None))
+        got = play(WindowStore(cat, horizon=5.0, initial_cap=4), events, random.Random(seed))
+        assert snapshot(got) == want and got._layout_size <= 12 + 20
