@@ -144,39 +144,99 @@ def record(directory: Path, hours: float, hz: float, cpus: int, flows: int) -> d
             "gen": gen}
 
 
+class _Split:
+    """Wall time inside the pipelines' ingest and evaluation and inside the bundle feed (reading
+    and decoding chunks, cutting them into batches); the rest is the replay loop itself (tick
+    heap, routing, summaries). Wraps the methods for the duration of the replay only."""
+
+    def __init__(self) -> None:
+        self.acc = {"ingest": 0.0, "evaluate": 0.0, "read": 0.0}
+        self._undo: list = []
+
+    def _wrap(self, cls, name: str, key: str, gen: bool = False) -> None:
+        orig = getattr(cls, name)
+        acc = self.acc
+        clock = time.perf_counter
+
+        if gen:
+            def wrapped(*a, **k):
+                it = orig(*a, **k)
+                while True:
+                    t0 = clock()
+                    try:
+                        x = next(it)
+                    except StopIteration:
+                        acc[key] += clock() - t0
+                        return
+                    acc[key] += clock() - t0
+                    yield x
+        else:
+            def wrapped(*a, **k):
+                t0 = clock()
+                try:
+                    return orig(*a, **k)
+                finally:
+                    acc[key] += clock() - t0
+        setattr(cls, name, wrapped)
+        self._undo.append((cls, name, orig))
+
+    def __enter__(self) -> "_Split":
+        from skewd.agent import replay as R
+        from skewd.agent.pipeline import Pipeline
+
+        self._wrap(Pipeline, "ingest", "ingest")
+        if hasattr(Pipeline, "ingest_many"):
+            self._wrap(Pipeline, "ingest_many", "ingest")
+        self._wrap(Pipeline, "evaluate", "evaluate")
+        self._wrap(R._SegmentFeed, "until", "read", gen=True)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for cls, name, orig in reversed(self._undo):
+            setattr(cls, name, orig)
+
+    def snap(self) -> dict[str, float]:
+        return dict(self.acc)
+
+
 def replay(directory: Path, warm_s: float) -> dict:
     """skewd replay's path at --speed max; wall time at each evaluation (for the steady state)."""
     from skewd.agent import replay as R
     from skewd.rules.cli import PACKS
 
-    w0 = time.perf_counter()
-    segments, damage = R.open_segments([directory])
-    if not segments or damage:
-        raise RuntimeError(f"bundle unreadable: {damage}")
-    cat = R.replay_catalogue(segments)
-    rep = R.Replayer(segments, cat, rules=[str(PACKS)], group=True)
-    first = None
-    mark = None
-    evals = 0
-    transitions = 0
-    t = 0.0
-    for ev in rep.events():
-        if first is None:
-            first = ev.t
-        if mark is None and ev.t - first >= warm_s:
-            mark = (ev.t, time.perf_counter())
-        transitions += len(ev.findings)
-        evals += 1
-        t = ev.t
-    w1 = time.perf_counter()
+    with _Split() as split:
+        w0 = time.perf_counter()
+        segments, damage = R.open_segments([directory])
+        if not segments or damage:
+            raise RuntimeError(f"bundle unreadable: {damage}")
+        cat = R.replay_catalogue(segments)
+        rep = R.Replayer(segments, cat, rules=[str(PACKS)], group=True)
+        first = None
+        mark = None
+        evals = 0
+        transitions = 0
+        t = 0.0
+        for ev in rep.events():
+            if first is None:
+                first = ev.t
+            if mark is None and ev.t - first >= warm_s:
+                mark = (ev.t, time.perf_counter(), split.snap())
+            transitions += len(ev.findings)
+            evals += 1
+            t = ev.t
+        w1 = time.perf_counter()
+        end = split.snap()
     res = rep.result([])
     steady = None
+    parts = None
     if mark is not None and t > mark[0]:
         steady = (w1 - mark[1]) / (t - mark[0])  # wall seconds per recorded second
+        parts = {k: (end[k] - mark[2][k]) / (t - mark[0]) for k in end}
+        parts["rest"] = steady - sum(parts.values())
     ingested = sum(p.store.samples_ingested for p in rep.pipelines.values())
     return {"wall_s": w1 - w0, "evaluations": res.evaluations, "transitions": transitions,
             "recorded_s": (t - first) if first is not None else 0.0, "steady_per_s": steady, "ingested": ingested,
-            "rules": len(res.ruleset.rules)}
+            "rules": len(res.ruleset.rules), "steady_parts": parts}
 
 
 def naive_peer(gen: NodeGen, hz: float, seconds: int = 5) -> dict:
@@ -252,6 +312,11 @@ def main(argv: list[str] | None = None) -> int:
     how = "measured" if measured_day else f"extrapolated from the steady state ({per_s * 1e3:.1f} ms per recorded second)"
     print(f"  24 h: {day_s:.0f} s {how}   (goal <= 20 s); speed-up over real time {day / day_s:.0f}x "
           f"(goal {day / 20:.0f}x)")
+    if r["steady_parts"]:
+        sp = r["steady_parts"]
+        print("  steady state per recorded second: " + ", ".join(
+            f"{k} {sp[k] * 1e3:.1f} ms" for k in ("ingest", "evaluate", "read", "rest")) +
+            "   (read: bundle chunks to batches; rest: the replay loop, routing, summaries)")
     print(f"  ingest per sample: recorded batches {peer['batched'] * 1e9:.0f} ns, naive one-sample batches "
           f"{peer['per_sample'] * 1e9:.0f} ns: {peer['per_sample'] / peer['batched']:.0f}x faster than the naive path")
     if a.json:
@@ -259,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
                           "samples": w["samples"], "bundle_bytes": w["bytes"], "replay_wall_s": r["wall_s"],
                           "day_s": day_s, "day_measured": measured_day, "speedup_real_time": day / day_s,
                           "evaluations": r["evaluations"], "ingest_ns_batched": peer["batched"] * 1e9,
-                          "ingest_ns_per_sample": peer["per_sample"] * 1e9}))
+                          "ingest_ns_per_sample": peer["per_sample"] * 1e9,
+                          "steady_ms_per_recorded_s": {k: v * 1e3 for k, v in (r["steady_parts"] or {}).items()}}))
     return 0
 
 
