@@ -55,10 +55,12 @@ SHAPES: dict[str, dict[str, Any]] = {
                        "max_num_seqs": 128},
            "load": {"rate": 1.5, "prompt_tokens": {"median": 4000, "sigma": 0.8},
                     "output_tokens": {"median": 400, "sigma": 0.8}, "prefix_hit": 0.6}},
-    # two replicas, TP8 x PP2: stage 0 and stage 1 on different nodes
+    # two replicas, TP8 x PP2: stage 0 and stage 1 on different nodes. 1.3 requests/s per replica
+    # keeps the KV headroom a healthy fleet runs with; at 1.5 one replica of two tips into KV
+    # saturation with a growing queue within minutes (GPU-2 itself, not a healthy baseline).
     "pp": {"cluster": {"nodes": 4, "gpus_per_node": 8, "gpu": "h100-sxm", "model": "dense-405b", "tp": 8, "pp": 2,
                        "max_num_seqs": 128},
-           "load": {"rate": 1.5, "prompt_tokens": {"median": 4000, "sigma": 0.8},
+           "load": {"rate": 1.3, "prompt_tokens": {"median": 4000, "sigma": 0.8},
                     "output_tokens": {"median": 400, "sigma": 0.8}, "prefix_hit": 0.6}},
     # prefill/decode disaggregation: two prefill nodes ship KV to two decode nodes over RDMA
     "disagg": {"cluster": {"nodes": 4, "gpus_per_node": 8, "gpu": "h100-sxm", "model": "dense-70b", "tp": 8, "pp": 1,
