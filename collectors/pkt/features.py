@@ -84,15 +84,15 @@ def _hash(k: np.ndarray) -> np.ndarray:
     return h
 
 
-def group_flows(pk: Packets, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Group packets ``idx`` by direction-aware 5-tuple, keeping capture order inside a flow.
+def group_flows(pk: Packets, idx: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Group packets ``idx`` (None: all) by direction-aware 5-tuple, keeping capture order inside a flow.
 
     Returns (packet indices grouped by flow, group index per element, start of each group).
     One ``np.sort`` of (hash prefix | position): sorting values is cheaper than a stable
     argsort and the position bits make it stable. Groups are then checked against the full
     64-bit hash; a prefix collision falls back to a stable sort of the full hash.
     """
-    n = len(idx)
+    n = len(pk) if idx is None else len(idx)
     if n == 0:
         z = np.zeros(0, np.int64)
         return z, z, z
@@ -179,16 +179,17 @@ def _group_quantiles(gid: np.ndarray, val: np.ndarray, gs: np.ndarray, cnt: np.n
         np.putmask(key, val < 0, lim)
         key |= np.left_shift(gid, 40, dtype=np.int64)
         key.sort()
-        key &= lim
-        v = key.astype(np.float64)
+        srt, low = key, lim  # only the few elements the quantiles read are converted
     else:
-        v = np.where(val < 0, lim, val)[np.lexsort((np.where(val < 0, lim, val), gid))].astype(np.float64)
+        srt, low = np.where(val < 0, lim, val)[np.lexsort((np.where(val < 0, lim, val), gid))], -1
     has = cnt > 0
     for o, q in zip(out, qs):
         pos = gs[has] + q * (cnt[has] - 1)
         lo = np.floor(pos).astype(np.int64)
         hi = np.minimum(lo + 1, gs[has] + cnt[has] - 1)
-        o[has] = v[lo] + (v[hi] - v[lo]) * (pos - lo)
+        vlo = (srt[lo] & low).astype(np.float64)
+        vhi = (srt[hi] & low).astype(np.float64)
+        o[has] = vlo + (vhi - vlo) * (pos - lo)
     return out
 
 
@@ -430,7 +431,7 @@ class FlowTracker:
         st = self.s
         t1_ns = int(round(t1 * NS))
         ipm = (pk.ipver > 0) & pk.decoded
-        idx = np.arange(len(pk)) if ipm.all() else np.flatnonzero(ipm)
+        idx = None if ipm.all() else np.flatnonzero(ipm)
         # ---- group by flow: rows = packet indices, flow after flow, capture order inside
         rows, gi, gs = group_flows(pk, idx)
         F = len(gs)
