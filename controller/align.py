@@ -17,7 +17,6 @@ evaluation with its evaluation time. Nothing here reads the clock.
 from __future__ import annotations
 
 from bisect import insort
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
@@ -64,7 +63,10 @@ def align(events: Mapping[str, np.ndarray], nbytes: Mapping[str, np.ndarray] | N
     """Group bursts into steps: walking all starts in time order, a step collects at most one
     burst per node, all within ``window`` of the step's first burst. A node's second burst or a
     burst past the window opens the next step. Correct while a straggler's lag stays below
-    ``window`` and ``window`` below the step period (the caller picks it from both)."""
+    ``window`` and ``window`` below the step period (the caller picks it from both).
+
+    The readable definition; :func:`align_arrays` computes the same steps without a Python loop
+    per burst, and the controller uses that."""
     rows: list[tuple[float, str, float]] = []
     for node, starts in events.items():
         b = nbytes.get(node) if nbytes else None
@@ -86,29 +88,158 @@ def align(events: Mapping[str, np.ndarray], nbytes: Mapping[str, np.ndarray] | N
     return steps
 
 
+@dataclass
+class Aligned:
+    """Steps as arrays, one entry per burst in the order :func:`align` walks them: ``col`` is
+    the node's position in ``nodes``, ``step`` the step it joined (steps numbered in time
+    order, each holding at most one burst per node)."""
+
+    nodes: list[str]
+    t: np.ndarray
+    nbytes: np.ndarray
+    col: np.ndarray
+    step: np.ndarray
+    nsteps: int
+
+    def firsts(self, min_members: int) -> np.ndarray:
+        """Start (earliest burst) of every step with at least ``min_members`` bursts."""
+        head = np.ones(len(self.step), dtype=bool)  # rows are in time order within a step
+        head[1:] = self.step[1:] != self.step[:-1]
+        first = np.full(self.nsteps, np.nan)
+        first[self.step[head]] = self.t[head]
+        return first[np.bincount(self.step, minlength=self.nsteps) >= max(1, min_members)]
+
+    def steps(self) -> list[Step]:
+        """The same steps as :func:`align` returns."""
+        out: list[Step] = [Step({}) for _ in range(self.nsteps)]
+        for t, b, c, k in zip(self.t.tolist(), self.nbytes.tolist(), self.col.tolist(), self.step.tolist()):
+            out[k].members[self.nodes[c]] = (t, b)
+        return out
+
+
+def _walk(t: Sequence[float], col: Sequence[int], window: float, opens: np.ndarray, offset: int) -> None:
+    """:func:`align`'s walk over rows already in order, marking in ``opens`` where steps open."""
+    cur: set[int] = set()
+    t0 = 0.0
+    for i, (ti, c) in enumerate(zip(t, col)):
+        if cur and (ti - t0 > window or c in cur):
+            opens[offset + i] = True
+            cur = set()
+        if not cur:
+            t0 = ti
+        cur.add(c)
+
+
+def align_arrays(nodes: Sequence[str], starts: Sequence[np.ndarray], nbytes: Sequence[np.ndarray],
+                 window: float) -> Aligned:
+    """:func:`align` over per-node arrays (``starts[j]``, ``nbytes[j]`` for ``nodes[j]``), same
+    steps, vectorised. Bursts more than ``window`` after the previous one always open a step
+    (the step's first burst is at most that previous one), so those gaps cut the bursts into
+    segments that align independently; a segment spanning at most ``window`` with no node twice
+    is exactly one step, and only the others (rare: a lag near the window, a missed burst) are
+    walked in Python. Ties and non-finite times fall back to the reference walk, so the result
+    is always :func:`align`'s."""
+    nodes = list(nodes)
+    k = len(nodes)
+    sizes = [len(s) for s in starts]
+    n = sum(sizes)
+    if n == 0:
+        e = np.empty(0)
+        return Aligned(nodes, e, e, np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), 0)
+    t = np.concatenate(starts).astype(float, copy=False)
+    b = np.concatenate([np.asarray(nbytes[j], dtype=float)[:sizes[j]] if len(nbytes[j]) >= sizes[j]
+                        else np.concatenate([np.asarray(nbytes[j], dtype=float),
+                                             np.full(sizes[j] - len(nbytes[j]), np.nan)])
+                        for j in range(k)])
+    col = np.repeat(np.arange(k), sizes)
+    rank = np.empty(k, dtype=np.int64)  # align() breaks time ties by node name
+    rank[sorted(range(k), key=nodes.__getitem__)] = np.arange(k)
+    order = np.lexsort((rank[col], t))
+    t, b, col = t[order], b[order], col[order]
+    d = t[1:] - t[:-1]
+    same = (d == 0) & (col[1:] == col[:-1])
+    if not np.isfinite(t).all() or same.any() or not (window == window):
+        # one node twice at one time (a re-sent burst): align() orders those by bytes, NaN
+        # included; rare enough to take the reference path
+        ref = align({nodes[j]: starts[j] for j in range(k)}, {nodes[j]: nbytes[j] for j in range(k)}, window)
+        return _from_steps(nodes, ref)
+    opens = np.empty(n, dtype=bool)
+    opens[0] = True
+    np.greater(d, window, out=opens[1:])
+    seg_start = np.flatnonzero(opens)
+    seg_end = np.append(seg_start[1:], n)
+    seg = np.cumsum(opens) - 1
+    bad = ~((t[seg_end - 1] - t[seg_start]) <= window)
+    key = np.sort(seg * k + col)
+    dup = key[1:][key[1:] == key[:-1]] // k
+    bad[dup] = True
+    if bad.any():
+        tl, cl = t.tolist(), col.tolist()
+        for s in np.flatnonzero(bad).tolist():
+            a, e = int(seg_start[s]), int(seg_end[s])
+            _walk(tl[a:e], cl[a:e], window, opens, a)
+    step = np.cumsum(opens) - 1
+    return Aligned(nodes, t, b, col, step, int(step[-1]) + 1)
+
+
+def _from_steps(nodes: Sequence[str], steps: Sequence[Step]) -> Aligned:
+    """Steps (whose members may include nodes not in ``nodes``, ignored) as an :class:`Aligned`."""
+    nodes = list(nodes)
+    pos = {m: j for j, m in enumerate(nodes)}
+    t: list[float] = []
+    b: list[float] = []
+    col: list[int] = []
+    step: list[int] = []
+    for i, s in enumerate(steps):
+        for m, (tm, bm) in s.members.items():
+            j = pos.get(m)
+            if j is not None:
+                t.append(tm)
+                b.append(bm)
+                col.append(j)
+                step.append(i)
+    return Aligned(nodes, np.array(t, dtype=float), np.array(b, dtype=float), np.array(col, dtype=np.int64),
+                   np.array(step, dtype=np.int64), len(steps))
+
+
 def group_metrics(steps: Sequence[Step], live: Sequence[str], clock_error: Mapping[str, float],
                   min_fraction: float) -> tuple[dict[str, dict[str, float]], GroupReport]:
     """Per-node ctl_* values for one TP group from its aligned steps (see controller/catalogue.py)."""
-    live = list(live)
+    return aligned_metrics(_from_steps(live, steps), clock_error, min_fraction)
+
+
+def aligned_metrics(al: Aligned, clock_error: Mapping[str, float],
+                    min_fraction: float) -> tuple[dict[str, dict[str, float]], GroupReport]:
+    """:func:`group_metrics` of aligned steps whose nodes are the group's live nodes."""
+    live = al.nodes
     n = len(live)
-    complete = [s for s in steps if n >= 2 and all(m in s.members for m in live)]
+    counts = np.bincount(al.step, minlength=al.nsteps)  # live members per step
+    is_complete = counts == n if n >= 2 else np.zeros(al.nsteps, dtype=bool)
     quorum = max(2, int(np.ceil(min_fraction * n)))
-    partial = [s for s in steps if len([m for m in s.members if m in live]) >= quorum]
+    is_partial = counts >= quorum
+    ncomplete = int(is_complete.sum())
+    npartial = int(is_partial.sum())
     out: dict[str, dict[str, float]] = {node: {} for node in live}
-    rep = GroupReport(group="", watermark=float("nan"), steps=len(complete), spread_median_s=float("nan"))
+    rep = GroupReport(group="", watermark=float("nan"), steps=ncomplete, spread_median_s=float("nan"))
     for node in live:
-        out[node]["ctl_aligned_steps"] = float(len(complete))
+        out[node]["ctl_aligned_steps"] = float(ncomplete)
         out[node]["ctl_clock_error_seconds"] = float(clock_error.get(node, 0.0))
-    if partial:
-        for node in live:
-            miss = sum(1 for s in partial if node not in s.members) / len(partial)
+    if npartial:
+        present = np.bincount(al.col[is_partial[al.step]], minlength=n).tolist()
+        for j, node in enumerate(live):
+            miss = (npartial - present[j]) / npartial
             out[node]["ctl_step_missing_ratio"] = miss
             rep.missing_share[node] = miss
-    if not complete:
+    if not ncomplete:
         return out, rep
     err = np.array([clock_error.get(m, 0.0) for m in live])
-    T = np.array([[s.members[m][0] for m in live] for s in complete])  # [steps, nodes]
-    B = np.array([[s.members[m][1] for m in live] for s in complete])
+    sel = is_complete[al.step]
+    rank = np.cumsum(is_complete) - 1  # complete step → row of T
+    r, c = rank[al.step[sel]], al.col[sel]
+    T = np.empty((ncomplete, n))  # [steps, nodes]
+    B = np.empty((ncomplete, n))
+    T[r, c] = al.t[sel]
+    B[r, c] = al.nbytes[sel]
     first_idx = np.argmin(T, axis=1)
     first = T[np.arange(len(T)), first_idx]
     lag = T - first[:, None]
@@ -123,11 +254,15 @@ def group_metrics(steps: Sequence[Step], live: Sequence[str], clock_error: Mappi
     margin = T[rows, last_idx] - T[rows, second_idx]
     clear_last = margin > (err[last_idx] + err[second_idx])
     rep.spread_median_s = float(np.median(spread))
+    lag_med = np.median(lag, axis=0).tolist()
+    excess_med = np.median(excess, axis=0).tolist()
+    last_clear = (last_idx[:, None] == np.arange(n)[None, :]) & clear_last[:, None]
+    last_share = np.mean(last_clear, axis=0).tolist()
     for j, node in enumerate(live):
         o = out[node]
-        o["ctl_arrival_lag_seconds"] = float(np.median(lag[:, j]))
-        o["ctl_arrival_lag_excess_seconds"] = float(np.median(excess[:, j]))
-        o["ctl_arrival_last_share_ratio"] = float(np.mean((last_idx == j) & clear_last))
+        o["ctl_arrival_lag_seconds"] = float(lag_med[j])
+        o["ctl_arrival_lag_excess_seconds"] = float(excess_med[j])
+        o["ctl_arrival_last_share_ratio"] = float(last_share[j])
         o["ctl_step_spread_seconds"] = rep.spread_median_s
         rep.lag_median_s[node] = o["ctl_arrival_lag_seconds"]
         rep.lag_excess_s[node] = o["ctl_arrival_lag_excess_seconds"]
@@ -162,31 +297,84 @@ def stage_gap(prev_steps: np.ndarray, next_steps: np.ndarray) -> float:
 
 
 class BurstLog:
-    """One node's recent collective bursts (start, bytes), time-ordered, pruned by age."""
+    """One node's recent collective bursts (start, bytes), time-ordered, pruned by age.
+
+    Every summary appends a few bursts (to plain lists: cheap); every evaluation reads a window
+    of them (from a numpy mirror of the lists, brought up to date by copying only what was
+    appended since, so a window is two ``searchsorted`` and a slice)."""
 
     def __init__(self) -> None:
-        self.items: deque[tuple[float, float]] = deque()
+        self.ts: list[float] = []
+        self.bs: list[float] = []
+        self._t = np.empty(0)  # mirror buffers: ts[:_n] sits at [_lo, _lo + _n)
+        self._b = np.empty(0)
+        self._lo = 0
+        self._n = 0
+        self._unordered = False  # a NaN start: the lists are no longer sorted by time
+
+    @property
+    def items(self) -> list[tuple[float, float]]:
+        return list(zip(self.ts, self.bs))
 
     def add(self, bursts: Iterable[tuple[float, float]]) -> None:
+        ts, bs = self.ts, self.bs
         for t, b in bursts:
-            if self.items and t < self.items[-1][0]:
-                lst = list(self.items)  # rare: a re-sent or reordered summary
+            if ts and t < ts[-1]:
+                lst = list(zip(ts, bs))  # rare: a re-sent or reordered summary
                 if (t, b) not in lst:
                     insort(lst, (t, b))
-                self.items = deque(lst)
-            elif not self.items or (t, b) != self.items[-1]:
-                self.items.append((t, b))
+                self.ts = ts = [x for x, _ in lst]
+                self.bs = bs = [y for _, y in lst]
+                self._n = 0
+            elif not ts or (t, b) != (ts[-1], bs[-1]):
+                if t != t:
+                    self._unordered = True
+                ts.append(t)
+                bs.append(b)
 
     def prune(self, before: float) -> None:
-        while self.items and self.items[0][0] < before:
-            self.items.popleft()
+        ts = self.ts
+        k = 0
+        while k < len(ts) and ts[k] < before:
+            k += 1
+        if not k:
+            return
+        del ts[:k]
+        del self.bs[:k]
+        if k <= self._n:
+            self._lo += k
+            self._n -= k
+        else:
+            self._n = 0
+
+    def _sync(self) -> tuple[np.ndarray, np.ndarray]:
+        m = len(self.ts)
+        if self._n > m:  # lists replaced: mirror again
+            self._n = 0
+        if self._n == 0:
+            self._lo = 0
+        if self._lo + m > len(self._t):
+            cap = max(64, 2 * m)
+            t, b = np.empty(cap), np.empty(cap)
+            t[: self._n] = self._t[self._lo: self._lo + self._n]
+            b[: self._n] = self._b[self._lo: self._lo + self._n]
+            self._t, self._b, self._lo = t, b, 0
+        if self._n < m:
+            lo = self._lo
+            self._t[lo + self._n: lo + m] = self.ts[self._n:]
+            self._b[lo + self._n: lo + m] = self.bs[self._n:]
+            self._n = m
+        return self._t[self._lo: self._lo + m], self._b[self._lo: self._lo + m]
 
     def window(self, lo: float, hi: float) -> tuple[np.ndarray, np.ndarray]:
-        sel = [(t, b) for t, b in self.items if lo < t <= hi]
-        if not sel:
-            return np.empty(0), np.empty(0)
-        a = np.array(sel, dtype=float)
-        return a[:, 0], a[:, 1]
+        """Bursts with lo < start <= hi: (starts, bytes), read-only views until the next add."""
+        t, b = self._sync()
+        if self._unordered:
+            sel = (t > lo) & (t <= hi)
+            return t[sel], b[sel]
+        i = int(np.searchsorted(t, lo, side="right"))
+        j = int(np.searchsorted(t, hi, side="right"))
+        return t[i:j], b[i:j]
 
 
 @dataclass
@@ -244,14 +432,14 @@ class Aligner:
                 ev[n], by[n] = log.window(settled - self.window, settled) if log else (np.empty(0), np.empty(0))
             period = estimate_period(ev)
             w = self.max_skew if period != period else min(self.max_skew, 0.5 * period)
-            steps = align(ev, by, w)
-            vals, rep = group_metrics(steps, live, {n: self.clocks[n].clock_error for n in live}, self.min_fraction)
+            al = align_arrays(live, [ev[n] for n in live], [by[n] for n in live], w)
+            vals, rep = aligned_metrics(al, {n: self.clocks[n].clock_error for n in live}, self.min_fraction)
             rep.group, rep.watermark, rep.period_s = name, settled, period
             self.reports[name] = rep
             for n, v in vals.items():
                 out.setdefault(n, {}).update(v)
-            if steps:
-                stage_steps[name] = np.array([s.first for s in steps if len(s.members) >= max(1, len(live) // 2)])
+            if al.nsteps:
+                stage_steps[name] = al.firsts(max(1, len(live) // 2))
         for name, stages in pp_groups.items():
             times = []
             for members in stages:
