@@ -149,6 +149,7 @@ class Engine:
         self.rules = rules
         self.states = states
         self._frames.clear()
+        self._frame_keys.clear()
         self._refresh_inactive()
         return carried
 
