@@ -503,7 +503,57 @@ def _check_header(d: Any, kind: MessageKind, version: int) -> None:
         raise WireError(f"expected a {kind.value} message, got kind {got!r}")
 
 
+_NUMBER = (int, float)  # exact types: bool (an int subclass) is not a number on the wire
+
+
+def _fast_summary(d: Mapping[str, Any]) -> Summary | None:
+    """:func:`summary_from_dict` for the shape every agent sends (plain dicts and lists as
+    ``json.loads`` makes them, every field of the right type), with exact ``type`` checks
+    instead of ABC ``isinstance`` calls. None for anything else, valid or not: the strict
+    reader then decides and words the error, so bad input fails exactly as before."""
+    if type(d) is not dict or d.get("schema") != WIRE_SCHEMA or d.get("kind") != "summary":
+        return None
+    sig = d.get("signals")
+    cs = d.get("clock_sync")
+    node, cluster, version = d.get("node"), d.get("cluster"), d.get("agent_version")
+    t, interval = d.get("t"), d.get("interval")
+    if (type(sig) is not dict or type(cs) is not dict or type(node) is not str or type(cluster) is not str
+            or type(version) is not str or type(t) not in _NUMBER or type(interval) not in _NUMBER):
+        return None
+    synced = cs.get("synced")
+    err = cs.get("max_error_s")
+    if type(synced) is not bool or (err is not None and type(err) not in _NUMBER):
+        return None
+    labels = d.get("labels") or {}
+    if type(labels) is not dict:
+        return None
+    for v in labels.values():
+        if type(v) is not str:
+            return None
+    signals: dict[str, dict[str, float | None]] = {}
+    for name, ents in sig.items():
+        if type(ents) is not dict:
+            return None
+        out = dict(ents)
+        for e, v in ents.items():
+            tv = type(v)
+            if tv is float or v is None:
+                continue
+            if tv is not int:
+                return None
+            out[e] = float(v)
+        signals[name] = out
+    return Summary(node=node, cluster=cluster, t=float(t), interval=float(interval), signals=signals,
+                   clock_sync=ClockSync(synced=synced, max_error_s=None if err is None else float(err)),
+                   agent_version=version, labels={str(k): v for k, v in labels.items()}, schema=WIRE_SCHEMA)
+
+
 def summary_from_dict(d: Mapping[str, Any]) -> Summary:
+    fast = _fast_summary(d)
+    return fast if fast is not None else _strict_summary_from_dict(d)
+
+
+def _strict_summary_from_dict(d: Mapping[str, Any]) -> Summary:
     _check_header(d, MessageKind.SUMMARY, WIRE_SCHEMA)
     r = _Reader(d, "summary")
     sig = r.obj("signals")

@@ -254,3 +254,67 @@ def test_unknown_fields_within_a_schema_version_are_ignored() -> None:
     """Additive evolution: an agent one release ahead may add optional fields."""
     back = wire.decode(_mutated(_health(), gpu_count=8))
     assert back == _health()
+
+
+# ---- the summary fast path: same results, same errors ---------------------------------------
+
+def _outcome(fn, d):
+    """What decoding ``d`` gives: the Summary's repr (floats as floats: 1 and 1.0 differ) or the
+    error's type and message."""
+    try:
+        return ("ok", repr(fn(d)))
+    except Exception as e:  # noqa: BLE001 - the comparison is the point
+        return (type(e).__name__, str(e))
+
+
+def _good_summary_dict() -> dict:
+    d = wire.to_dict(_summary(labels={"tp_group": "tp0", "tp_rank": "3"}))
+    d["signals"]["collective_burst_starts"] = {"0": 1700000029.05, "1": 1700000029.1}
+    return json.loads(json.dumps(d))
+
+
+_ODD = [None, True, False, 0, 7, -1.5, float("nan"), "x", "", [], [1], {}, {"a": 1}, {"a": None}]
+_PATHS = [("schema",), ("kind",), ("node",), ("cluster",), ("t",), ("interval",), ("agent_version",),
+          ("signals",), ("signals", "node_load"), ("signals", "node_load", ""),
+          ("signals", "gpu_utilization_ratio", "gpu0"), ("clock_sync",), ("clock_sync", "synced"),
+          ("clock_sync", "max_error_s"), ("labels",), ("labels", "tp_rank")]
+
+
+@pytest.mark.parametrize("path", _PATHS)
+def test_summary_fast_path_accepts_and_rejects_exactly_like_the_strict_reader(path) -> None:
+    for value in [*_ODD, "<missing>"]:
+        d = _good_summary_dict()
+        parent = d
+        for k in path[:-1]:
+            parent = parent[k]
+        if value == "<missing>":
+            parent.pop(path[-1], None)
+        else:
+            parent[path[-1]] = value
+        assert _outcome(wire.summary_from_dict, d) == _outcome(wire._strict_summary_from_dict, d), (path, value)
+
+
+def test_summary_fast_path_is_taken_for_what_agents_send_and_converts_integers() -> None:
+    d = _good_summary_dict()
+    d["signals"]["node_load"][""] = 3  # an integral value, as JSON may carry it
+    d["t"] = 1700000030
+    fast = wire._fast_summary(d)
+    assert fast is not None
+    assert repr(fast) == repr(wire._strict_summary_from_dict(d))
+    assert type(fast.t) is float and type(fast.signals["node_load"][""]) is float
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 3) | st.floats(allow_nan=True) | st.text(max_size=3),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=8)
+
+
+@given(st.sampled_from(_PATHS), _json_values)
+def test_summary_fast_path_matches_the_strict_reader_on_any_json(path, value) -> None:
+    d = _good_summary_dict()
+    parent = d
+    for k in path[:-1]:
+        parent = parent[k]
+    parent[path[-1]] = value
+    assert _outcome(wire.summary_from_dict, d) == _outcome(wire._strict_summary_from_dict, d)
