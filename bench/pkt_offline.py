@@ -34,7 +34,9 @@ in the same run (the machine is shared and noisy: the ratios are what to rely on
   rates are compared; the output says so); dpkt reads ``--dpkt-packets`` (0 = all).
 
 Rates are packets per CPU second (``time.process_time``: user + system of this process, so
-page faults on the memory-mapped file count) and per wall-clock second. Goals (issue #9):
+page faults on the memory-mapped file and on fresh array memory count) and per wall-clock
+second. The median skewd run's system time and page-fault count are printed too: on a
+loaded VM a first-touched page costs microseconds, a large share of skewd's time. Goals (issue #9):
 skewd >= 1.5 M packets/s on one core, >= 250x scapy, >= 20x dpkt. The ratios are skewd's
 median CPU rate over the peer's CPU rate. Exits non-zero only if it could not run (a peer
 library missing included), never because a goal is missed.
@@ -43,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -363,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
               f"in {time.perf_counter() - t:.1f}s")
         runs = []
         for _ in range(a.repeat):
+            r0 = resource.getrusage(resource.RUSAGE_SELF)
             c0, t0 = time.process_time(), time.perf_counter()
             cap = read_capture(path)
             t1 = time.perf_counter()
@@ -370,15 +374,19 @@ def main(argv: list[str] | None = None) -> int:
             t2 = time.perf_counter()
             out = analyze(pk, interval=a.interval or None, burst_gap=BURST_GAP)
             t3, c3 = time.perf_counter(), time.process_time()
-            runs.append((c3 - c0, t3 - t0, t1 - t0, t2 - t1, t3 - t2))
+            r3 = resource.getrusage(resource.RUSAGE_SELF)
+            runs.append((c3 - c0, t3 - t0, t1 - t0, t2 - t1, t3 - t2, r3.ru_stime - r0.ru_stime,
+                         r3.ru_minflt - r0.ru_minflt))
             del cap, pk
         n = a.packets
-        cpu, tot, fr, de, fe = min(runs)
+        cpu, tot, fr, de, fe, _, _ = min(runs)
+        med_run = sorted(runs)[len(runs) // 2]
         med_cpu = statistics.median(r[0] for r in runs)
         med_wall = statistics.median(r[1] for r in runs)
         sk = {"pps_cpu": n / cpu, "pps_wall": n / min(r[1] for r in runs), "pps_cpu_median": n / med_cpu,
               "pps_wall_median": n / med_wall, "runs": a.repeat,
               "stages_wall_s": {"frame": fr, "decode": de, "features": fe},
+              "median_run_sys_s": med_run[5], "median_run_page_faults": med_run[6],
               "intervals": len(out), "flows": len(out[-1].entities)}
         res["skewd"] = sk
         print(f"skewd (read_capture -> decode -> analyze, every analysis path): best of {a.repeat}: "
@@ -387,6 +395,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{_rate(sk['pps_wall'])} packets/s wall clock (median {_rate(sk['pps_wall_median'])}); "
               f"{len(out)} interval(s), {sk['flows']} flows; goal >= 1.5 M packets/s on one core: "
               f"{'met' if sk['pps_cpu_median'] >= 1.5e6 else 'not met'}")
+        print(f"    median run: {med_run[0]:.3f}s CPU, of which {med_run[5]:.3f}s system time "
+              f"({med_run[6]} page faults: fresh memory for arrays and the file mapping)")
         peers = [] if a.no_peers else [
             ("dpkt", "dpkt UniversalReader + Ethernet/IP/TCP/UDP parse", peer_dpkt, a.dpkt_packets, 20),
             ("scapy", "scapy PcapReader (full dissection)", peer_scapy, a.scapy_packets, 250)]
