@@ -457,6 +457,9 @@ class FlowTracker:
         p50, p99 = _group_quantiles(gi, gap, gs, ng, (0.5, 0.99), lim)
         gmax = np.maximum.reduceat(gap, gs).astype(np.float64) if F else np.zeros(0)
         gmax[gmax < 0] = np.nan
+        # shortest gap: packets held back by a send-path stall leave back to back (NS-6)
+        gmin = np.minimum.reduceat(np.where(gap < 0, lim, gap), gs).astype(np.float64) if F else np.zeros(0)
+        gmin[gmin >= lim] = np.nan
         gf = gap.astype(np.float64)
         np.maximum(gf, 0.0, out=gf)
         gsum = np.add.reduceat(gf, gs) if F else np.zeros(0)
@@ -569,6 +572,7 @@ class FlowTracker:
             cols["gap_p50_seconds"] = cat(p50 / NS, nan_i)
             cols["gap_p99_seconds"] = cat(p99 / NS, nan_i)
             cols["gap_max_seconds"] = cat(gmax / NS, nan_i)
+            cols["gap_min_seconds"] = cat(gmin / NS, nan_i)
             cols["jitter_cov"] = cat(cov, nan_i)
             cols["bursts"] = cat(nb, z)
             cols["burst_bytes_max"] = cat(bmax, nan_i)

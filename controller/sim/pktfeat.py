@@ -143,6 +143,7 @@ class FlowTable:
         p50 = np.full(F, np.nan)
         p99 = np.full(F, np.nan)
         gmax = np.full(F, np.nan)
+        gmin = np.full(F, np.nan)
         cov = np.full(F, np.nan)
         gsel = np.flatnonzero(has_prev)
         if len(gsel):
@@ -160,6 +161,7 @@ class FlowTable:
                 arr[has] = (gv[lo] + (gv[hi] - gv[lo]) * (pos - lo)) / NS
             gend = start + c - 1  # sorted by (flow, gap): a flow's largest gap is its last
             gmax = np.where(has, gv[np.maximum(gend, 0)] / NS, np.nan)
+            gmin = np.where(has, gv[np.minimum(start, len(gv) - 1)] / NS, np.nan)
             s1 = np.bincount(ggi, weights=gv.astype(float), minlength=F)
             s2 = np.bincount(ggi, weights=gv.astype(float) ** 2, minlength=F)
             with np.errstate(invalid="ignore", divide="ignore"):
@@ -214,6 +216,7 @@ class FlowTable:
         cols["pkt_flow_gap_p50_seconds"] = np.r_[p50, nan]
         cols["pkt_flow_gap_p99_seconds"] = np.r_[p99, nan]
         cols["pkt_flow_gap_max_seconds"] = np.r_[gmax, nan]
+        cols["pkt_flow_gap_min_seconds"] = np.r_[gmin, nan]
         cols["pkt_flow_jitter_cov"] = np.r_[cov, nan]
         cols["pkt_flow_burst_bytes_max"] = np.r_[np.where(cnt > 0, bmax, np.nan), nan]
         bs = st["b_start"][rows]
@@ -361,6 +364,7 @@ def roce_flow_features(st: RoceFlowState, starts: np.ndarray, durs: np.ndarray, 
         vv, ww = v[w > 0], w[w > 0]
         if len(vv):
             out["pkt_flow_gap_max_seconds"] = float(vv.max())
+            out["pkt_flow_gap_min_seconds"] = float(vv.min())
             cnt = ww.sum()
             mean = float((vv * ww).sum() / cnt)
             var = max(float((vv * vv * ww).sum() / cnt) - mean * mean, 0.0)
