@@ -62,7 +62,45 @@ log = logging.getLogger("skewd.controller")
 BURST_STARTS = "collective_burst_starts"
 BURST_BYTES = "collective_burst_bytes"
 FLUSH_ROWS = 50_000
+LAYOUTS_PER_NODE = 4  # a node whose values come and go (None) sends a few layouts
 LIVE_STATUSES = (M.SuggestionStatus.PLANNED.value, M.SuggestionStatus.PUBLISHED.value, M.SuggestionStatus.ACKED.value)
+
+
+#: summary keys that are not window-store samples
+_NOT_SAMPLES = frozenset({BURST_STARTS, BURST_BYTES}) | frozenset(CTL_SIGNALS)
+
+
+@dataclass
+class _Layout:
+    """Which samples a node's summary carries (signal and entity per position), as the column
+    arrays of a SampleBatch, shared by every batch of that layout."""
+
+    names: list[str]
+    entities: list[str]
+    signal_col: np.ndarray
+    entity_col: np.ndarray
+    node_col: np.ndarray
+
+    @classmethod
+    def of(cls, p: "_Pending") -> "_Layout":
+        def col(values: list[str]) -> np.ndarray:
+            a = np.empty(len(values), dtype=object)
+            a[:] = values
+            return a
+
+        return cls(list(p.names), list(p.entities), col(p.names), col(p.entities), col([p.node] * len(p.names)))
+
+
+@dataclass
+class _Pending:
+    """One summary's samples, waiting for the next store flush."""
+
+    node: str
+    t: float
+    names: list[str]
+    entities: list[str]
+    values: list[float]
+    layout: _Layout | None  # the node's known layout when the summary matches it
 
 
 @dataclass
@@ -126,7 +164,12 @@ class Controller:
         self.started = asyncio.Event()
         self._health: dict[str, wire.Health] = {}
         self._open_keys: set[str] = set()  # incident group keys whose ids are stored in KV
-        self._rows: list[tuple[float, str, str, str, float]] = []  # summary samples not yet in the store
+        self._pending: list[_Pending] = []  # summary samples not yet in the store
+        self._pending_rows = 0
+        self._layouts: dict[str, list[_Layout]] = {}  # node → its summaries' layouts the store holds rows for
+        self._store_version = -1
+        self._ncat = -1
+        self.fast_flushes = 0  # flushes that took the per-summary path (tests look)
 
     # ------------------------------------------------------------------------------------------
     # lifecycle
@@ -270,8 +313,7 @@ class Controller:
             self.stats.summaries_rejected += 1
             log.debug("summary rejected on %s: %s", msg.subject, e)
             return
-        labels = raw.get("labels") if isinstance(raw.get("labels"), dict) else {}
-        self.ingest_summary(s, {str(k): str(v) for k, v in labels.items()})
+        self.ingest_summary(s, s.labels)  # the decoder checked: an object of strings
 
     def ingest_summary(self, s: wire.Summary, labels: dict[str, str] | None = None) -> None:
         """Take one node summary (public so replay and tests can feed summaries directly)."""
@@ -290,15 +332,27 @@ class Controller:
         self.aligner.observe(s.node, s.t, s.clock_sync.synced, s.clock_sync.max_error_s, bursts)
         self.timelines.add_summary(s.node, s.t, s.signals)
         # buffered: one store ingest per tick (or per FLUSH_ROWS) instead of one per summary
-        rows = self._rows
+        names: list[str] = []
+        ents_of: list[str] = []
+        values: list[float] = []
         for name, ents in s.signals.items():
-            if name in (BURST_STARTS, BURST_BYTES) or name in CTL_SIGNALS:
+            if name in _NOT_SAMPLES:
                 continue
             for ent, v in ents.items():
                 if v is not None:
-                    rows.append((s.t, s.node, ent, name, float(v)))
-        if len(rows) >= FLUSH_ROWS:
-            self._flush()
+                    names.append(name)
+                    ents_of.append(ent)
+                    values.append(float(v))
+        if values:
+            lay = None
+            for known in self._layouts.get(s.node, ()):
+                if known.names == names and known.entities == ents_of:
+                    lay = known
+                    break
+            self._pending.append(_Pending(s.node, s.t, names, ents_of, values, lay))
+            self._pending_rows += len(values)
+            if self._pending_rows >= FLUSH_ROWS:
+                self._flush()
         if s.node not in self.store.registry.node_labels:
             self._labels_version = -1
         if self.first_t is None:
@@ -309,9 +363,54 @@ class Controller:
             self._wake.set()
 
     def _flush(self) -> None:
-        if self._rows:
-            rows, self._rows = self._rows, []
-            self.store.ingest(SampleBatch.from_rows(rows))
+        """Summary samples into the window store. The store's fast path takes one-node,
+        one-time batches whose rows it knows, so when every pending summary has a layout the
+        store already holds (and the store's shape is unchanged since), each summary goes in
+        as its own batch, grouped by node and in time order per node: the same columns and
+        values as the one multi-node batch of the general path, which is taken otherwise, so
+        new entities get their ids in the same order as always."""
+        if not self._pending:
+            return
+        pend, self._pending, self._pending_rows = self._pending, [], 0
+        store = self.store
+        same_shape = store.version == self._store_version and len(store.catalogue) == self._ncat
+        if same_shape and all(p.layout is not None for p in pend):
+            by_node: dict[str, list[_Pending]] = {}
+            for p in pend:
+                by_node.setdefault(p.node, []).append(p)
+            batches = []
+            for ps in by_node.values():
+                if any(a.t > b.t for a, b in zip(ps, ps[1:])):
+                    ps = sorted(ps, key=lambda p: p.t)  # stable: a repeated time keeps arrival order
+                for p in ps:
+                    lay = p.layout
+                    batches.append(SampleBatch(np.full(len(p.values), p.t), lay.node_col, lay.entity_col,
+                                               lay.signal_col, np.array(p.values, dtype=np.float64)))
+            store.ingest_many(batches)
+            self.fast_flushes += 1
+        else:
+            store.ingest(SampleBatch.from_rows(
+                [(p.t, p.node, e, n, v) for p in pend for n, e, v in zip(p.names, p.entities, p.values)]))
+            if not same_shape:
+                self._layouts.clear()
+            for p in pend:
+                known = self._layouts.setdefault(p.node, [])
+                if any(k.names == p.names and k.entities == p.entities for k in known) or not self._in_store(p):
+                    continue
+                known.append(_Layout.of(p))
+                del known[:-LAYOUTS_PER_NODE]
+        self._store_version, self._ncat = store.version, len(store.catalogue)
+
+    def _in_store(self, p: "_Pending") -> bool:
+        """Whether the store has a row for every catalogued sample of ``p``."""
+        cat, blocks = self.store.catalogue, self.store.blocks
+        for name, ent in zip(p.names, p.entities):
+            if cat.get(name) is None:
+                continue  # uncatalogued: the store counts and drops it on either path
+            blk = blocks.get(name, {}).get(p.node)
+            if blk is None or ent not in blk.rows:
+                return False
+        return True
 
     async def _on_health(self, msg: Any) -> None:
         try:
