@@ -62,7 +62,8 @@ log = logging.getLogger("skewd.controller")
 BURST_STARTS = "collective_burst_starts"
 BURST_BYTES = "collective_burst_bytes"
 FLUSH_ROWS = 50_000
-LAYOUTS_PER_NODE = 4  # a node whose values come and go (None) sends a few layouts
+LAYOUTS_PER_NODE = 4
+BATCH_FROM = 3  # summaries of one node in one flush from which they go to the store batch by batch  # a node whose values come and go (None) sends a few layouts
 LIVE_STATUSES = (M.SuggestionStatus.PLANNED.value, M.SuggestionStatus.PUBLISHED.value, M.SuggestionStatus.ACKED.value)
 
 
@@ -378,8 +379,17 @@ class Controller:
             by_node: dict[str, list[_Pending]] = {}
             for p in pend:
                 by_node.setdefault(p.node, []).append(p)
+            # a node with few summaries in this flush gains nothing from batches of its own (the
+            # store may have to resolve its layout again): those go together, the general way;
+            # blocks are per node, so splitting nodes between the two paths changes nothing
+            few = [p for p in pend if len(by_node[p.node]) < BATCH_FROM]
+            if few:
+                store.ingest(SampleBatch.from_rows(
+                    [(p.t, p.node, e, n, v) for p in few for n, e, v in zip(p.names, p.entities, p.values)]))
             batches = []
             for ps in by_node.values():
+                if len(ps) < BATCH_FROM:
+                    continue
                 if any(a.t > b.t for a, b in zip(ps, ps[1:])):
                     ps = sorted(ps, key=lambda p: p.t)  # stable: a repeated time keeps arrival order
                 for p in ps:

@@ -32,6 +32,9 @@ class Topology:
     learned: dict[str, _Learned] = field(default_factory=dict)
     conflicts: dict[str, str] = field(default_factory=dict)
     version: int = 0
+    #: tp_groups() and a node → group index, for the (version, configured groups) they came from:
+    #: rebuilding them per call made every tick quadratic in the number of nodes
+    _cache: tuple | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_config(cls, cfg: ControllerConfig) -> "Topology":
@@ -67,6 +70,22 @@ class Topology:
     # -- queries ---------------------------------------------------------------------------------
     def tp_groups(self) -> dict[str, TPGroup]:
         """Configured groups plus groups assembled from agents' labels (rank order, then name)."""
+        return dict(self._groups()[0])
+
+    def _groups(self) -> tuple[dict[str, TPGroup], dict[str, TPGroup]]:
+        key = (self.version, tuple(self.configured_tp.items()))
+        c = self._cache
+        if c is not None and c[0] == key:
+            return c[1], c[2]
+        groups = self._assemble()
+        index: dict[str, TPGroup] = {}
+        for g in groups.values():
+            for n in g.nodes:
+                index.setdefault(n, g)  # the first group listing a node, as a scan would find
+        self._cache = (key, groups, index)
+        return groups, index
+
+    def _assemble(self) -> dict[str, TPGroup]:
         out = dict(self.configured_tp)
         placed = {n for g in out.values() for n in g.nodes}
         extra: dict[str, list[tuple[int, str]]] = {}
@@ -93,10 +112,7 @@ class Topology:
         return out
 
     def group_of(self, node: str) -> TPGroup | None:
-        for g in self.tp_groups().values():
-            if node in g.nodes:
-                return g
-        return None
+        return self._groups()[1].get(node)
 
     def node_labels(self, node: str) -> dict[str, str]:
         """Labels for the rule engine's group scopes (``tp_group``, ``cluster``)."""
@@ -108,7 +124,7 @@ class Topology:
 
     def stage_members(self, stage: str) -> tuple[str, ...]:
         """Nodes of one PP stage: a TP group's nodes, or the stage name as a single node."""
-        g = self.tp_groups().get(stage)
+        g = self._groups()[0].get(stage)
         return g.nodes if g is not None else (stage,)
 
     def pp_of(self, node: str) -> tuple[PPGroup, int] | None:
