@@ -458,7 +458,11 @@ class FlowTracker:
         gmax = np.maximum.reduceat(gap, gs).astype(np.float64) if F else np.zeros(0)
         gmax[gmax < 0] = np.nan
         # shortest gap: packets held back by a send-path stall leave back to back (NS-6)
-        gmin = np.minimum.reduceat(np.where(gap < 0, lim, gap), gs).astype(np.float64) if F else np.zeros(0)
+        # (the only negative gaps are the flows' missing first gaps: set aside in place, no temporary)
+        miss = gs[prev_last < 0]
+        gap[miss] = lim
+        gmin = np.minimum.reduceat(gap, gs).astype(np.float64) if F else np.zeros(0)
+        gap[miss] = -1
         gmin[gmin >= lim] = np.nan
         gf = gap.astype(np.float64)
         np.maximum(gf, 0.0, out=gf)
