@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from bisect import insort
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import Generator, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -416,6 +416,20 @@ class Aligner:
         """ctl_* values per node at ``now``. Each group is measured up to its *settled* time
         (the oldest latest-summary among its live nodes), so a peer whose summary for the
         newest interval has not arrived yet is not mistaken for a missing burst."""
+        steps = self.derive_steps(now, tp_groups, pp_groups)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def derive_steps(self, now: float, tp_groups: Mapping[str, Sequence[str]],
+                     pp_groups: Mapping[str, Sequence[Sequence[str]]]
+                     ) -> Generator[str, None, dict[str, dict[str, float]]]:
+        """:meth:`derive`, pausing after each TP group (yielding its name) and returning the
+        values at the end: a caller on an event loop lets other work run in the pauses (the
+        controller keeps taking summaries), which may add to the state between groups but
+        never while one is measured."""
         out: dict[str, dict[str, float]] = {}
         for node, c in self.clocks.items():
             out.setdefault(node, {})["ctl_summary_age_seconds"] = max(0.0, now - c.last_summary_t)
@@ -440,6 +454,7 @@ class Aligner:
                 out.setdefault(n, {}).update(v)
             if al.nsteps:
                 stage_steps[name] = al.firsts(max(1, len(live) // 2))
+            yield name
         for name, stages in pp_groups.items():
             times = []
             for members in stages:

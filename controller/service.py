@@ -581,7 +581,7 @@ class Controller:
             self._labels_version = self.topology.version
         tp = {name: g.nodes for name, g in self.topology.tp_groups().items()}
         pp = {name: [self.topology.stage_members(s) for s in p.stages] for name, p in self.topology.pp_groups().items()}
-        derived = self.aligner.derive(t, tp, pp)
+        derived = await self._derive(t, tp, pp)
         rows = [(t, node, "", sig, v) for node, vals in derived.items() for sig, v in vals.items()
                 if v is not None and not math.isnan(v)]
         if rows:
@@ -598,6 +598,18 @@ class Controller:
                 await self.state.put_engine(self.engine, t)  # type: ignore[union-attr]
             await self._drop_lapsed_pending()
         await self._correlate_and_plan(t)
+
+    async def _derive(self, t: float, tp: dict, pp: dict) -> dict[str, dict[str, float]]:
+        """``Aligner.derive``, one TP group at a time, letting the event loop run in between:
+        with many groups a tick takes long enough that summaries would otherwise queue up
+        (latency) or be dropped by the client as a slow consumer."""
+        steps = self.aligner.derive_steps(t, tp, pp)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+            await asyncio.sleep(0)
 
     async def _drop_lapsed_pending(self) -> None:
         """The engine forgets a pending alert whose expression turned false without emitting a

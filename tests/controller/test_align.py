@@ -145,3 +145,21 @@ def test_every_derived_signal_is_catalogued_and_every_catalogued_one_is_derived(
     cat = full_catalogue()
     for spec in CATALOGUE:
         assert cat[spec.name].collector == "controller" and spec.scope.value == "node"
+
+
+def test_derive_steps_pauses_after_each_group_and_returns_what_derive_does() -> None:
+    al, ref = _aligner(), _aligner()
+    for a in (al, ref):
+        _feed(a, NODES, 12, {"c": 0.008})
+        _feed(a, ("x", "y"), 12, {})
+    tp = {"g": NODES, "h": ("x", "y"), "empty": ("nobody",)}
+    steps = al.derive_steps(T0 + 12, tp, {})
+    paused = []
+    while True:
+        try:
+            paused.append(next(steps))
+        except StopIteration as done:
+            out = done.value
+            break
+    assert paused == ["g", "h"]
+    assert out == ref.derive(T0 + 12, tp, {})
