@@ -1,6 +1,6 @@
 """Rule engine benchmark: every shipped pack over 1,024 entities of one node, 60 s windows.
 
-    python bench/rule_engine.py [--entities 1024] [--ticks 60]
+    python bench/rule_engine.py [--ticks 60] [--random] [--json]
 
 Fills a window store with 10 minutes of 1 Hz samples for every catalogued signal of every
 entity (counters increase, gauges wander), then times ``Engine.evaluate`` once per tick while a
@@ -12,6 +12,7 @@ Goal: <= 2 ms per tick. Exits non-zero only if it could not run.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import sys
@@ -128,6 +129,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ticks", type=int, default=60)
     ap.add_argument("--random", action="store_true", help="uniform random values: many rules fire")
+    ap.add_argument("--json", action="store_true", help="also print the figures as one JSON line")
     args = ap.parse_args()
     RANDOM[0] = args.random
     r = run(args.ticks)
@@ -138,6 +140,9 @@ def main() -> int:
     print(f"  ingest per tick:   p50 {r['ingest_ms_p50']:.2f} ms")
     print(f"  peer (per-entity Python, avg/rate of every flow signal): {r['peer_python_ms']:.1f} ms; "
           f"same work vectorised: {r['ours_same_work_ms']:.2f} ms; ratio {r['peer_python_ms'] / r['ours_same_work_ms']:.0f}x")
+    if args.json:  # for run_all.py's results file
+        print(json.dumps({"benchmark": "rule_engine", "random": args.random, **r,
+                          "ratio": r["peer_python_ms"] / r["ours_same_work_ms"]}))
     return 0
 
 
