@@ -38,10 +38,10 @@ CATALOGUE: list[SignalSpec] = [
     _f("pkt_flow_gap_max_seconds", "gauge", "seconds",
        "Longest inter-arrival gap in the interval, including the gap since the flow's previous packet "
        "(EW-5 head-of-line blocking: one flow stalls while others flow)."),
-    _f("pkt_flow_gap_min_seconds", "gauge", "seconds",
-       "Shortest inter-arrival gap in the interval (including the gap since the flow's previous "
-       "packet). A paced token stream never sends two packets within a millisecond; packets held "
-       "back by a send-path stall leave back to back (NS-6 egress jitter)."),
+    _f("pkt_flow_gap_p05_seconds", "gauge", "seconds",
+       "5th percentile inter-arrival gap (gaps ending in the interval). A paced token stream has at "
+       "most one sub-millisecond gap a request (last token, end marker); packets held back by a "
+       "send-path stall leave back to back and pull it down (NS-6 egress jitter)."),
     _f("pkt_flow_jitter_cov", "gauge", "1",
        "Jitter: coefficient of variation (stddev/mean) of the flow's inter-departure gaps in the interval "
        "(NS-6); needs at least two gaps."),

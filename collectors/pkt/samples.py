@@ -17,7 +17,7 @@ FLOW_SIGNALS = {
     "gap_p50_seconds": "pkt_flow_gap_p50_seconds",
     "gap_p99_seconds": "pkt_flow_gap_p99_seconds",
     "gap_max_seconds": "pkt_flow_gap_max_seconds",
-    "gap_min_seconds": "pkt_flow_gap_min_seconds",
+    "gap_p05_seconds": "pkt_flow_gap_p05_seconds",
     "jitter_cov": "pkt_flow_jitter_cov",
     "bursts_total": "pkt_flow_bursts_total",
     "burst_start_seconds": "pkt_flow_burst_start_seconds",

@@ -143,7 +143,7 @@ class FlowTable:
         p50 = np.full(F, np.nan)
         p99 = np.full(F, np.nan)
         gmax = np.full(F, np.nan)
-        gmin = np.full(F, np.nan)
+        p05 = np.full(F, np.nan)
         cov = np.full(F, np.nan)
         gsel = np.flatnonzero(has_prev)
         if len(gsel):
@@ -154,14 +154,13 @@ class FlowTable:
             c = np.bincount(ggi, minlength=F)
             start = np.cumsum(c) - c
             has = c > 0
-            for arr, q in ((p50, 0.5), (p99, 0.99)):
+            for arr, q in ((p05, 0.05), (p50, 0.5), (p99, 0.99)):
                 pos = start[has] + q * (c[has] - 1)
                 lo = np.floor(pos).astype(np.int64)
                 hi = np.minimum(lo + 1, start[has] + c[has] - 1)
                 arr[has] = (gv[lo] + (gv[hi] - gv[lo]) * (pos - lo)) / NS
             gend = start + c - 1  # sorted by (flow, gap): a flow's largest gap is its last
             gmax = np.where(has, gv[np.maximum(gend, 0)] / NS, np.nan)
-            gmin = np.where(has, gv[np.minimum(start, len(gv) - 1)] / NS, np.nan)
             s1 = np.bincount(ggi, weights=gv.astype(float), minlength=F)
             s2 = np.bincount(ggi, weights=gv.astype(float) ** 2, minlength=F)
             with np.errstate(invalid="ignore", divide="ignore"):
@@ -216,7 +215,7 @@ class FlowTable:
         cols["pkt_flow_gap_p50_seconds"] = np.r_[p50, nan]
         cols["pkt_flow_gap_p99_seconds"] = np.r_[p99, nan]
         cols["pkt_flow_gap_max_seconds"] = np.r_[gmax, nan]
-        cols["pkt_flow_gap_min_seconds"] = np.r_[gmin, nan]
+        cols["pkt_flow_gap_p05_seconds"] = np.r_[p05, nan]
         cols["pkt_flow_jitter_cov"] = np.r_[cov, nan]
         cols["pkt_flow_burst_bytes_max"] = np.r_[np.where(cnt > 0, bmax, np.nan), nan]
         bs = st["b_start"][rows]
@@ -358,13 +357,13 @@ def roce_flow_features(st: RoceFlowState, starts: np.ndarray, durs: np.ndarray, 
         wts = [np.array([small_n.sum() + rtx]), pieces - 1, np.ones(int((~np.isnan(g_inter)).sum()))]
         v = np.concatenate(vals)
         w = np.concatenate(wts).astype(np.int64)
-        p50, p99 = weighted_quantiles(v, w, (0.5, 0.99))
+        p05, p50, p99 = weighted_quantiles(v, w, (0.05, 0.5, 0.99))
+        out["pkt_flow_gap_p05_seconds"] = p05
         out["pkt_flow_gap_p50_seconds"] = p50
         out["pkt_flow_gap_p99_seconds"] = p99
         vv, ww = v[w > 0], w[w > 0]
         if len(vv):
             out["pkt_flow_gap_max_seconds"] = float(vv.max())
-            out["pkt_flow_gap_min_seconds"] = float(vv.min())
             cnt = ww.sum()
             mean = float((vv * ww).sum() / cnt)
             var = max(float((vv * vv * ww).sum() / cnt) - mean * mean, 0.0)

@@ -75,14 +75,20 @@ def serve(c):
             held = 0
             for i in range(n):
                 m = mode()
-                if m == "jitter" and random.random() < 0.06:
-                    # the send path stalls (scheduler, IRQs) and then drains what piled up
-                    time.sleep(random.uniform(0.15, 0.4))
-                    next_t = time.monotonic()
+                if m == "jitter" and random.random() < 0.05:
+                    # the send path stalls (scheduler, IRQs; ~2.5 times a second, 30-100 ms, the
+                    # fault lab's NS-6 range) while the engine keeps producing tokens on schedule:
+                    # afterwards the tokens that piled up leave back to back until it has caught up
+                    time.sleep(random.uniform(0.03, 0.1))
                 next_t += 0.02
                 d = next_t - time.monotonic()
                 if d > 0:
                     time.sleep(d)
+                elif m != "jitter":
+                    # a healthy server paces each token from the previous one: when this loaded
+                    # lab box (a dozen processes on 2 cores) wakes the thread late, it must not
+                    # fake a send-path stall on every host by catching up back to back
+                    next_t = time.monotonic()
                 c.sendall(tok)
             c.sendall(b"data: [DONE]\n\n")
     except OSError:
@@ -331,7 +337,8 @@ async def test_real_faults_detected_end_to_end(lab, nats_server, tmp_path):
                     and f.active_at >= t_fault - 1]
 
         expect = {("NS-5", "h0"), ("NS-7", "h1"), ("NS-6", "h2"), ("NS-2", "h3")}
-        await wait_for(lambda: all(firing(p, n) for p, n in expect), 300, 2.0)
+        await wait_for(lambda: all(firing(p, n) for p, n in expect)
+                       and any(f.entity == "eth0" for f in firing("NS-7", "h1")), 300, 2.0)
         seen = sorted({(f.rule_id, f.node, f.entity, round(f.active_at - t_fault)) for f in received
                        if f.state is State.FIRING})
         for pid, node in sorted(expect):
@@ -339,7 +346,8 @@ async def test_real_faults_detected_end_to_end(lab, nats_server, tmp_path):
             assert got, f"{pid} did not fire on {node} within 300s; firing (rule, node, entity, s after fault): {seen}"
         ns5 = firing("NS-5", "h0")[0]
         assert ns5.entity == "eth0" and ns5.evidence.get("p50(netdev_qdisc_backlog_bytes, window)", 0) > 65536
-        assert firing("NS-7", "h1")[0].entity == "eth0"
+        # the pfifo drops show on the qdisc (eth0); the flows they hit may retransmit first
+        assert any(f.entity == "eth0" for f in firing("NS-7", "h1")), [f.entity for f in firing("NS-7", "h1")]
         ns6 = firing("NS-6", "h2")[0]
         assert ns6.entity.startswith(f"tcp {HOST_IP[2]}:8000>"), ns6.entity  # an egress token stream of h2
         ns2 = firing("NS-2", "h3")[0]
