@@ -133,17 +133,22 @@ def _increase_dense(t: np.ndarray, W: np.ndarray, wrap_bits: int | None) -> np.n
         return None
     prev = W[:, :-1]
     cur = W[:, 1:]
-    d = cur - prev
-    neg = d < 0
-    if np.count_nonzero(neg):
-        if wrap_bits:
-            mod = float(2 ** wrap_bits)
-            wrapped = prev >= 0.75 * mod
-            d = np.where(neg & wrapped, cur + (mod - prev), np.where(neg, cur, d))
-        else:
-            d = np.where(neg, cur, d)
+    d = _unwrap(prev, cur, cur - prev, wrap_bits)
     r = _add(d, axis=1)
     return None if _has_nan(r) else r
+
+
+def _unwrap(prev: np.ndarray, cur: np.ndarray, d: np.ndarray, wrap_bits: int | None) -> np.ndarray:
+    """Counter differences ``d = cur - prev`` with resets (a decrease counts from zero) and,
+    when the counter wraps at 2**wrap_bits and ``prev`` was in the top quarter, the wrapped distance."""
+    neg = d < 0
+    if not np.count_nonzero(neg):
+        return d
+    if wrap_bits:
+        mod = float(2 ** wrap_bits)
+        wrapped = prev >= 0.75 * mod
+        return np.where(neg & wrapped, cur + (mod - prev), np.where(neg, cur, d))
+    return np.where(neg, cur, d)
 
 
 @_quiet
@@ -165,15 +170,7 @@ def _increase(t: np.ndarray, W: np.ndarray, wrap_bits: int | None = None) -> np.
     F = W if dense else _ffill(W, valid)
     prev = F[:, :-1]
     cur = W[:, 1:]
-    d = cur - prev
-    neg = d < 0
-    if neg.any():
-        if wrap_bits:
-            mod = float(2 ** wrap_bits)
-            wrapped = prev >= 0.75 * mod
-            d = np.where(neg & wrapped, cur + (mod - prev), np.where(neg, cur, d))
-        else:
-            d = np.where(neg, cur, d)
+    d = _unwrap(prev, cur, cur - prev, wrap_bits)
     if dense:
         return d.sum(axis=1) if W.shape[1] >= 2 else np.full(W.shape[0], _NAN)
     d = np.where(np.isnan(d), 0.0, d)
