@@ -79,7 +79,7 @@ async def stored(url: str, stream: str, subject: str, timeout: float = 3.0) -> l
         while time.monotonic() < deadline:
             try:
                 msgs = await sub.fetch(256, timeout=0.3)
-            except nats.errors.TimeoutError:
+            except (nats.errors.TimeoutError, asyncio.TimeoutError):  # nats-py raises the bare one when the deadline ran out between its two requests
                 break
             out.extend(msgs)
             if msgs and msgs[-1].metadata.num_pending == 0:
