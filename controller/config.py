@@ -16,7 +16,7 @@ import os
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from skewd.model import parse_duration
 from skewd.natsutil import NatsConfig, NatsConfigError
@@ -35,7 +35,25 @@ DEFAULTS: dict[str, Any] = {
     "alignment": {"window": "30s", "max_skew": "250ms", "unsynced_clock_error": "50ms",
                   "min_group_fraction": 0.5},
     "correlation": {"group_wait": "30s", "culprit_pathologies": ["EW-1", "EW-2", "EW-3", "EW-9"],
-                    "never_inhibit": ["GPU-1", "GPU-6"], "effect_window": "30s"},
+                    "never_inhibit": ["GPU-1", "GPU-6"], "effect_window": "30s",
+                    # Alertmanager-style inhibit rules: while a finding of a `source` pathology
+                    # fires, findings of a `target` pathology with the same `equal` labels are
+                    # attached to the source's incident instead of opening their own. The defaults
+                    # are the runbooks' cause -> symptom pairs the fault lab shows (docs/controller.md).
+                    "inhibit_rules": [
+                        # a congested, lossy, credit-starved or churning port makes KV transfers slow
+                        {"source": ["EW-4", "EW-5", "EW-6", "EW-7", "PCIE-9", "NS-9"], "target": ["EW-8"],
+                         "equal": ["node"]},
+                        # a saturated link backs up the egress queue and skews the flows sharing it
+                        {"source": ["NS-9"], "target": ["NS-3", "NS-5"], "equal": ["node"]},
+                        # a stalled engine stops pulling requests and producing tokens
+                        {"source": ["GPU-3"], "target": ["GPU-8", "NS-1", "NS-2"], "equal": ["node"]},
+                        # a GPU that lags its node's peers for a named reason: the reason is the incident
+                        {"source": ["PCIE-1", "PCIE-5", "PCIE-7", "GPU-5", "GPU-6"], "target": ["PCIE-4"],
+                         "equal": ["node", "entity"]},
+                        # a link trained below its width is a hardware fault sign before it is a thin feed
+                        {"source": ["GPU-6"], "target": ["PCIE-1", "PCIE-5"], "equal": ["node", "entity"]},
+                    ]},
     "remap": {"ttl": "10m", "min_confidence": 0.3, "concurrency_factor": 0.75, "reroute_weight": 0.5},
     "consumer": {"durable": "", "queue": "", "ack_wait": "10s", "batch": 64},  # default names: skewd-controller-<cluster>
     "state": {"bucket": "SKEWD_CONTROLLER", "max_age": "7d"},
@@ -96,6 +114,7 @@ class ControllerConfig:
     group_wait: float
     culprit_pathologies: tuple[str, ...]
     never_inhibit: tuple[str, ...]
+    inhibit_rules: tuple["InhibitRule", ...]
     effect_window: float
     remap_ttl: float
     min_confidence: float
@@ -114,6 +133,104 @@ class ControllerConfig:
     source: str = "<defaults>"
 
 
+
+
+INHIBIT_KEYS = ("source", "target", "equal")
+INHIBIT_EQUAL = ("node", "entity", "tp_group")
+
+
+@dataclass(frozen=True)
+class InhibitRule:
+    """While a firing finding of a ``source`` pathology exists, firing findings of a ``target``
+    pathology whose ``equal`` labels match it are inhibited (Alertmanager's inhibit_rules)."""
+    source: tuple[str, ...]
+    target: tuple[str, ...]
+    equal: tuple[str, ...]
+
+
+def _inhibit_rules(value: Any, pos: Callable[..., str], problems: list[str]) -> tuple[InhibitRule, ...]:
+    from skewd.rules.pathologies import PATHOLOGIES
+
+    name = "correlation.inhibit_rules"
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        problems.append(f"{pos('correlation', 'inhibit_rules')}: {name} must be a list of "
+                        "{source: [IDs], target: [IDs], equal: [labels]} mappings")
+        return ()
+    out: list[InhibitRule] = []
+    for i, r in enumerate(value):
+        where = pos("correlation", "inhibit_rules", i)
+        if not isinstance(r, dict):
+            problems.append(f"{where}: {name}[{i}] must be a mapping with source, target and equal")
+            continue
+        bad = False
+        for k in r:
+            if k not in INHIBIT_KEYS:
+                problems.append(f"{pos('correlation', 'inhibit_rules', i, k)}: unknown key {name}[{i}].{k}"
+                                f"{_hint(k, INHIBIT_KEYS)}")
+                bad = True
+        lists: dict[str, tuple[str, ...]] = {}
+        for k in INHIBIT_KEYS:
+            v = r.get(k, ["node"] if k == "equal" else None)
+            v = [v] if isinstance(v, str) else v
+            if not isinstance(v, list) or not v or not all(isinstance(x, str) for x in v):
+                problems.append(f"{pos('correlation', 'inhibit_rules', i, k)}: {name}[{i}].{k} must be a "
+                                "non-empty list of strings")
+                bad = True
+                continue
+            known = INHIBIT_EQUAL if k == "equal" else PATHOLOGIES
+            for x in v:
+                if x not in known:
+                    what = "label" if k == "equal" else "pathology ID"
+                    problems.append(f"{pos('correlation', 'inhibit_rules', i, k)}: {name}[{i}].{k}: unknown "
+                                    f"{what} {x!r}{_hint(x, known)}")
+                    bad = True
+            lists[k] = tuple(v)
+        if bad:
+            continue
+        both = set(lists["source"]) & set(lists["target"])
+        if both:
+            problems.append(f"{where}: {name}[{i}]: {', '.join(sorted(both))} is both source and target; "
+                            "a finding would inhibit its own kind")
+            continue
+        out.append(InhibitRule(lists["source"], lists["target"], lists["equal"]))
+    # a cycle (A inhibits B, B inhibits A) would hide both: refuse it, as a config error
+    nxt: dict[str, set[str]] = {}
+    for r in out:
+        for s in r.source:
+            nxt.setdefault(s, set()).update(r.target)
+    cycle = _find_cycle(nxt)
+    if cycle:
+        problems.append(f"{pos('correlation', 'inhibit_rules')}: {name}: {' -> '.join(cycle)} inhibit each other "
+                        "in a cycle, which would hide all of them; drop one of those pairs")
+    return tuple(out)
+
+
+def _find_cycle(nxt: Mapping[str, set[str]]) -> list[str]:
+    state: dict[str, int] = {}  # 1 on the path, 2 done
+    path: list[str] = []
+
+    def visit(n: str) -> list[str]:
+        state[n] = 1
+        path.append(n)
+        for m in sorted(nxt.get(n, ())):
+            if state.get(m) == 1:
+                return path[path.index(m):] + [m]
+            if m not in state:
+                c = visit(m)
+                if c:
+                    return c
+        path.pop()
+        state[n] = 2
+        return []
+
+    for n in sorted(nxt):
+        if n not in state:
+            c = visit(n)
+            if c:
+                return c
+    return []
 
 
 def deep_merge_nats(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
@@ -238,6 +355,7 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         culprit_pathologies=strlist(co.get("culprit_pathologies"), "correlation.culprit_pathologies",
                                     "correlation", "culprit_pathologies"),
         never_inhibit=strlist(co.get("never_inhibit"), "correlation.never_inhibit", "correlation", "never_inhibit"),
+        inhibit_rules=_inhibit_rules(co.get("inhibit_rules"), pos, problems),
         effect_window=dur(co.get("effect_window"), "correlation.effect_window", "correlation", "effect_window"),
         remap_ttl=dur(rm.get("ttl"), "remap.ttl", "remap", "ttl"),
         min_confidence=num(rm.get("min_confidence"), "remap.min_confidence", 0.0, 1.0, "remap", "min_confidence"),

@@ -8,6 +8,10 @@ TP group, the findings its victims raise (the peers waiting at every collective:
 utilisation, slow steps, eroding throughput) are attached to it instead of opening incidents of
 their own, so they produce no remap of their own. Pathologies listed in
 ``correlation.never_inhibit`` (hardware faults, squatters) are never hidden that way.
+``correlation.inhibit_rules`` add Alertmanager's explicit form: while a finding of a *source*
+pathology fires, findings of a *target* pathology with the same labels (node, entity, TP group)
+are attached to the source's incident (a lossy port's slow KV transfers, a stalled engine's
+eroded throughput) instead of opening incidents of their own.
 
 :meth:`Correlator.correlate` recomputes the incident set from the current findings at a given
 time, so every controller replica and a restarted controller reach the same incidents; only
@@ -27,6 +31,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 from skewd.model import GROUP_SCOPES, Finding, Layer, State
 
 from .align import GroupReport
+from .config import InhibitRule
 from .messages import Cause, Effect, Incident, PhaseContext, Target, stable_key
 from .timeline import Timelines
 from .topology import Topology
@@ -53,12 +58,13 @@ class _Group:
 class Correlator:
     def __init__(self, cluster: str, topology: Topology, timelines: Timelines, *,
                  culprit_pathologies: Sequence[str], never_inhibit: Sequence[str], effect_window: float,
-                 node_value: NodeValue | None = None) -> None:
+                 node_value: NodeValue | None = None, inhibit_rules: Sequence[InhibitRule] = ()) -> None:
         self.cluster = cluster
         self.topology = topology
         self.timelines = timelines
         self.culprit_pathologies = list(culprit_pathologies)
         self.never_inhibit = set(never_inhibit)
+        self.inhibit_rules = tuple(inhibit_rules)
         self.effect_window = effect_window
         self.node_value: NodeValue = node_value or (lambda s, n: None)
         self.findings: dict[str, Finding] = {}  # fingerprint → latest transition
@@ -119,6 +125,7 @@ class Correlator:
                     cluster_groups.append(g)
                 g.members.append(f)
         # 2. node-local findings: evidence for a culprit, inhibited victims, or their own incident
+        deferred: dict[str, tuple[Finding, Finding]] = {}  # fingerprint → (finding, its inhibitor)
         for f in firing:
             if self._is_group_finding(f):
                 continue
@@ -135,12 +142,52 @@ class Correlator:
             if fabric is not None and f.pathology not in self.never_inhibit:
                 fabric.inhibited.append(f)
                 continue
+            src = self._inhibitor(f, firing)
+            if src is not None:
+                deferred[f.fingerprint] = (f, src)
+                continue
             key = f"node:{f.node}:{f.pathology}"
             g = groups.get(key)
             if g is None:
                 g = groups[key] = _Group(key, "node", f.pathology, f.rule_id, {"node": f.node}, "", [], [])
             g.members.append(f)
+        # 3. findings an inhibit rule hides: attached to the incident that holds their source
+        # (following a chain of inhibitions; the configuration refuses cycles)
+        holder = {m.fingerprint: g for g in groups.values() for m in (*g.members, *g.inhibited)}
+        for fp, (f, src) in deferred.items():
+            seen = {fp}
+            while src.fingerprint in deferred and src.fingerprint not in seen:
+                seen.add(src.fingerprint)
+                src = deferred[src.fingerprint][1]
+            g = holder.get(src.fingerprint)
+            if g is None:  # unreachable with a valid configuration; never lose a finding
+                key = f"node:{f.node}:{f.pathology}"
+                g = groups.setdefault(key, _Group(key, "node", f.pathology, f.rule_id, {"node": f.node}, "", [], []))
+                g.members.append(f)
+                continue
+            g.inhibited.append(f)
         return list(groups.values())
+
+    def _label(self, f: Finding, name: str) -> str:
+        if name == "node":
+            return f.node
+        if name == "entity":
+            return f.entity
+        grp = self.topology.group_of(f.node)
+        return f.labels.get("tp_group") or (grp.name if grp is not None else "")
+
+    def _inhibitor(self, f: Finding, firing: Sequence[Finding]) -> Finding | None:
+        """The first firing finding that inhibits ``f`` under ``correlation.inhibit_rules``."""
+        if f.pathology in self.never_inhibit:
+            return None
+        for r in self.inhibit_rules:
+            if f.pathology not in r.target:
+                continue
+            for s in firing:
+                if (s.pathology in r.source and s.fingerprint != f.fingerprint
+                        and all(self._label(s, k) == self._label(f, k) for k in r.equal)):
+                    return s
+        return None
 
     # -- the incident set ---------------------------------------------------------------------
     def correlate(self, now: float) -> list[Incident]:
@@ -153,9 +200,8 @@ class Correlator:
         # culprit/cluster incident (as evidence or as inhibited victims) is superseded, not resolved
         taken: dict[str, str] = {}
         for g in groups:
-            if g.kind != "node":
-                for f in (*g.members, *g.inhibited):
-                    taken[f.fingerprint] = g.key
+            for f in (g.inhibited if g.kind == "node" else (*g.members, *g.inhibited)):
+                taken[f.fingerprint] = g.key
         for g in groups:
             if g.key in self.ids:
                 iid, opened = self.ids[g.key]
@@ -356,7 +402,9 @@ class Correlator:
                     f"cause {cause.layer if cause else 'unknown'}: {cause.reason if cause else ''}; "
                     f"victims {', '.join(victims) or 'none'} ({len(g.inhibited)} findings inhibited); {ph}; {eff}")
         where = culprit.node if culprit else ", ".join(victims)
-        return f"{g.pathology} on {where}: {cause.reason if cause else ''}; {ph}; {eff}"
+        held = f" ({len(g.inhibited)} findings inhibited: {', '.join(sorted({f.pathology for f in g.inhibited}))})" \
+            if g.inhibited else ""
+        return f"{g.pathology} on {where}: {cause.reason if cause else ''}{held}; {ph}; {eff}"
 
 
 def _replace(inc: Incident, **kw: object) -> Incident:

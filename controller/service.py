@@ -144,7 +144,8 @@ class Controller:
         self.timelines = Timelines(horizon=cfg.horizon, stale_after=max(cfg.stale_after * 6, 30.0))
         self.correlator = Correlator(cfg.cluster, self.topology, self.timelines,
                                      culprit_pathologies=cfg.culprit_pathologies, never_inhibit=cfg.never_inhibit,
-                                     effect_window=cfg.effect_window, node_value=self._node_value)
+                                     effect_window=cfg.effect_window, node_value=self._node_value,
+                                     inhibit_rules=cfg.inhibit_rules)
         self.planner = Planner(cfg)
         self.stats = ControllerStats()
         self.nc: Any = None

@@ -27,7 +27,8 @@ def _corr(values: dict[tuple[str, str], float] | None = None, cfg=None) -> Corre
     cfg = cfg or _cfg()
     vals = values or {}
     return Correlator("c", Topology.from_config(cfg), Timelines(), culprit_pathologies=cfg.culprit_pathologies,
-                      never_inhibit=cfg.never_inhibit, effect_window=30.0, node_value=lambda s, n: vals.get((s, n)))
+                      never_inhibit=cfg.never_inhibit, effect_window=30.0, node_value=lambda s, n: vals.get((s, n)),
+                      inhibit_rules=cfg.inhibit_rules)
 
 
 def _straggler(t: float = 100.0):
@@ -183,3 +184,82 @@ def test_victims_wait_while_a_culprit_rule_is_pending_in_their_group() -> None:
     other = finding("x9", "GPU-8-x", "GPU-8", Layer.ENGINE, 100.0, cluster="c")  # not in tp0
     c.observe(other)
     assert not c.culprit_pending(next(i for i in c.correlate(103.0) if i.group.get("node") == "x9"))
+
+
+def _kv(node: str, flow: str, t: float = 100.0):
+    return finding(node, "EW-8-x", "EW-8", Layer.NETWORK, t, cluster="c", entity=flow, scope=Scope.FLOW)
+
+
+def test_inhibit_rules_fold_a_lossy_ports_slow_kv_transfers_into_its_incident() -> None:
+    c = _corr()
+    storm = finding("n1", "EW-6-x", "EW-6", Layer.NETWORK, 100.0, cluster="c", entity="mlx5_0/1", scope=Scope.RDMA_PORT)
+    slow = [_kv("n1", f"udp 10.0.0.1:{p}>10.0.0.2:4791") for p in (5001, 5002)]
+    other = _kv("n3", "udp 10.0.0.3:5003>10.0.0.2:4791")  # another node: the rule's equal: [node] keeps it
+    for f in (storm, *slow, other):
+        c.observe(f)
+    incs = {(i.pathology, i.group.get("node")): i for i in c.correlate(101.0)}
+    assert set(incs) == {("EW-6", "n1"), ("EW-8", "n3")}
+    held = incs[("EW-6", "n1")]
+    assert held.inhibited == sorted(f.id for f in slow) and "2 findings inhibited: EW-8" in held.summary
+    # the storm ends: the KV findings that are still firing open their own incident again
+    done = finding("n1", "EW-6-x", "EW-6", Layer.NETWORK, 130.0, cluster="c", entity="mlx5_0/1",
+                   scope=Scope.RDMA_PORT, state=State.RESOLVED)
+    c.observe(done)
+    changed = {(i.pathology, i.group.get("node")): i for i in c.correlate(131.0)}
+    assert changed[("EW-6", "n1")].state == "resolved" and changed[("EW-8", "n1")].state == "open"
+
+
+def test_a_symptom_that_fired_first_is_marked_inhibited_by_the_cause_that_follows() -> None:
+    c = _corr()
+    erosion = finding("n0", "GPU-8-x", "GPU-8", Layer.ENGINE, 100.0, cluster="c", entity="engine0", scope=Scope.ENGINE)
+    c.observe(erosion)
+    (own,) = c.correlate(101.0)
+    assert own.pathology == "GPU-8" and own.state == "open"
+    stall = finding("n0", "GPU-3-x", "GPU-3", Layer.ENGINE, 110.0, cluster="c", entity="engine0", scope=Scope.ENGINE)
+    c.observe(stall)
+    changed = {i.pathology: i for i in c.correlate(111.0)}
+    assert changed["GPU-8"].state == "inhibited" and changed["GPU-8"].inhibited_by == changed["GPU-3"].id
+    assert changed["GPU-3"].inhibited == [erosion.id]
+
+
+def test_inhibit_rules_respect_entity_equality_never_inhibit_and_chains() -> None:
+    c = _corr()
+    # GPU-6 on gpu3 hides PCIE-1 on gpu3 (not on gpu5); PCIE-1 on gpu3 in turn would hide PCIE-4 on gpu3
+    xid = finding("n0", "GPU-6-x", "GPU-6", Layer.GPU, 100.0, cluster="c", entity="gpu3", scope=Scope.GPU)
+    link3 = finding("n0", "PCIE-1-x", "PCIE-1", Layer.PCIE, 100.0, cluster="c", entity="gpu3", scope=Scope.GPU)
+    link5 = finding("n0", "PCIE-1-x", "PCIE-1", Layer.PCIE, 100.0, cluster="c", entity="gpu5", scope=Scope.GPU)
+    skew3 = finding("n0", "PCIE-4-x", "PCIE-4", Layer.PCIE, 100.0, cluster="c", entity="gpu3", scope=Scope.GPU)
+    for f in (xid, link3, link5, skew3):
+        c.observe(f)
+    incs = {(i.pathology, i.group.get("node")): i for i in c.correlate(101.0)}
+    assert set(incs) == {("GPU-6", "n0"), ("PCIE-1", "n0")}
+    assert incs[("GPU-6", "n0")].inhibited == sorted([link3.id, skew3.id])  # the chain ends at the root
+    assert incs[("PCIE-1", "n0")].findings == [link5.id]
+    # a configuration without the rules: every finding stands alone
+    bare = _corr(cfg=_cfg(correlation={"inhibit_rules": []}))
+    for f in (xid, link3, link5, skew3):
+        bare.observe(f)
+    assert sorted(i.pathology for i in bare.correlate(101.0)) == ["GPU-6", "PCIE-1", "PCIE-4"]
+
+
+@pytest.mark.parametrize("rules,message", [
+    ("nope", "correlation.inhibit_rules must be a list"),
+    ([{"source": ["EW-4"], "target": ["EW-8"], "equl": ["node"]}], "unknown key correlation.inhibit_rules[0].equl; did you mean equal?"),
+    ([{"source": ["EW-4"], "target": ["EW-88"]}], "correlation.inhibit_rules[0].target: unknown pathology ID 'EW-88'; did you mean EW-8?"),
+    ([{"source": ["EW-4"], "target": ["EW-8"], "equal": ["host"]}], "unknown label 'host'"),
+    ([{"source": ["EW-4"], "target": []}], "correlation.inhibit_rules[0].target must be a non-empty list"),
+    ([{"source": ["EW-4"], "target": ["EW-4"]}], "EW-4 is both source and target"),
+    ([{"source": ["GPU-3"], "target": ["GPU-8"]}, {"source": ["GPU-8"], "target": ["GPU-3"]}],
+     "GPU-3 -> GPU-8 -> GPU-3 inhibit each other in a cycle"),
+])
+def test_bad_inhibit_rules_are_refused_with_the_field_and_what_to_do(rules, message, tmp_path) -> None:
+    from skewd.controller.config import ConfigError
+
+    f = tmp_path / "controller.yaml"
+    import yaml
+
+    f.write_text(yaml.safe_dump({"correlation": {"inhibit_rules": rules}}))
+    with pytest.raises(ConfigError) as e:
+        load_config(f, env={})
+    text = str(e.value)
+    assert message in text and str(f) in text, text
