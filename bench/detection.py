@@ -13,8 +13,9 @@ Findings are scored against the injected ground truth:
   fault's onset and its end + ``grace``; **recall** = faults detected / faults injected;
 - **localisation** = detected faults whose first detection names a culprit node (and, where the
   finding's scope is the culprit's kind - a GPU, a port - the culprit entity);
-- **precision** = firing findings of an ID that are such detections / all firing findings of that
-  ID, counting every fault run and every healthy run;
+- **precision (incidents)** = incidents the controller opened that show a fault of their ID on its
+  node / all incidents it opened of that ID; **precision (findings)** = firing findings of an ID that
+  are such detections / all firing findings of that ID, counting every fault run and every healthy run;
 - **latency** = onset → first detection; onset → first remap suggestion naming a culprit node;
 - **false findings per node-hour** = firing findings on healthy runs / simulated node-hours.
 
@@ -57,6 +58,7 @@ class RunResult:
     seconds: float
     node_evaluations: int
     error: str = ""
+    incidents: list[dict] = field(default_factory=list)  # every incident the controller opened
 
 
 def _init_worker(rules: list[str], opts: dict[str, Any]) -> None:
@@ -105,7 +107,7 @@ def _run_one(job: tuple[str, int]) -> RunResult:
             for s in (r.suggestions if r else [])]
     return RunResult(sc.name, sc.label, sc.shape, seed, len(sim.node_names), sc.duration, sim.start,
                      [g.to_dict() for g in sim.truth], findings, sugg, time.time() - t0,
-                     r.node_evaluations if r else 0, err)
+                     r.node_evaluations if r else 0, err, list(r.opened) if r else [])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -139,6 +141,13 @@ def matches(f: dict, t: dict, start: float) -> bool:
     return f["pathology"] == t["pathology"] and t["onset"] <= f["active_at"] <= t["end"] + GRACE
 
 
+def incident_matches(inc: dict, t: dict) -> bool:
+    """An incident shows the fault: its pathology, opened during it, naming a culprit node
+    (or, for a cluster-wide incident, a victim node) of the fault."""
+    return (inc["pathology"] == t["pathology"] and t["onset"] <= inc["opened_at"] <= t["end"] + GRACE
+            and bool(set(inc["nodes"]) & set(t["nodes"])))
+
+
 @dataclass
 class IdScore:
     pid: str
@@ -151,6 +160,10 @@ class IdScore:
     latencies: list[float] = field(default_factory=list)
     sugg_latencies: list[float] = field(default_factory=list)
     misses: list[str] = field(default_factory=list)
+    inc_tp: int = 0  # incidents the controller opened that show an injected fault of this ID
+    inc_fp: int = 0  # incidents of this ID that show none
+    inc_fp_healthy: int = 0
+    inc_fp_where: dict[str, int] = field(default_factory=dict)
     fp_rules: dict[str, int] = field(default_factory=dict)
     undetectable: str = ""
     scenarios: set[str] = field(default_factory=set)
@@ -188,6 +201,15 @@ def score(runs: Sequence[RunResult], ids: Sequence[str]) -> tuple[dict[str, IdSc
                   and (not x["nodes"] or set(x["nodes"]) & set(t["nodes"]))]
             if su:
                 s.sugg_latencies.append(su[0]["t"] - t["onset"])
+        for inc in r.incidents:
+            s = sc.setdefault(inc["pathology"], IdScore(inc["pathology"]))
+            if any(incident_matches(inc, t) for t in r.truth):
+                s.inc_tp += 1
+            else:
+                s.inc_fp += 1
+                s.inc_fp_where[r.scenario] = s.inc_fp_where.get(r.scenario, 0) + 1
+                if healthy:
+                    s.inc_fp_healthy += 1
         for i, f in enumerate(r.findings):
             s = sc.setdefault(f["pathology"], IdScore(f["pathology"]))
             if i in used:
@@ -231,17 +253,21 @@ def render(sc: dict[str, IdScore], extra: dict[str, Any], runs: Sequence[RunResu
              f"collective bursts in summaries: {meta['bursts']}, clock error in summaries: {meta['clock_report']}",
              f"- wall time {meta['wall']:.0f}s on {meta['machine']} with {meta['jobs']} worker(s)", "",
              "How to read it: see the end of this page. Latencies are medians over detected runs.", "",
-             "| ID | pathology | recall | precision | localisation | latency (finding) | latency (suggestion) "
-             "| false/node-h (healthy) | scenario |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| ID | pathology | recall | precision (incidents) | precision (findings) | localisation "
+             "| latency (finding) | latency (suggestion) | false/node-h (healthy) | scenario |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     tot = IdScore("all")
     for pid in sorted(sc, key=_order):
         s = sc[pid]
         title = PATHOLOGIES[pid].title if pid in PATHOLOGIES else pid
         fph = f"{s.fp_healthy / hours:.2f}" if hours else "-"
-        lines.append(f"| {pid} | {title} | {_ratio(s.detected, s.faults)} | {_ratio(s.tp, s.tp + s.fp)} | "
+        lines.append(f"| {pid} | {title} | {_ratio(s.detected, s.faults)} | {_ratio(s.inc_tp, s.inc_tp + s.inc_fp)} | "
+                     f"{_ratio(s.tp, s.tp + s.fp)} | "
                      f"{_ratio(s.localised, s.detected)} | {_med(s.latencies)} | {_med(s.sugg_latencies)} | {fph} | "
                      f"{', '.join(sorted(s.scenarios)) or '-'} |")
+        tot.inc_tp += s.inc_tp
+        tot.inc_fp += s.inc_fp
+        tot.inc_fp_healthy += s.inc_fp_healthy
         tot.faults += s.faults
         tot.detected += s.detected
         tot.localised += s.localised
@@ -252,11 +278,12 @@ def render(sc: dict[str, IdScore], extra: dict[str, Any], runs: Sequence[RunResu
         tot.sugg_latencies += s.sugg_latencies
     fph = f"{tot.fp_healthy / hours:.2f}" if hours else "-"
     fpd = f"{tot.fp_healthy / hours * 24:.1f}" if hours else "-"
-    lines.append(f"| **all** | | **{_ratio(tot.detected, tot.faults)}** | **{_ratio(tot.tp, tot.tp + tot.fp)}** | "
+    lines.append(f"| **all** | | **{_ratio(tot.detected, tot.faults)}** | "
+                 f"**{_ratio(tot.inc_tp, tot.inc_tp + tot.inc_fp)}** | **{_ratio(tot.tp, tot.tp + tot.fp)}** | "
                  f"**{_ratio(tot.localised, tot.detected)}** | {_med(tot.latencies)} | {_med(tot.sugg_latencies)} | "
                  f"**{fph}** | |")
     lines += ["", f"Healthy runs: {tot.fp_healthy} false finding(s) in {hours:.2f} node-hours "
-              f"= {fpd} per node-day (target: at most 1).", ""]
+              f"= {fpd} per node-day (target: at most 1); {tot.inc_fp_healthy} incident(s) opened.", ""]
     hf = extra["healthy_fp_by_rule"]
     if hf:
         lines += ["### False findings on healthy runs, by rule", "", "| rule | findings |", "|---|---|"]
@@ -268,6 +295,16 @@ def render(sc: dict[str, IdScore], extra: dict[str, Any], runs: Sequence[RunResu
         for pid, s in missed:
             for m in s.misses:
                 lines.append(f"- {pid}: {m}")
+        lines.append("")
+    ifp = [(pid, s) for pid, s in sorted(sc.items(), key=lambda kv: _order(kv[0])) if s.inc_fp_where]
+    if ifp:
+        lines += ["### Incidents that showed no injected fault, by ID", "",
+                  "What a subscriber to skew events was shown that was not the injected fault (or named the "
+                  "wrong node). Symptoms an inhibit rule attaches to their cause's incident are not here.", "",
+                  "| ID | incidents | runs |", "|---|---|---|"]
+        for pid, s in ifp:
+            where = ", ".join(f"{k} ({v})" for k, v in sorted(s.inc_fp_where.items()))
+            lines.append(f"| {pid} | {s.inc_fp} | {where} |")
         lines.append("")
     fps = [(pid, s) for pid, s in sorted(sc.items(), key=lambda kv: _order(kv[0])) if s.fp_rules]
     if fps:
@@ -327,9 +364,15 @@ def render(sc: dict[str, IdScore], extra: dict[str, Any], runs: Sequence[RunResu
               "- The simulator emits what the collectors would (same signals, units, entities; counters cumulative); "
               "the benchmark keeps only the signals some rule or the node summary reads, which changes no finding.",
               "- A detection is a *firing* finding of the fault's ID that became active between onset and end + "
-              f"{GRACE:.0f}s. Precision counts every firing finding of an ID in every run (a finding of the right ID "
-              "on the wrong node is a false finding). Localisation: the first detection names a culprit node (and "
+              f"{GRACE:.0f}s. Localisation: the first detection names a culprit node (and "
               "the culprit GPU/port/engine when its scope is that kind of entity).",
+              "- Precision (incidents) is over what the controller showed: every incident it opened in every "
+              "run counts once; it is right when it has the fault's ID, opened between onset and end + "
+              f"{GRACE:.0f}s and names a culprit node of the fault (a cluster-wide incident: one of its nodes). "
+              "Findings the correlator attached to another incident (victims of a TP-group culprit, network "
+              "findings under a fabric incident, symptoms under `correlation.inhibit_rules`) open no incident. "
+              "Precision (findings) counts every firing finding of an ID in every run, each flow, GPU or port "
+              "on its own, inhibited or not (a finding of the right ID on the wrong node is a false finding).",
               "- Suggestion latency: onset to the controller planner's first remap suggestion naming a culprit node "
               "(or naming no node) during the fault; `-` when the planner made none.",
               ""]

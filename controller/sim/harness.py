@@ -53,6 +53,9 @@ class HarnessResult:
     findings: list[Finding]  # every transition, node and controller, in time order
     suggestions: list[Suggestion]
     incidents: list = field(default_factory=list)
+    #: every incident the controller opened during the run, as first seen open (what a
+    #: subscriber to skew events was shown), in opening order
+    opened: list[dict] = field(default_factory=list)
     node_evaluations: int = 0
     group_evaluations: int = 0
     samples: int = 0
@@ -111,6 +114,7 @@ class Harness:
             p.engine.set_available_signals(node_available(catalogue, sim, n))
             self.pipes[n] = p
         self.ctl = None
+        self._opened_ids: set[str] = set()
         if controller:
             self._make_controller(lookback, horizon)
 
@@ -185,6 +189,7 @@ class Harness:
                 next_group += self.group_interval
                 step_found += self._ctl_tick(t, res.suggestions)
                 res.group_evaluations += 1
+                self._log_opened(res)
             res.findings += step_found
             if on_step is not None:
                 on_step(t, step_found)
@@ -192,6 +197,17 @@ class Harness:
             res.incidents = list(self.ctl.correlator.open_incidents())
             self._loop.close()
         return res
+
+    def _log_opened(self, res: HarnessResult) -> None:
+        seen = self._opened_ids
+        for iid, inc in self.ctl.correlator.incidents.items():
+            if iid in seen or inc.state != "open":
+                continue
+            seen.add(iid)
+            nodes = [inc.culprit.node] if inc.culprit is not None and inc.culprit.node else list(inc.victims)
+            res.opened.append({"id": iid, "pathology": inc.pathology, "rule": inc.rule_id, "nodes": nodes,
+                               "entity": inc.culprit.entity if inc.culprit is not None else "",
+                               "opened_at": inc.opened_at, "findings": len(inc.findings)})
 
     def _summary(self, node: str, p: Pipeline, t: float, interval: float) -> None:
         # "sim": the node reports its time daemon's error bound (what clock_sync is for);

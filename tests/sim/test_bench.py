@@ -35,6 +35,11 @@ def _truth(pid, nodes, onset, end, entity=""):
             "variant": "v", "params": {}, "detectable": ""}
 
 
+def _incident(pid, nodes, at):
+    return {"id": f"{pid}-{at}", "pathology": pid, "rule": f"{pid}-r", "nodes": nodes, "entity": "",
+            "opened_at": at, "findings": 1}
+
+
 def test_scoring():
     D = _bench()
     R = D.RunResult
@@ -46,8 +51,11 @@ def test_scoring():
               [{"t": 200.0, "nodes": ["node2"], "actions": [], "summary": ""}], 1.0, 10)
     miss = R("s2", "GPU-5", "dp", 1, 4, 600.0, 0.0, [_truth("GPU-5", ["node1"], 100.0, 300.0, "gpu3")],
              [_finding("GPU-5", "node1", 120.0, "gpu2", "gpu")], [], 1.0, 10)  # wrong GPU
+    fault.incidents = [_incident("EW-1", ["node3"], 150.0),  # the wrong culprit: false
+                       _incident("EW-1", ["node2"], 160.0),  # shows the fault
+                       _incident("GPU-8", ["node2"], 170.0)]  # not inhibited: a false incident of GPU-8
     healthy = R("h", "healthy", "dp", 1, 4, 900.0, 0.0, [], [_finding("NS-6", "node0", 50.0, "tcp x", "flow")],
-                [], 1.0, 10)
+                [], 1.0, 10, incidents=[_incident("NS-6", ["node0"], 50.0)])
     sc, extra = D.score([fault, miss, healthy], ["EW-1", "GPU-5", "GPU-8", "NS-6"])
     ew1 = sc["EW-1"]
     assert (ew1.faults, ew1.detected, ew1.localised, ew1.tp, ew1.fp) == (1, 1, 0, 1, 2)
@@ -59,8 +67,11 @@ def test_scoring():
     text = D.render(sc, extra, [fault, miss, healthy], {"command": "x", "rules_commit": "c", "rules": 1, "seeds": "1",
                                                         "eval_interval": 5.0, "bursts": "every", "clock_report": "sim", "wall": 1.0,
                                                         "jobs": 1, "machine": "m"})
-    assert "| EW-1 | TP straggler | 1.00 (1/1) | 0.33 (1/3) | 0.00 (0/1) | 80s | 100s |" in text
-    assert "1 false finding(s) in 1.00 node-hours = 24.0 per node-day" in text
+    assert (ew1.inc_tp, ew1.inc_fp) == (1, 1) and (sc["GPU-8"].inc_tp, sc["GPU-8"].inc_fp) == (0, 1)
+    assert sc["NS-6"].inc_fp_healthy == 1
+    assert "| EW-1 | TP straggler | 1.00 (1/1) | 0.50 (1/2) | 0.33 (1/3) | 0.00 (0/1) | 80s | 100s |" in text
+    assert "1 false finding(s) in 1.00 node-hours = 24.0 per node-day (target: at most 1); 1 incident(s) opened" in text
+    assert "| GPU-8 | 1 | s1 (1) |" in text
 
 
 def test_a_simulated_engine_stall_is_found_on_its_engine(tmp_path):
@@ -85,3 +96,6 @@ faults:
     assert {(f.node, f.entity) for f in hits} == {(t.nodes[0], t.entity)}
     assert all(t.onset <= f.active_at <= t.end for f in hits)
     assert r.node_evaluations == 4 * (240 // 5)
+    # what the controller showed: the stall as an incident on its node, opened during the fault
+    stalls = [i for i in r.opened if i["pathology"] == "GPU-3"]
+    assert stalls and stalls[0]["nodes"] == list(t.nodes) and t.onset <= stalls[0]["opened_at"] <= t.end + 120
