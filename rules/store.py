@@ -23,6 +23,7 @@ from skewd.model import Catalogue, SampleBatch, Scope, SignalSpec
 _NAN = np.nan
 _NO_ROWS = np.empty(0, dtype=np.int64)
 _LAYOUT_BUDGET = 1 << 16  # samples + signals over all cached batch layouts (a few MB at most)
+_SHARED_MIN = 256  # identity-recognised column arrays kept at least (see shared_columns)
 
 
 class EntityRegistry:
@@ -161,7 +162,8 @@ class WindowStore:
     only happens with a misbehaving source.
     """
 
-    def __init__(self, catalogue: Catalogue, horizon: float = 600.0, initial_cap: int = 64) -> None:
+    def __init__(self, catalogue: Catalogue, horizon: float = 600.0, initial_cap: int = 64,
+                 layout_budget: int | None = None) -> None:
         self.catalogue = catalogue
         self.horizon = float(horizon)
         self.initial_cap = initial_cap
@@ -174,6 +176,10 @@ class WindowStore:
         self.version = 0  # bumps when rows or blocks change shape
         self._layouts: dict[tuple, _Layout] = {}  # batch shape → rows (see ingest_many)
         self._layout_size = 0  # samples and groups the cached layouts describe
+        #: bound on _layout_size (the cache is cleared beyond it). One agent's store needs the
+        #: default; a store fed by many nodes (the controller) raises it so that every node's
+        #: layouts stay cached between its batches. Only speed depends on it, never results.
+        self.layout_budget = _LAYOUT_BUDGET if layout_budget is None else layout_budget
         self._shared: dict[int, tuple] = {}  # id(signal array) → (arrays, layout): shared_columns
 
     # -- ingest ----------------------------------------------------------------------------
@@ -247,7 +253,7 @@ class WindowStore:
         if not (t == t[0]).all():
             return None
         if shared:
-            if len(self._shared) >= 256:
+            if len(self._shared) >= max(_SHARED_MIN, len(self._layouts)):
                 self._shared.clear()
             self._shared[id(sig)] = (sig, ent, node, lay)  # holds the arrays: ids stay unique
         return lay
@@ -368,7 +374,7 @@ class WindowStore:
         if any(g.blk is not None and not g.unique for g in groups):
             return  # an entity twice in one collection: always the general path
         self._layout_size += len(groups) + len(batch)
-        if self._layout_size > _LAYOUT_BUDGET:  # entity churn (flows) makes new layouts: stay bounded
+        if self._layout_size > self.layout_budget:  # entity churn (flows) makes new layouts: stay bounded
             self._layouts.clear()
             self._layout_size = len(groups) + len(batch)
         sig, ent, node = batch.signal, batch.entity, batch.node
