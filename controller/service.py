@@ -61,9 +61,9 @@ log = logging.getLogger("skewd.controller")
 #: summary keys that carry per-burst data for alignment, not signals
 BURST_STARTS = "collective_burst_starts"
 BURST_BYTES = "collective_burst_bytes"
-FLUSH_ROWS = 50_000
-LAYOUTS_PER_NODE = 4
-BATCH_FROM = 3  # summaries of one node in one flush from which they go to the store batch by batch  # a node whose values come and go (None) sends a few layouts
+FLUSH_ROWS = 250_000  # pending samples that force a flush between ticks (a few MB of Python lists)
+LAYOUTS_PER_NODE = 4  # a node whose values come and go (None) sends a few layouts
+LAYOUT_BUDGET_PER_SAMPLE = 4  # store layout-cache budget per sample of the layouts we know (see _flush)
 LIVE_STATUSES = (M.SuggestionStatus.PLANNED.value, M.SuggestionStatus.PUBLISHED.value, M.SuggestionStatus.ACKED.value)
 
 
@@ -136,6 +136,7 @@ class Controller:
         if ruleset is None:
             ruleset = RuleManager(cfg.rules or [str(PACKS)], self.catalogue).load_initial()
         self.store = WindowStore(self.catalogue, horizon=cfg.horizon)
+        self._layout_samples = 0  # samples over every node's known layouts (sizes the store's layout cache)
         self.engine = Engine(ruleset, self.store, lookback=cfg.lookback, cluster=cfg.cluster,
                              scopes=GROUP_SCOPES.keys())
         self.topology = Topology.from_config(cfg)
@@ -169,7 +170,8 @@ class Controller:
         self._pending: list[_Pending] = []  # summary samples not yet in the store
         self._pending_rows = 0
         self._layouts: dict[str, list[_Layout]] = {}  # node → its summaries' layouts the store holds rows for
-        self._store_version = -1
+        self._store_gcs = 0  # store.gc calls that forgot entities (rows our layouts may point at)
+        self._layouts_gcs = -1  # ... when _layouts was last known valid
         self._ncat = -1
         self.fast_flushes = 0  # flushes that took the per-summary path (tests look)
 
@@ -351,6 +353,8 @@ class Controller:
                 if known.names == names and known.entities == ents_of:
                     lay = known
                     break
+            if lay is not None:  # the layout's lists stand for these (equal) ones
+                names, ents_of = lay.names, lay.entities
             self._pending.append(_Pending(s.node, s.t, names, ents_of, values, lay))
             self._pending_rows += len(values)
             if self._pending_rows >= FLUSH_ROWS:
@@ -375,29 +379,25 @@ class Controller:
             return
         pend, self._pending, self._pending_rows = self._pending, [], 0
         store = self.store
-        same_shape = store.version == self._store_version and len(store.catalogue) == self._ncat
+        # a known layout means the store holds a row for each of its catalogued samples: only a
+        # gc that forgets entities, or a catalogue that grows, can make that untrue (new rows
+        # and blocks elsewhere leave it true)
+        same_shape = self._store_gcs == self._layouts_gcs and len(store.catalogue) == self._ncat
         if same_shape and all(p.layout is not None for p in pend):
             by_node: dict[str, list[_Pending]] = {}
             for p in pend:
                 by_node.setdefault(p.node, []).append(p)
-            # a node with few summaries in this flush gains nothing from batches of its own (the
-            # store may have to resolve its layout again): those go together, the general way;
-            # blocks are per node, so splitting nodes between the two paths changes nothing
-            few = [p for p in pend if len(by_node[p.node]) < BATCH_FROM]
-            if few:
-                store.ingest(SampleBatch.from_rows(
-                    [(p.t, p.node, e, n, v) for p in few for n, e, v in zip(p.names, p.entities, p.values)]))
             batches = []
             for ps in by_node.values():
-                if len(ps) < BATCH_FROM:
-                    continue
-                if any(a.t > b.t for a, b in zip(ps, ps[1:])):
+                if len(ps) > 1 and any(a.t > b.t for a, b in zip(ps, ps[1:])):
                     ps = sorted(ps, key=lambda p: p.t)  # stable: a repeated time keeps arrival order
                 for p in ps:
                     lay = p.layout
                     batches.append(SampleBatch(np.full(len(p.values), p.t), lay.node_col, lay.entity_col,
                                                lay.signal_col, np.array(p.values, dtype=np.float64)))
-            store.ingest_many(batches)
+            # a layout's column arrays are made once and never modified: the store may know
+            # them by identity; its layout cache is sized to hold every node's (see below)
+            store.ingest_many(batches, shared_columns=True)
             self.fast_flushes += 1
         else:
             store.ingest(SampleBatch.from_rows(
@@ -410,7 +410,18 @@ class Controller:
                     continue
                 known.append(_Layout.of(p))
                 del known[:-LAYOUTS_PER_NODE]
-        self._store_version, self._ncat = store.version, len(store.catalogue)
+            self._layout_samples = sum(len(k.names) for ks in self._layouts.values() for k in ks)
+            # every node's summaries are one-node batches to the store: keep all their layouts
+            # cached there (the default bound is one agent's; only speed depends on it)
+            store.layout_budget = max(store.layout_budget, LAYOUT_BUDGET_PER_SAMPLE * self._layout_samples)
+        self._layouts_gcs, self._ncat = self._store_gcs, len(store.catalogue)
+
+    def gc_store(self, now: float) -> int:
+        """``store.gc`` (always through here: the flush must know when rows were forgotten)."""
+        removed = self.store.gc(now)
+        if removed:
+            self._store_gcs += 1
+        return removed
 
     def _in_store(self, p: "_Pending") -> bool:
         """Whether the store has a row for every catalogued sample of ``p``."""
@@ -768,7 +779,7 @@ class Controller:
                 for k in planned:
                     await self._publish_remap(k, self.remaps[k])
                 if self.now > -math.inf:
-                    self.store.gc(self.now)
+                    self.gc_store(self.now)
                     self.correlator.forget_closed(self.now - self.cfg.horizon)
                 if wall - last_log > 60:
                     last_log = wall

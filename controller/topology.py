@@ -35,6 +35,9 @@ class Topology:
     #: tp_groups() and a node → group index, for the (version, configured groups) they came from:
     #: rebuilding them per call made every tick quadratic in the number of nodes
     _cache: tuple | None = field(default=None, repr=False, compare=False)
+    #: node → (its configured group, the labels it last sent): every summary carries the same
+    #: labels, and with the same configured group they change nothing
+    _seen: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_config(cls, cfg: ControllerConfig) -> "Topology":
@@ -49,9 +52,13 @@ class Topology:
             except (TypeError, ValueError):
                 return None
 
+        cfg_group = self._configured_group_of(node)
+        seen = self._seen.get(node)
+        if seen is not None and seen[0] == cfg_group and seen[1] == labels:
+            return False  # the same inputs as last time, which left learned/conflicts as they are
+        self._seen[node] = (cfg_group, dict(labels))
         new = _Learned(str(labels.get("tp_group", "")), _int(labels.get("tp_rank")), str(labels.get("pp_group", "")),
                        _int(labels.get("pp_stage")), str(labels.get("model", "")))
-        cfg_group = self._configured_group_of(node)
         if cfg_group and new.tp_group and new.tp_group != cfg_group:
             self.conflicts[node] = (f"agent on {node} says tp_group {new.tp_group!r}, the controller config says "
                                     f"{cfg_group!r}: the config wins; fix one of them")
