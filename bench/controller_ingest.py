@@ -1,6 +1,7 @@
 """Controller ingest: simulated agents' summaries through a real nats-server into the controller.
 
-    python bench/controller_ingest.py [--seconds 10] [--nodes 10000] [--rate 0]
+    python bench/controller_ingest.py [--warmup 40] [--seconds 20] [--nodes 1000] [--json]
+    python bench/controller_ingest.py --offline 4000 [--warm 40] [--seconds 10] [--profile FILE]
 
 Three processes on this machine, as in production: ``nats-server`` (started here, JetStream in
 a temporary directory), one publisher process playing ``--nodes`` agents (each summary is the
@@ -15,10 +16,17 @@ topology labels; stamped with the wall clock when it is sent), and one consumer 
   fed the same payloads in the same way: the transport's own ceiling.
 
 Each consumer is measured twice: *saturation* (the publisher sends as fast as it can for
-``--seconds``; sustained rate = summaries handled / time from the first to the last) and
-*latency* at a fixed offered rate (``--latency-rate``, default half the controller's measured
-rate; percentiles of handled-time minus sent-time). Goal: >= 50,000 summaries/s on 2 cores.
-Exits non-zero only if it could not run.
+``--warmup`` + ``--seconds``; sustained rate = summaries handled / time from the first to the
+last) and *latency* at a fixed offered rate (``--latency-rate``, default half the controller's
+steady rate; percentiles of handled-time minus sent-time). Summaries handled in the consumer's
+first ``--warmup`` seconds (nodes joining, the 30 s alignment window filling, the rules'
+warm-up, so no group rule evaluates yet) are counted apart from the rest (steady state); each
+phase reports its rate, the consumer process's own CPU time per summary and the cores it used.
+Goal: >= 50,000 summaries/s on 2 cores. Exits non-zero only if it could not run.
+
+``--offline RATE``: no NATS and no other process; the controller's own CPU per summary at RATE
+summaries per second of the summaries' clock, warm-up and steady state apart (the ceiling on
+one core, independent of how busy the machine is).
 """
 from __future__ import annotations
 
@@ -141,40 +149,88 @@ async def role_publisher(url: str, nodes: int, seconds: float, rate: float) -> d
 
 
 class Recorder:
-    """Counts handled summaries and their latency (handled wall time minus sent time)."""
+    """Counts handled summaries and their latency (handled wall time minus sent time), in two
+    phases of the consumer's own time: the first ``warm`` seconds after it handled its first
+    summary (nodes join, the alignment window fills, the rules' warm-up passes, the store's
+    blocks and layouts are made) and the rest (steady state). By handling time, not sending
+    time: a saturated consumer's client drops the newest summaries, so it may never handle one
+    sent after the warm-up. The process's CPU time is read where the phases meet."""
 
-    def __init__(self) -> None:
-        self.n = 0
-        self.first = None
-        self.last = 0.0
-        self.lat: list[float] = []
+    def __init__(self, warm: float = 0.0, on_steady=None) -> None:
+        self.warm = warm
+        self.on_steady = on_steady
+        self.until = None  # sent time where the steady phase begins
+        self.ph = {"warm": self._phase(), "steady": self._phase()}
+        self.cpu0 = _cpu()
+
+    @staticmethod
+    def _phase() -> dict:
+        return {"n": 0, "first": None, "last": 0.0, "lat": [], "cpu0": None, "extra0": None}
 
     def hit(self, t_sent: float) -> None:
         now = time.time()
-        if self.first is None:
-            self.first = now
-        self.last = now
-        self.n += 1
-        self.lat.append(now - t_sent)
+        if self.until is None:
+            self.until = now + self.warm
+            self.ph["warm"]["cpu0"] = self.cpu0
+        ph = self.ph["warm" if now < self.until else "steady"]
+        if ph["first"] is None:
+            ph["first"] = now
+            if ph["cpu0"] is None:
+                ph["cpu0"] = _cpu()
+                self.ph["warm"]["cpu1"] = ph["cpu0"]
+                self.ph["warm"]["end"] = now
+                if self.on_steady is not None:
+                    ph["extra0"] = self.on_steady()
+        ph["last"] = now
+        ph["n"] += 1
+        ph["lat"].append(now - t_sent)
 
-    def result(self) -> dict:
+    def result(self, extra=None) -> dict:
         import numpy as np
 
-        lat = np.array(self.lat) if self.lat else np.array([np.nan])
-        span = (self.last - self.first) if self.first is not None else 0.0
-        return {"handled": self.n, "span_s": span, "rate": self.n / span if span > 0 else 0.0,
-                "lat_p50_ms": float(np.percentile(lat, 50) * 1e3), "lat_p99_ms": float(np.percentile(lat, 99) * 1e3),
-                "lat_max_ms": float(np.max(lat) * 1e3)}
+        cpu_end = _cpu()
+        out: dict = {}
+        for name, ph in self.ph.items():
+            lat = np.array(ph["lat"]) if ph["lat"] else np.array([np.nan])
+            span = (ph["last"] - ph["first"]) if ph["first"] is not None else 0.0
+            cpu = (ph.get("cpu1", cpu_end) - ph["cpu0"]) if ph["cpu0"] is not None else 0.0
+            wall = (ph.get("end", ph["last"]) - ph["first"]) if ph["first"] is not None else 0.0
+            out[name] = {"handled": ph["n"], "span_s": span, "rate": ph["n"] / span if span > 0 else 0.0,
+                         "lat_p50_ms": float(np.percentile(lat, 50) * 1e3),
+                         "lat_p99_ms": float(np.percentile(lat, 99) * 1e3), "lat_max_ms": float(np.max(lat) * 1e3),
+                         "cpu_s": cpu, "cpu_us_per_summary": cpu / ph["n"] * 1e6 if ph["n"] else 0.0,
+                         "cores": cpu / wall if wall > 0 else 0.0}
+        if extra is not None:  # counters: the warm phase up to the steady phase's first summary, then the rest
+            now_extra, snap = extra(), self.ph["steady"]["extra0"]
+            out["warm"].update(snap if snap is not None else now_extra)
+            out["steady"].update({k: (v - snap[k] if snap is not None and k in ("ticks", "tick_total_s", "evaluations")
+                                      else v) for k, v in now_extra.items()})
+        # the whole run, as before: everything handled from the first to the last
+        allp = [p for p in self.ph.values() if p["first"] is not None]
+        n = sum(p["n"] for p in allp)
+        first = min((p["first"] for p in allp), default=None)
+        last = max((p["last"] for p in allp), default=0.0)
+        out["handled"] = n
+        out["rate"] = n / (last - first) if first is not None and last > first else 0.0
+        out["cpu_s"] = cpu_end - self.cpu0
+        return out
 
 
-async def role_controller(url: str) -> dict:
+async def role_controller(url: str, warm: float) -> dict:
     from skewd.controller.config import load_config
     from skewd.controller.service import Controller
 
     cfg = load_config(None, env={}, overrides={"cluster": CLUSTER, "nats": {"servers": url},
                                               "log": {"level": "error"}})
     ctl = Controller(cfg)
-    rec = Recorder()
+    ticks: list[float] = []
+
+    def extra() -> dict:
+        return {"ticks": len(ticks), "tick_total_s": sum(ticks), "tick_max_s": max(ticks, default=0.0),
+                "evaluations": ctl.stats.evaluations, "rejected": ctl.stats.summaries_rejected,
+                "tp_groups": len(ctl.topology.tp_groups()), "errors": ctl.stats.errors}
+
+    rec = Recorder(warm, on_steady=extra)
     orig = ctl.ingest_summary
 
     def ingest(s, labels=None):  # the controller's own ingest, timed from outside
@@ -182,7 +238,6 @@ async def role_controller(url: str) -> dict:
         rec.hit(s.t)
 
     ctl.ingest_summary = ingest  # type: ignore[method-assign]
-    ticks: list[float] = []
     orig_tick = ctl.tick
 
     async def tick(t: float) -> None:  # evaluation time per grid second, while summaries arrive
@@ -192,18 +247,14 @@ async def role_controller(url: str) -> dict:
 
     ctl.tick = tick  # type: ignore[method-assign]
     await ctl.start()
-    return await _serve(rec, extra=lambda: {
-        "ticks": len(ticks), "tick_mean_s": sum(ticks) / len(ticks) if ticks else 0.0,
-        "tick_max_s": max(ticks, default=0.0), "evaluations": ctl.stats.evaluations,
-        "rejected": ctl.stats.summaries_rejected, "tp_groups": len(ctl.topology.tp_groups()),
-        "errors": ctl.stats.errors})
+    return await _serve(rec, extra=extra)
 
 
-async def role_raw(url: str) -> dict:
+async def role_raw(url: str, warm: float) -> dict:
     import nats
     from skewd import wire
 
-    rec = Recorder()
+    rec = Recorder(warm)
     nc = await nats.connect(url)
     import re
 
@@ -214,7 +265,7 @@ async def role_raw(url: str) -> dict:
 
     await nc.subscribe(wire.subject_filter("summary", cluster=CLUSTER), cb=cb)
     await nc.flush()
-    return await _serve(rec, extra=lambda: {})
+    return await _serve(rec, extra=None)
 
 
 async def _serve(rec: Recorder, extra) -> dict:
@@ -224,13 +275,10 @@ async def _serve(rec: Recorder, extra) -> dict:
     import threading
 
     logging.getLogger("nats").setLevel(logging.CRITICAL)
-    c0 = _cpu()
 
     def watchdog() -> None:
         sys.stdin.readline()
-        res = rec.result()
-        res.update(extra())
-        res["cpu_s"] = _cpu() - c0
+        res = rec.result(extra)
         sys.stdout.write(json.dumps(res) + "\n")
         sys.stdout.flush()
         os._exit(0)
@@ -266,8 +314,8 @@ def _finish(p: subprocess.Popen, timeout: float) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def measure(url: str, consumer: str, nodes: int, seconds: float, rate: float) -> dict:
-    cons = _child(["--role", consumer, "--url", url])
+def measure(url: str, consumer: str, nodes: int, seconds: float, rate: float, warm: float) -> dict:
+    cons = _child(["--role", consumer, "--url", url, "--warmup", str(warm)])
     try:
         pub = _child(["--role", "publisher", "--url", url, "--nodes", str(nodes), "--seconds", str(seconds),
                       "--rate", str(rate)])
@@ -288,9 +336,77 @@ def measure(url: str, consumer: str, nodes: int, seconds: float, rate: float) ->
     return c
 
 
+class _Msg:
+    __slots__ = ("subject", "data")
+
+    def __init__(self, subject: str, data: bytes) -> None:
+        self.subject, self.data = subject, data
+
+
+def offline(nodes: int, rate: float, seconds: float, warm: float, profile: str | None = None) -> dict:
+    """The controller's own CPU per summary, without NATS: the same payloads handed to its
+    summary callback in one process, ``rate`` summaries per second of the summaries' clock
+    (round-robin over the nodes, as the publisher sends them), the evaluation ticks run as the
+    watermark passes them. The first ``warm`` seconds of summary time (new nodes, the alignment
+    window filling, the rules' warm-up) are measured apart from the rest (steady state)."""
+    import cProfile
+
+    from skewd.controller.config import load_config
+    from skewd.controller.service import Controller
+    from skewd.controller.sim.harness import CaptureJetStream, MemoryState
+
+    cfg = load_config(None, env={}, overrides={"cluster": CLUSTER, "log": {"level": "error"}})
+    ctl = Controller(cfg, wall_clock=lambda: 0.0)
+    ctl.state = MemoryState(CLUSTER)
+    ctl.js = CaptureJetStream()
+    tpls = templates(nodes)
+    loop = asyncio.new_event_loop()
+    t0 = 1.7e9
+    last = [t0 - 1.0] * nodes
+    total = int(rate * (warm + seconds))
+    phases = {"warm": [0.0, 0.0, 0, 0, 0.0], "steady": [0.0, 0.0, 0, 0, 0.0]}  # ingest s, tick s, n, ticks, tick max
+    prof = cProfile.Profile() if profile else None
+    cpu = time.process_time
+    i = 0
+    for k in range(total):
+        t = t0 + k / rate
+        ph = phases["warm" if t - t0 < warm else "steady"]
+        if prof is not None and ph is phases["steady"] and k and (t - 1 / rate) - t0 < warm:
+            prof.enable()
+        msg = _Msg(tpls[i][0], payload(tpls[i], t, min(10.0, max(1e-3, t - last[i]))))
+        last[i] = t
+        i = (i + 1) % nodes
+        a = cpu()
+        loop.run_until_complete(ctl._on_summary(msg))
+        b = cpu()
+        ph[0] += b - a
+        ph[2] += 1
+        if ctl.next_eval is not None and ctl.watermark >= ctl.next_eval:
+            loop.run_until_complete(ctl.evaluate_due())
+            c = cpu() - b
+            ph[1] += c
+            ph[3] += 1
+            ph[4] = max(ph[4], c)
+    if prof is not None:
+        prof.disable()
+        prof.dump_stats(profile)
+    loop.close()
+    out = {"nodes": nodes, "rate": rate, "warm_s": warm, "steady_s": seconds, "evaluations": ctl.stats.evaluations,
+           "rejected": ctl.stats.summaries_rejected, "errors": ctl.stats.errors}
+    for name, (ing, tk, n, nt, mx) in phases.items():
+        out[name] = {"summaries": n, "ingest_us": ing / max(1, n) * 1e6, "ticks": nt,
+                     "tick_mean_ms": tk / max(1, nt) * 1e3, "tick_max_ms": mx * 1e3,
+                     "cpu_us_per_summary": (ing + tk) / max(1, n) * 1e6,
+                     "one_core_rate": n / (ing + tk) if ing + tk > 0 else 0.0}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=float, default=10.0, help="sending time per measurement")
+    ap.add_argument("--seconds", type=float, default=20.0, help="steady-state sending time per measurement")
+    ap.add_argument("--warmup", type=float, default=40.0,
+                    help="sending time before it; the consumer's first WARMUP s are measured apart "
+                         "(alignment window 30 s + rule warm-up 10 s)")
     ap.add_argument("--nodes", type=int, default=1000, help="simulated agents (TP groups of 8)")
     ap.add_argument("--latency-rate", type=float, default=0.0,
                     help="offered summaries/s for the latency runs (0: half the controller's sustained rate)")
@@ -298,52 +414,85 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--role", choices=("publisher", "controller", "raw"), help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--rate", type=float, default=0.0, help=argparse.SUPPRESS)
+    ap.add_argument("--offline", type=float, default=0.0, metavar="RATE",
+                    help="no NATS: the controller's own CPU per summary at RATE summaries/s of summary time "
+                         "(warm-up and steady state apart)")
+    ap.add_argument("--warm", type=float, default=40.0, help="--offline: seconds of summary time counted as warm-up")
+    ap.add_argument("--profile", help="--offline: cProfile the steady state into this file")
     a = ap.parse_args(argv)
+    if a.offline:
+        r = offline(a.nodes, a.offline, a.seconds, a.warm, a.profile)
+        for name in ("warm", "steady"):
+            p = r[name]
+            print(f"controller ingest offline, {name:6}: {p['summaries']:,} summaries, {p['ingest_us']:.0f} us ingest "
+                  f"+ {p['ticks']} ticks mean {p['tick_mean_ms']:.0f} ms (max {p['tick_max_ms']:.0f}) = "
+                  f"{p['cpu_us_per_summary']:.0f} us CPU per summary: {p['one_core_rate']:,.0f}/s on one core")
+        print(f"  {r['nodes']} nodes, {r['rate']:g}/s of summary time, evaluations {r['evaluations']}, "
+              f"rejected {r['rejected']}, errors {r['errors']}")
+        if a.json:
+            print(json.dumps({"benchmark": "controller_ingest_offline", **r}))
+        return 0
     if a.role:
         if a.role == "publisher":
             r = asyncio.run(role_publisher(a.url, a.nodes, a.seconds, a.rate))
         elif a.role == "controller":
-            r = asyncio.run(role_controller(a.url))
+            r = asyncio.run(role_controller(a.url, a.warmup))
         else:
-            r = asyncio.run(role_raw(a.url))
+            r = asyncio.run(role_raw(a.url, a.warmup))
         print(json.dumps(r), flush=True)
         return 0
     from skewd.natsutil import EmbeddedNatsServer
 
     work = tempfile.mkdtemp(prefix="skewd-bench-ingest-")
     server = EmbeddedNatsServer(store_dir=os.path.join(work, "js"))
+    run = a.warmup + a.seconds
+    load0 = _loadavg()
     try:
         server.start()
-        ctl_sat = measure(server.url, "controller", a.nodes, a.seconds, 0.0)
-        raw_sat = measure(server.url, "raw", a.nodes, a.seconds, 0.0)
-        lrate = a.latency_rate or max(100.0, round(ctl_sat["rate"] / 2, -2))
-        ctl_lat = measure(server.url, "controller", a.nodes, a.seconds, lrate)
-        raw_lat = measure(server.url, "raw", a.nodes, a.seconds, lrate)
+        ctl_sat = measure(server.url, "controller", a.nodes, run, 0.0, a.warmup)
+        raw_sat = measure(server.url, "raw", a.nodes, run, 0.0, a.warmup)
+        lrate = a.latency_rate or max(100.0, round(ctl_sat["steady"]["rate"] / 2, -2))
+        ctl_lat = measure(server.url, "controller", a.nodes, run, lrate, a.warmup)
+        raw_lat = measure(server.url, "raw", a.nodes, run, lrate, a.warmup)
     except (CannotRun, RuntimeError, OSError, subprocess.TimeoutExpired) as e:
         print(f"controller ingest: could not run: {e}", file=sys.stderr)
         return 1
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
+    load1 = _loadavg()
     print(f"controller ingest: {a.nodes} simulated agents ({a.nodes // TP} TP groups), "
           f"{ctl_sat['bytes_per_msg']:.0f}-byte summaries, real nats-server, {os.cpu_count()} cores, "
-          f"{a.seconds:g} s per run")
+          f"{run:g} s per run: each consumer's first {a.warmup:g} s warm-up, the rest steady state; "
+          f"load average {load0} -> {load1}")
     for name, s, l in (("skewd", ctl_sat, ctl_lat), ("peer", raw_sat, raw_lat)):
-        extra = (f"; {s['ticks']} controller ticks, mean {s['tick_mean_s'] * 1e3:.0f} ms, max "
-                 f"{s['tick_max_s'] * 1e3:.0f} ms; {s['tp_groups']} TP groups seen"
-                 if "evaluations" in s else " (bare nats-py subscriber, counting only)")
-        print(f"  {name:5}: sustained {s['rate']:,.0f} summaries/s (offered {s['offered_rate']:,.0f}/s, "
-              f"{s['handled']:,} of {s['sent']:,} handled, {max(0, s['lost']):,} dropped by the client as a slow "
-              f"consumer){extra}")
-        print(f"         latency at {l['offered_rate']:,.0f}/s offered: p50 {l['lat_p50_ms']:.1f} ms, "
-              f"p99 {l['lat_p99_ms']:.1f} ms, max {l['lat_max_ms']:.1f} ms ({l['handled']:,} of {l['sent']:,} handled)")
-    ratio = ctl_sat["rate"] / raw_sat["rate"] if raw_sat["rate"] else float("nan")
-    print(f"  goal >= 50,000 summaries/s; ratio to the bare transport in this run: {ratio:.3f}"
+        print(f"  {name:5}: offered {s['offered_rate']:,.0f}/s, {s['handled']:,} of {s['sent']:,} handled "
+              f"({max(0, s['lost']):,} dropped by the client as a slow consumer), {s['cpu_s']:.1f} CPU s in its process"
+              + ("" if name == "skewd" else " (bare nats-py subscriber, counting only)"))
+        for ph in ("warm", "steady"):
+            p = s[ph]
+            extra = (f"; {p['ticks']} ticks, {p['tick_total_s']:.1f} s in them, max {p['tick_max_s'] * 1e3:.0f} ms, "
+                     f"{p['evaluations']} evaluations" if "ticks" in p else "")
+            print(f"         {ph:6}: sustained {p['rate']:,.0f} summaries/s ({p['handled']:,} handled), "
+                  f"{p['cpu_us_per_summary']:.0f} us CPU per summary, {p['cores']:.2f} cores{extra}")
+        lp = l["steady"]
+        print(f"         latency at {l['offered_rate']:,.0f}/s offered, steady state: p50 {lp['lat_p50_ms']:.1f} ms, "
+              f"p99 {lp['lat_p99_ms']:.1f} ms, max {lp['lat_max_ms']:.1f} ms ({l['handled']:,} of {l['sent']:,} "
+              f"handled in the run), {lp['cpu_us_per_summary']:.0f} us CPU per summary")
+    ratio = ctl_sat["steady"]["rate"] / raw_sat["steady"]["rate"] if raw_sat["steady"]["rate"] else float("nan")
+    print(f"  goal >= 50,000 summaries/s; steady-state ratio to the bare transport in this run: {ratio:.3f}"
           + (f" ({1 / ratio:.0f}x slower)" if ratio > 0 else ""))
     if a.json:
-        print(json.dumps({"benchmark": "controller_ingest", "skewd": ctl_sat, "peer": raw_sat,
+        print(json.dumps({"benchmark": "controller_ingest", "load": [load0, load1], "skewd": ctl_sat, "peer": raw_sat,
                           "skewd_latency": ctl_lat, "peer_latency": raw_lat}))
     return 0
+
+
+def _loadavg() -> str:
+    try:
+        return open("/proc/loadavg").read().split()[0]
+    except OSError:
+        return "?"
 
 
 if __name__ == "__main__":
