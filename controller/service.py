@@ -136,7 +136,6 @@ class Controller:
         if ruleset is None:
             ruleset = RuleManager(cfg.rules or [str(PACKS)], self.catalogue).load_initial()
         self.store = WindowStore(self.catalogue, horizon=cfg.horizon)
-        self._layout_samples = 0  # samples over every node's known layouts (sizes the store's layout cache)
         self.engine = Engine(ruleset, self.store, lookback=cfg.lookback, cluster=cfg.cluster,
                              scopes=GROUP_SCOPES.keys())
         self.topology = Topology.from_config(cfg)
@@ -173,6 +172,9 @@ class Controller:
         self._store_gcs = 0  # store.gc calls that forgot entities (rows our layouts may point at)
         self._layouts_gcs = -1  # ... when _layouts was last known valid
         self._ncat = -1
+        self._derived_layouts: dict[str, _Layout] = {}  # node → its ctl_* signals the store holds rows for
+        self._derived_gcs = -1
+        self._derived_ncat = -1
         self.fast_flushes = 0  # flushes that took the per-summary path (tests look)
 
     # ------------------------------------------------------------------------------------------
@@ -410,11 +412,53 @@ class Controller:
                     continue
                 known.append(_Layout.of(p))
                 del known[:-LAYOUTS_PER_NODE]
-            self._layout_samples = sum(len(k.names) for ks in self._layouts.values() for k in ks)
-            # every node's summaries are one-node batches to the store: keep all their layouts
-            # cached there (the default bound is one agent's; only speed depends on it)
-            store.layout_budget = max(store.layout_budget, LAYOUT_BUDGET_PER_SAMPLE * self._layout_samples)
+            self._size_layout_cache()
         self._layouts_gcs, self._ncat = self._store_gcs, len(store.catalogue)
+
+    def _ingest_derived(self, t: float, derived: dict[str, dict[str, float]]) -> None:
+        """The tick's ctl_* values into the store. Like summaries: when every node's derived
+        signals are a set the store already holds rows for, one batch per node (the store's
+        fast path, by identity); otherwise one multi-node batch, the general way, and the
+        nodes' sets are learned."""
+        store = self.store
+        per_node = []
+        known = self._store_gcs == self._derived_gcs and len(store.catalogue) == self._derived_ncat
+        for node, vals in derived.items():
+            names = [sig for sig, v in vals.items() if v is not None and not math.isnan(v)]
+            if not names:
+                continue
+            lay = self._derived_layouts.get(node)
+            if known and (lay is None or lay.names != names):
+                known = False
+            per_node.append((node, names, [vals[n] for n in names], lay))
+        if not per_node:
+            return
+        if known:
+            store.ingest_many([SampleBatch(np.full(len(vs), t), lay.node_col, lay.entity_col, lay.signal_col,
+                                           np.array(vs, dtype=np.float64)) for _, _, vs, lay in per_node],
+                              shared_columns=True)
+            return
+        store.ingest(SampleBatch.from_rows([(t, node, "", n, v) for node, names, vs, _ in per_node
+                                            for n, v in zip(names, vs)]))
+        if self._store_gcs != self._derived_gcs or len(store.catalogue) != self._derived_ncat:
+            self._derived_layouts.clear()
+        for node, names, vs, lay in per_node:
+            if lay is not None and lay.names == names:
+                continue
+            p = _Pending(node, t, names, [""] * len(names), vs, None)
+            if self._in_store(p):
+                self._derived_layouts[node] = _Layout.of(p)
+            else:
+                self._derived_layouts.pop(node, None)
+        self._derived_gcs, self._derived_ncat = self._store_gcs, len(store.catalogue)
+        self._size_layout_cache()
+
+    def _size_layout_cache(self) -> None:
+        """Every node's summaries and derived values are one-node batches to the store: keep all
+        their layouts cached there (the default bound is one agent's; only speed depends on it)."""
+        n = sum(len(k.names) for ks in self._layouts.values() for k in ks)
+        n += sum(len(k.names) for k in self._derived_layouts.values())
+        self.store.layout_budget = max(self.store.layout_budget, LAYOUT_BUDGET_PER_SAMPLE * n)
 
     def gc_store(self, now: float) -> int:
         """``store.gc`` (always through here: the flush must know when rows were forgotten)."""
@@ -594,10 +638,7 @@ class Controller:
         tp = {name: g.nodes for name, g in self.topology.tp_groups().items()}
         pp = {name: [self.topology.stage_members(s) for s in p.stages] for name, p in self.topology.pp_groups().items()}
         derived = await self._derive(t, tp, pp)
-        rows = [(t, node, "", sig, v) for node, vals in derived.items() for sig, v in vals.items()
-                if v is not None and not math.isnan(v)]
-        if rows:
-            self.store.ingest(SampleBatch.from_rows(rows))
+        self._ingest_derived(t, derived)
         self.correlator.reports = self.aligner.reports
         warm = self.first_t is not None and t - self.first_t >= self.cfg.warmup
         if warm:
