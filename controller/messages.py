@@ -76,7 +76,10 @@ class Phase(str, Enum):
     def from_code(cls, code: float | None) -> "Phase | None":
         if code is None or code != code:
             return None
-        return {0: cls.IDLE, 1: cls.DECODE, 2: cls.PREFILL}.get(int(round(code)))
+        return _PHASE_OF_CODE.get(int(round(code)))
+
+
+_PHASE_OF_CODE = {0: Phase.IDLE, 1: Phase.DECODE, 2: Phase.PREFILL}
 
 
 class ActionType(str, Enum):

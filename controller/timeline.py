@@ -37,9 +37,15 @@ class EngineTimeline:
     itl: deque = field(default_factory=deque)  # (t, sum seconds, count)
 
     def prune(self, before: float) -> None:
-        for d in (self.points, self.ttft, self.itl):
-            while d and (d[0].t if isinstance(d[0], _Point) else d[0][0]) < before:
+        d = self.points
+        while d and d[0].t < before:
+            d.popleft()
+        for d in (self.ttft, self.itl):
+            while d and d[0][0] < before:
                 d.popleft()
+
+
+_NONE: dict = {}  # an absent signal (never modified)
 
 
 def _fmt_s(v: float) -> str:
@@ -87,13 +93,15 @@ class Timelines:
         return key
 
     def add_summary(self, node: str, t: float, signals: dict[str, dict[str, float | None]]) -> None:
-        def val(name: str) -> float | None:
-            return (signals.get(name) or {}).get("")
-
-        phase, kv, waiting = val("summary_engine_phase"), val("summary_kv_cache_usage_ratio"), val("summary_requests_waiting")
+        get = signals.get
+        phase = (get("summary_engine_phase") or _NONE).get("")
+        kv = (get("summary_kv_cache_usage_ratio") or _NONE).get("")
+        waiting = (get("summary_requests_waiting") or _NONE).get("")
         if phase is None and kv is None and waiting is None:
             return
-        tl = self.engines.setdefault(node, EngineTimeline(node, "summary"))
+        tl = self.engines.get(node)
+        if tl is None:  # (not setdefault: that would build a timeline per summary)
+            tl = self.engines[node] = EngineTimeline(node, "summary")
         tl.points.append(_Point(t, Phase.from_code(phase), kv, waiting, None))
         tl.prune(t - self.horizon)
 
