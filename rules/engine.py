@@ -193,6 +193,188 @@ class Engine:
         self.evaluations += 1
         return out
 
+    # -- range evaluation --------------------------------------------------------------------------
+    def lookback_needed(self) -> float:
+        """How far before a tick any evaluated rule reads: a range's samples may be ingested
+        ahead only while the store's compaction cannot reach this far behind its first tick."""
+        d = self.lookback
+        for r in self.rules.rules:
+            if r.id in self.inactive or not self.evaluates(r):
+                continue
+            if r.compiled.uses_horizon:
+                return self.store.horizon
+            d = max(d, r.compiled.max_window)
+        return d
+
+    def range_plan(self) -> list[tuple[str, str]]:
+        """(rule id, how evaluate_range evaluates it) for every active rule: 'range' with the
+        window functions computed per tick inside it, or 'per tick' and why."""
+        out = []
+        for r in self.rules.rules:
+            if r.id in self.inactive or not self.evaluates(r):
+                continue
+            if r.scope in (Scope.TP_GROUP, Scope.CLUSTER):
+                out.append((r.id, "per tick (group scope: peer groups follow node labels)"))
+                continue
+            out.append((r.id, "range"))
+        return out
+
+    def evaluate_range(self, ticks: Any, births: Mapping[int, np.ndarray] | None = None,
+                       seen: Any = None) -> list[list[Finding]]:
+        """Evaluate every active rule at each of ``ticks`` (increasing) in one pass; return each
+        tick's transitions, exactly those of ``evaluate(t)`` called at each tick in turn.
+
+        The store must already hold every tick's samples, and nothing else a tick's windows
+        could see: ``seen`` gives the store's latest sample time at each tick (default: the
+        tick), every sample ingested after a tick is newer than that (a new column after the
+        ones the tick saw), and no column was dropped since the first tick (no block made
+        room: ``WindowStore.min_free_columns``). ``births``
+        (``WindowStore.take_births``) says which rows the store created after the first tick:
+        they are left out of the ticks before, as they were not there yet.
+
+        Every rule's expression is computed over a [ticks x entities] grid: window functions
+        from each block's columns with the window bounds of all ticks found at once (count,
+        present, absent, last and delta by range kernels, the others by their per-tick kernel at
+        each tick: a running sum would add in another order), comparisons, logic and arithmetic
+        elementwise on the grid, peer functions per tick over the entities present. The alert
+        state machine then runs along the tick axis; evidence, when a transition needs it, is
+        the full expression over the grid. Group scopes (and a rule whose range evaluation
+        fails) are evaluated per tick."""
+        ticks = np.asarray(ticks, dtype=float)
+        ends = ticks if seen is None else np.minimum(ticks, np.asarray(seen, dtype=float))
+        with F.quiet():
+            F._ACTIVE[0] = True
+            try:
+                return self._evaluate_range(ticks, ends, dict(births or {}))
+            finally:
+                F._ACTIVE[0] = False
+
+    def _evaluate_range(self, ticks: np.ndarray, ends: np.ndarray, births: dict) -> list[list[Finding]]:
+        T = len(ticks)
+        out: list[list[Finding]] = [[] for _ in range(T)]
+        memo: dict = {}
+        errors: dict[str, str] = {}
+        self.range_fallbacks: dict[str, str] = {}
+        for rule in self.rules.rules:
+            if rule.id in self.inactive or (self.scopes is not None and rule.scope not in self.scopes):
+                continue
+            if rule.scope in (Scope.TP_GROUP, Scope.CLUSTER):
+                if births or len(ticks) > 1 and bool((ends[:-1] < ticks[:-1]).any()):
+                    raise ValueError("evaluate_range: group-scope rules need the store as at each tick")
+                self._group_per_tick(rule, ticks, out, errors)
+                continue
+            frame = self._frame(rule)
+            states = self.states.setdefault(rule.id, {})
+            saved = {fp: replace(st, evidence=dict(st.evidence), labels=dict(st.labels)) for fp, st in states.items()}
+            try:
+                found = self._rule_range(rule, frame, ticks, ends, births, memo)
+            except (_EvidenceError,) + _EVAL_ERRORS as e:
+                self.states[rule.id] = saved
+                self.range_fallbacks[rule.id] = f"{type(e).__name__}: {e}"
+                self._rule_per_tick(rule, ticks, ends, births, out, errors)
+                continue
+            for j, fs in enumerate(found):
+                out[j].extend(fs)
+        self.last_eval_errors = errors
+        self.evaluations += T
+        return out
+
+    def _rule_range(self, rule: Rule, frame: _Frame | None, ticks: np.ndarray, ends: np.ndarray, births: dict,
+                    memo: dict) -> list[list[Finding]]:
+        T = len(ticks)
+        if frame is None or len(frame.eids) == 0:
+            return [self._transition(rule, frame, None, np.empty(0, dtype=np.int64), float(t)) for t in ticks]
+        exist = self._existence(rule, frame, T, births) if births else None
+        ctx = EvalContext(self.store, float(ticks[-1]), frame.eids, frame.node_eids, frame.groups, frame.names,
+                          frame.nodes, self.lookback, memo, [], frame.align, ticks, exist, births, ends)
+        fires = rule.compiled.fires(ctx)
+        E = len(frame.eids)
+        if isinstance(fires, np.ndarray) and fires.ndim:
+            fires = np.broadcast_to(fires, (T, E))
+        else:
+            fires = np.full((T, E), bool(fires))
+        if exist is not None:
+            fires = fires & exist
+        full_ctx: list = []
+
+        def full_at(j: int):
+            if not full_ctx:
+                fc = replace(ctx, evidence=[])
+                rule.compiled.fn(fc)
+                full_ctx.append(fc)
+            return _TickEvidence(full_ctx[0].evidence, j)
+
+        res = []
+        any_true = np.count_nonzero(fires, axis=1).tolist()
+        for j in range(T):
+            true_idx = fires[j].nonzero()[0] if any_true[j] else np.empty(0, dtype=np.int64)
+            res.append(self._transition(rule, frame, ctx, true_idx, float(ticks[j]),
+                                        full=lambda j=j: full_at(j)))
+        return res
+
+    def _existence(self, rule: Rule, frame: _Frame, T: int, births: dict) -> np.ndarray | None:
+        """[ticks x entities]: which of the frame's entities had a row, in a signal that makes the
+        rule's frame, at each tick (the frame is built from the store as it is at the end)."""
+        want = Scope.NODE if rule.scope in (Scope.TP_GROUP, Scope.CLUSTER) else rule.scope
+        first = np.full(len(frame.eids), T, dtype=np.int64)
+        for s in sorted(rule.compiled.signals):
+            if self.store.catalogue[s].scope != want:
+                continue
+            for blk in self.store.signal_blocks(s):
+                nr = blk.nrows
+                b = births.get(id(blk))
+                b = np.zeros(nr, dtype=np.int64) if b is None else b[:nr]
+                pos = np.searchsorted(frame.eids, blk.eids[:nr])
+                pos = np.minimum(pos, len(frame.eids) - 1)
+                hit = frame.eids[pos] == blk.eids[:nr]
+                np.minimum.at(first, pos[hit], b[hit])
+        if not first.any():
+            return None
+        return np.arange(T)[:, None] >= first[None, :]
+
+    def _rule_per_tick(self, rule: Rule, ticks: np.ndarray, ends: np.ndarray, births: dict,
+                       out: list[list[Finding]], errors: dict) -> None:
+        """One rule tick by tick, as ``evaluate`` does it: an error skips the rule at that tick
+        only. Each tick is a range of one (its own store bounds and rows, a fresh memo)."""
+        frame = self._frame(rule)
+        for j, t in enumerate(ticks):
+            b = {k: (v > j).astype(np.int64) for k, v in births.items()}
+            try:
+                found = self._rule_range(rule, frame, ticks[j: j + 1], ends[j: j + 1], b, {})
+            except _EVAL_ERRORS as e:
+                errors[rule.id] = f"{type(e).__name__}: {e}"
+                continue
+            except _EvidenceError as e:
+                errors[rule.id] = str(e)
+                continue
+            out[j].extend(found[0])
+
+    def _group_per_tick(self, rule: Rule, ticks: np.ndarray, out: list[list[Finding]], errors: dict) -> None:
+        """A group-scope rule at each tick through the per-tick path (the store must be as at
+        every tick: no rows born and no samples after the first tick)."""
+        for j, t in enumerate(ticks):
+            now = float(t)
+            frame = self._frame(rule)
+            if frame is None or len(frame.eids) == 0:
+                true_idx = np.empty(0, dtype=np.int64)
+                ctx = None
+            else:
+                ctx = EvalContext(self.store, now, frame.eids, frame.node_eids, frame.groups, frame.names,
+                                  frame.nodes, self.lookback, {}, [], frame.align)
+                try:
+                    fires = rule.compiled.fires(ctx)
+                except _EVAL_ERRORS as e:
+                    errors[rule.id] = f"{type(e).__name__}: {e}"
+                    continue
+                if isinstance(fires, np.ndarray) and fires.ndim:
+                    true_idx = fires.nonzero()[0]
+                else:
+                    true_idx = np.arange(len(frame.eids)) if fires else np.empty(0, dtype=np.int64)
+            try:
+                out[j].extend(self._transition(rule, frame, ctx, true_idx, now))
+            except _EvidenceError as e:
+                errors[rule.id] = str(e)
+
     def _frame(self, rule: Rule) -> _Frame | None:
         sigs = rule.compiled.signals
         key = self._frame_keys.get(rule.id)
@@ -236,7 +418,7 @@ class Engine:
         return _Frame(eids, node_eids, groups, names, nodes, group_labels)
 
     def _transition(self, rule: Rule, frame: _Frame | None, ctx: EvalContext | None, true_idx: np.ndarray,
-                    now: float) -> list[Finding]:
+                    now: float, full: Any = None) -> list[Finding]:
         states = self.states.setdefault(rule.id, {})
         out: list[Finding] = []
         seen: set[str] = set()
@@ -254,7 +436,9 @@ class Engine:
             hits.append((i, node, entity, labels, fp, st))
             if st is None or (st.state is State.PENDING and now - st.active_at >= rule.for_s):
                 need_evidence = True
-        if need_evidence:
+        if need_evidence and full is not None:  # range evaluation: this tick's slice of its values
+            ctx = full()
+        elif need_evidence:
             # ``fires`` may have skipped functions whose values the evidence reports: evaluate
             # the full expression once (window results come from this tick's memo). Done
             # before any state changes, so a failure leaves the rule as if not evaluated.
@@ -330,7 +514,17 @@ class _EvidenceError(Exception):
     """The full evaluation for evidence failed: the rule is skipped this tick."""
 
 
-def _evidence(ctx: EvalContext | None, i: int) -> dict[str, float | None]:
+class _TickEvidence:
+    """One tick's row of a range evaluation's evidence, read as a per-tick context's."""
+
+    __slots__ = ("evidence",)
+
+    def __init__(self, evidence: list, j: int) -> None:
+        self.evidence = [(label, arr[j] if isinstance(arr, np.ndarray) and arr.ndim == 2 else arr)
+                         for label, arr in evidence]
+
+
+def _evidence(ctx: Any, i: int) -> dict[str, float | None]:
     if ctx is None:
         return {}
     ev: dict[str, float | None] = {}

@@ -163,6 +163,14 @@ class EvalContext:
     # signal → where each evaluated entity's value sits among the signal's block rows; the
     # engine keeps one per entity frame, valid as long as the frame (store shape unchanged)
     align: dict | None = None
+    # Range evaluation (Engine.evaluate_range): ``ticks`` holds the tick times and every value
+    # is [ticks x entities]; ``now`` is the tick a per-tick kernel is being run for. ``exist``
+    # [ticks x entities] says which entities were in the rule's frame at each tick (None: all),
+    # ``born`` maps id(block) → the first tick index of each of its rows (None: all rows old).
+    ticks: np.ndarray | None = None
+    exist: np.ndarray | None = None
+    born: dict | None = None
+    ends: np.ndarray | None = None  # per tick, the latest sample time the store held (<= tick)
 
 
 @dataclass
@@ -179,6 +187,7 @@ class Compiled:
     evidence_labels: list[str]
     uses_peers: bool
     fires: Callable[[EvalContext], Any] | None = None
+    uses_horizon: bool = False  # age(): looks back over the store's whole horizon
 
 
 @dataclass
@@ -412,6 +421,7 @@ class Compiler:
         self.max_window = 0.0
         self.evidence_labels: list[str] = []
         self.uses_peers = False
+        self.uses_horizon = False
         self._macro_stack: list[str] = []
         self._durs: list[float] = []
         self._spans: list = []
@@ -432,7 +442,8 @@ class Compiler:
             fires = node.pos
         else:  # a plain value fires where it is exactly 1, as the engine always tested
             fires = lambda ctx, fn=fn: np.asarray(fn(ctx), dtype=float) == 1.0
-        return Compiled(fn, self.signals, self.max_window, self.evidence_labels, self.uses_peers, fires)
+        return Compiled(fn, self.signals, self.max_window, self.evidence_labels, self.uses_peers, fires,
+                        self.uses_horizon)
 
     def _parse(self, text: str) -> ast.Expression:
         if not isinstance(text, str) or not text.strip():
@@ -749,6 +760,7 @@ class Compiler:
             label = self._label(node)
             self.evidence_labels.append(label)
             self.max_window = max(self.max_window, 0.0)
+            self.uses_horizon = True
 
             def age_fn(ctx, sig=sig, label=label):
                 v = _window_vec(ctx, sig, ctx.store.horizon, ("age", sig),
@@ -767,6 +779,10 @@ class Compiler:
             self.evidence_labels.append(label)
 
             def peer(ctx, f=f, kernel=kernel, label=label):
+                if ctx.ticks is not None:
+                    v = _peer_range(ctx, np.asarray(f(ctx), dtype=float), kernel)
+                    ctx.evidence.append((label, v))
+                    return v
                 v = kernel(np.asarray(f(ctx), dtype=float), ctx.groups)
                 ctx.evidence.append((label, v))
                 return v
@@ -980,6 +996,8 @@ def _window_vec(ctx: EvalContext, sig: str, dur: float, key: tuple, kernel: Call
     all rules that use it (common: many rules read the same rate), and each signal's window
     slices are found once for all kernels over them. Results are kept in block row order and
     gathered for the rule's entities with an alignment that depends only on the store's shape."""
+    if ctx.ticks is not None:
+        return _window_range(ctx, sig, dur, key, kernel)
     memo = ctx.memo
     vals = memo.get(key)
     if vals is None:
@@ -1003,6 +1021,148 @@ def _window_vec(ctx: EvalContext, sig: str, dur: float, key: tuple, kernel: Call
         return vals[rows]
     out = np.full(len(rows), np.nan)
     out[ok] = vals[rows[ok]]
+    return out
+
+
+def _peer_range(ctx: EvalContext, x: np.ndarray, kernel: Callable) -> np.ndarray:
+    """A peer kernel at every tick of a range, over exactly the entities that were in the
+    rule's frame at that tick (the per-tick call's members, in the same order)."""
+    T = len(ctx.ticks)
+    E = len(ctx.eids)
+    x = np.broadcast_to(x, (T, E))
+    out = np.empty((T, E))
+    exist = ctx.exist
+    for j in range(T):
+        if exist is None or exist[j].all():
+            out[j] = kernel(np.ascontiguousarray(x[j]), ctx.groups)
+        else:
+            m = exist[j]
+            out[j] = np.nan
+            if m.any():
+                out[j, m] = kernel(np.ascontiguousarray(x[j][m]), ctx.groups[m])
+    return out
+
+
+# Range kernels: window functions whose value at every tick of a range can be computed from the
+# block at once with results bit for bit those of the per-tick kernel. Only counting and picking
+# samples qualify: sums, means and quantiles are computed per tick (a running sum adds in another
+# order), and min/max too (their sign of zero depends on the reduction order). Each takes the
+# block's times [n] and values [rows, n] and each tick's column range [lo, hi), returns [T, rows].
+def _r_count_valid(W: np.ndarray, los: np.ndarray, his: np.ndarray) -> np.ndarray:
+    c = np.zeros((W.shape[0], W.shape[1] + 1), dtype=np.int64)
+    np.cumsum(~np.isnan(W), axis=1, out=c[:, 1:])
+    return (c[:, his] - c[:, los]).T
+
+
+def _r_count(t, W, los, his, ticks):
+    return _r_count_valid(W, los, his).astype(float)
+
+
+def _r_present(t, W, los, his, ticks):
+    return (_r_count_valid(W, los, his) > 0).astype(float)
+
+
+def _r_absent(t, W, los, his, ticks):
+    return (_r_count_valid(W, los, his) == 0).astype(float)
+
+
+def _r_last_index(W: np.ndarray, los: np.ndarray, his: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per tick and row, the column of the latest valid sample in [lo, hi) and whether there is one."""
+    idx = F._ffill_index(~np.isnan(W)) if W.shape[1] else np.full((W.shape[0], 0), -1)
+    li = idx[:, np.maximum(his - 1, 0)].T if W.shape[1] else np.full((len(his), W.shape[0]), -1)
+    ok = (li >= los[:, None]) & (his > los)[:, None]
+    return li, ok
+
+
+def _r_last(t, W, los, his, ticks):
+    li, ok = _r_last_index(W, los, his)
+    rows = np.arange(W.shape[0])[None, :]
+    v = W[rows, np.maximum(li, 0)] if W.shape[1] else np.full(li.shape, _NAN_)
+    return np.where(ok, v, _NAN_)
+
+
+def _r_delta(t, W, los, his, ticks):
+    k = W.shape[1]
+    if not k:
+        return np.full((len(los), W.shape[0]), _NAN_)
+    li, ok = _r_last_index(W, los, his)
+    valid = ~np.isnan(W)
+    # the earliest valid column at or after each column (k = none)
+    nxt = np.where(valid, np.arange(k)[None, :], k)
+    nxt = np.minimum.accumulate(nxt[:, ::-1], axis=1)[:, ::-1]
+    fi = nxt[:, np.minimum(los, k - 1)].T
+    cnt = _r_count_valid(W, los, his)
+    rows = np.arange(W.shape[0])[None, :]
+    lv = W[rows, np.maximum(li, 0)]
+    fv = W[rows, np.minimum(fi, k - 1)]
+    return np.where(cnt >= 2, lv - fv, _NAN_)
+
+
+_NAN_ = np.nan
+RANGE_KERNELS: dict[str, Callable] = {"count": _r_count, "present": _r_present, "absent": _r_absent,
+                                      "last": _r_last, "delta": _r_delta}
+
+
+def _range_kernel(key: tuple) -> Callable | None:
+    """The range kernel for a memo key of a window function over the bare signal, if any."""
+    rk = RANGE_KERNELS.get(key[0])
+    if rk is None or (len(key) > 2 and key[2] is not _identity):
+        return None
+    return rk
+
+
+def _window_range(ctx: EvalContext, sig: str, dur: float, key: tuple, kernel: Callable) -> np.ndarray:
+    """``_window_vec`` for every tick of a range: [ticks x entities]. Each block's window bounds
+    are found for all ticks with one ``searchsorted`` each (the same columns ``Block.window``
+    gives per tick); values come from a range kernel or from the per-tick kernel at each tick.
+    Rows the store created after a tick read NaN at that tick, as a missing row does per tick."""
+    memo = ctx.memo
+    ticks = ctx.ticks
+    T = len(ticks)
+    vals = memo.get(key)
+    if vals is None:
+        parts = []
+        rk = _range_kernel(key)
+        saved = ctx.now
+        for blk in ctx.store.signal_blocks(sig):
+            times = blk.times[: blk.n]
+            nr = blk.nrows
+            his = np.searchsorted(times, ctx.ends if ctx.ends is not None else ticks, side="right")
+            los = np.minimum(np.searchsorted(times, ticks - dur, side="right"), his)
+            W = blk.values[:nr, : blk.n]
+            if rk is not None:
+                v = rk(times, W, los, his, ticks)
+            else:
+                v = np.empty((T, nr))
+                lo_l, hi_l = los.tolist(), his.tolist()
+                try:
+                    for j in range(T):
+                        ctx.now = float(ticks[j])
+                        lo, hi = lo_l[j], hi_l[j]
+                        v[j] = kernel(times[lo:hi], W[:, lo:hi])
+                finally:
+                    ctx.now = saved
+            born = ctx.born.get(id(blk)) if ctx.born else None
+            if born is not None:
+                late = born[:nr][None, :] > np.arange(T)[:, None]
+                if late.any():
+                    v = np.where(late, np.nan, v)
+            parts.append(v)
+        vals = np.concatenate(parts, axis=1) if len(parts) > 1 else (parts[0] if parts else np.empty((T, 0)))
+        memo[key] = vals
+    node_scope = ctx.store.catalogue[sig].scope == Scope.NODE
+    align = ctx.align
+    ak = (sig, node_scope)
+    al = align.get(ak) if align is not None else None
+    if al is None:
+        al = _alignment(ctx, sig, node_scope)
+        if align is not None:
+            align[ak] = al
+    rows, ok = al
+    if ok is None:
+        return vals[:, rows]
+    out = np.full((T, len(rows)), np.nan)
+    out[:, ok] = vals[:, rows[ok]]
     return out
 
 

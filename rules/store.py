@@ -181,6 +181,9 @@ class WindowStore:
         #: layouts stay cached between its batches. Only speed depends on it, never results.
         self.layout_budget = _LAYOUT_BUDGET if layout_budget is None else layout_budget
         self._shared: dict[int, tuple] = {}  # id(signal array) → (arrays, layout): shared_columns
+        # row births, recorded while a caller ingests ahead of a range evaluation (see track_births)
+        self._birth_tick: int | None = None
+        self._births: dict[int, tuple[Block, dict[int, int]]] = {}
 
     # -- ingest ----------------------------------------------------------------------------
     def ingest(self, batch: SampleBatch) -> None:
@@ -419,6 +422,8 @@ class WindowStore:
             blk.eids = np.concatenate([blk.eids, np.full(grow, -1, dtype=np.int64)])
             blk.last_seen = np.concatenate([blk.last_seen, np.full(grow, -np.inf)])
         blk.rows[entity] = r
+        if self._birth_tick is not None:
+            self._births.setdefault(id(blk), (blk, {}))[1][r] = self._birth_tick
         eid = self.registry.get(blk.scope, blk.node, entity)
         self.registry.ref(eid)
         blk.eids[r] = eid
@@ -441,6 +446,47 @@ class WindowStore:
         times[m:] = np.inf
         values[:, m:] = _NAN
         blk.times, blk.values, blk.n = times, values, m
+
+    # -- row births (range evaluation) -----------------------------------------------------------
+    def track_births(self, tick_index: int) -> None:
+        """Rows created from now on are born at tick ``tick_index`` of a range being ingested
+        ahead of its evaluation (``Engine.evaluate_range``): the engine then leaves them out of
+        the ticks before. Call before ingesting each tick's batches."""
+        self._birth_tick = int(tick_index)
+
+    def take_births(self) -> dict[int, np.ndarray]:
+        """Stop recording; id(block) → first tick index per row (0 for rows that were there
+        already) for every block that gained rows."""
+        out = {}
+        for key, (blk, rows) in self._births.items():
+            b = np.zeros(blk.values.shape[0], dtype=np.int64)
+            for r, tick in rows.items():
+                b[r] = tick
+            out[key] = b
+        self._births = {}
+        self._birth_tick = None
+        return out
+
+    def min_free_columns(self) -> int:
+        """The fewest columns any block can still take before it must make room (the only time
+        columns are dropped): ingesting fewer new timestamps than this drops nothing."""
+        free = 1 << 62
+        for per_node in self.blocks.values():
+            for blk in per_node.values():
+                f = blk.times.shape[0] - blk.n
+                if f < free:
+                    free = f
+        return free
+
+    def gc_would_remove(self, now: float) -> bool:
+        """Whether :meth:`gc` at ``now`` would forget an entity (it changes nothing otherwise)."""
+        cutoff = now - self.horizon
+        for per_node in self.blocks.values():
+            for blk in per_node.values():
+                nr = blk.nrows
+                if nr and np.count_nonzero(blk.last_seen[:nr] < cutoff):
+                    return True
+        return False
 
     # -- housekeeping ------------------------------------------------------------------------
     def gc(self, now: float) -> int:
