@@ -241,7 +241,9 @@ class Replayer:
     def __init__(self, segments: Sequence[B.Segment], catalogue: Catalogue, *,
                  rules: Sequence[str | Path] | None = None, t_from: float | None = None,
                  t_to: float | None = None, nodes: Sequence[str] | None = None, group: bool = True,
-                 open_damage: Sequence[B.Damage] = ()) -> None:
+                 open_damage: Sequence[B.Damage] = (), range_eval: bool = True, max_range: int = 300) -> None:
+        """``range_eval``: evaluate each node's ticks in ranges of up to ``max_range`` ticks
+        (same findings, see :meth:`events`); False evaluates at every tick as it is reached."""
         if not segments:
             raise ReplayError("no readable capture segment")
         self.segments = list(segments)
@@ -250,6 +252,9 @@ class Replayer:
         self.t_to = t_to
         self.only = set(nodes) if nodes else None
         self.open_damage = list(open_damage)
+        self.range_eval = bool(range_eval)
+        self.max_range = max(1, int(max_range))
+        self._sig_cache: dict[int, tuple] = {}
         self.stopped_early: list[str] = []
         self._fixed = _load(rules, catalogue) if rules else None
         self._by_version: dict[str, RuleSet] = {}
@@ -332,6 +337,11 @@ class Replayer:
         return t, batches
 
     def events(self) -> Iterator[Event]:
+        """Events in tick order. With ``range_eval`` (the default) each node's ticks are
+        evaluated in ranges (``Engine.evaluate_range``): batches are still ingested tick by tick
+        (summaries and group rules see the store as at each tick), evaluation waits until a
+        range must end, and the events are yielded then, in the same order and with the same
+        findings as evaluating at every tick."""
         heap: list[tuple[float, int, int]] = []
         ticks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         feeds: dict[int, _SegmentFeed] = {}
@@ -351,6 +361,27 @@ class Replayer:
         next_summary: dict[str, float] = {}
         pending: list[wire.Summary] = []  # summaries waiting to be ingested by the group engine
         sum_pos = {i: 0 for i in summaries}
+        # range evaluation: ticks waiting per node, and the events waiting for their findings
+        waiting: dict[str, list[float]] = {}
+        seen: dict[str, list[float]] = {}  # the store's latest sample time at each waiting tick
+        queue: list[tuple] = []  # (Event,) ready, or (t, [(node, index in its range)], made)
+
+        def flush() -> Iterator[Event]:
+            found = {node: self._evaluate_range(self.pipelines[node], ts, seen[node])
+                     for node, ts in waiting.items() if ts}
+            waiting.clear()
+            seen.clear()
+            for item in queue:
+                if len(item) == 1:
+                    yield item[0]
+                    continue
+                t_, where, made_ = item
+                fs: list[Finding] = []
+                for node, j in where:
+                    fs += found[node][j]
+                yield Event(t_, fs, made_)
+            queue.clear()
+
         while heap:
             t, i, k = heapq.heappop(heap)
             if self.t_to is not None and t > self.t_to:
@@ -361,7 +392,10 @@ class Replayer:
                 while next_group < t:
                     ev = self._group_eval(group, next_group, pending)
                     if ev is not None:
-                        yield ev
+                        if queue:
+                            queue.append((ev,))
+                        else:
+                            yield ev
                     next_group += self.interval
             seg = self.segments[i]
             rs = self._seg_rules[i]
@@ -370,18 +404,36 @@ class Replayer:
             for node, batch in feeds[i].until(int(nb[k])):
                 got = due.get(node)
                 if got is None:
+                    if waiting.get(node) and self._reconfigures(node, rs, seg):
+                        yield from flush()  # a hot reload: the waiting ticks ran with the old rules
                     self._pipeline(node, rs, seg)  # created in arrival order, as before
                     got = due[node] = []
                 got.append(batch)
-            for node, batches in due.items():  # one ingest per node and tick: see WindowStore.ingest_many
-                self._pipeline(node, rs, seg).ingest_many(batches, shared_columns=True)
             evaluate = self.t_from is None or t >= self.t_from
+            for node, batches in due.items():  # one ingest per node and tick: see WindowStore.ingest_many
+                pipe = self._pipeline(node, rs, seg)
+                w = waiting.get(node)
+                if w and not self._may_ingest_ahead(pipe, w, batches):
+                    yield from flush()
+                    w = None
+                if self.range_eval and evaluate:
+                    pipe.store.track_births(len(w) if w else 0)
+                pipe.ingest_many(batches, shared_columns=True)
             found: list[Finding] = []
+            where: list[tuple[str, int]] = []
             made: list[wire.Summary] = []
             for node in [n for n in self._seg_nodes(seg) if self.only is None or n in self.only]:
+                if self.range_eval and evaluate and waiting.get(node) and self._reconfigures(node, rs, seg):
+                    yield from flush()
                 pipe = self._pipeline(node, rs, seg)
                 if evaluate:
-                    found += pipe.evaluate(t)
+                    if self.range_eval:
+                        w = waiting.setdefault(node, [])
+                        where.append((node, len(w)))
+                        w.append(t)
+                        seen.setdefault(node, []).append(pipe.store.latest_t)
+                    else:
+                        found += pipe.evaluate(t)
                     self.evaluations += 1
                     self.start = min(self.start, t)
                     self.end = max(self.end, t)
@@ -401,13 +453,119 @@ class Replayer:
             pending += made
             if evaluate:
                 self.summaries += made
-                yield Event(t, found, made)
+                if self.range_eval:
+                    queue.append((t, where, made))
+                    if any(self._range_ends(self.pipelines[n], w) for n, w in waiting.items() if w):
+                        yield from flush()
+                else:
+                    yield Event(t, found, made)
+        yield from flush()
         if group is not None and next_group is not None and self.end > -math.inf:
             while next_group <= self.end:
                 ev = self._group_eval(group, next_group, pending)
                 if ev is not None:
                     yield ev
                 next_group += self.interval
+
+    # -- range evaluation ------------------------------------------------------------------------
+    def _reconfigures(self, node: str, rs: RuleSet, seg: B.Segment) -> bool:
+        """Whether ``_pipeline`` would change this node's rules or available signals now."""
+        p = self.pipelines.get(node)
+        if p is None:
+            return False
+        if p.engine.rules is not rs and p.engine.rules.version != rs.version:
+            return True
+        avail = seg.meta.get("available_signals")
+        return avail is not None and self._avail.get(node) != avail
+
+    def _may_ingest_ahead(self, pipe: Pipeline, waiting: list[float], batches: list[SampleBatch]) -> bool:
+        """Whether these batches can be ingested before the node's waiting ticks are evaluated
+        without changing what those ticks see: every sample newer than any in the store (so each
+        is a new column after those the ticks saw, and the store's latest time at each tick
+        bounds its windows: see ``Engine.evaluate_range``), and no block filling up (making room
+        is the only time the store drops columns, and windows longer than the horizon see what
+        it keeps)."""
+        batches = [b for b in batches if len(b)]
+        if not batches:
+            return True
+        allt = np.concatenate([b.t for b in batches]) if len(batches) > 1 else batches[0].t
+        at = np.cumsum([0] + [len(b) for b in batches[:-1]])
+        mins = np.minimum.reduceat(allt, at)
+        maxs = np.maximum.reduceat(allt, at)
+        lo = float(mins.min())
+        if lo <= pipe.store.latest_t:
+            return False
+        by_layout: dict[int, list] = {}  # id(signal column) → [array, new columns]
+        for b, one in zip(batches, (mins == maxs).tolist()):
+            cols = 1 if one else len(np.unique(b.t))
+            got = by_layout.get(id(b.signal))
+            if got is None:
+                by_layout[id(b.signal)] = [b.signal, cols]
+            else:
+                got[1] += cols
+        per_sig: dict[str, int] = {}
+        for arr, cols in by_layout.values():
+            for name in self._signal_names(arr):
+                per_sig[name] = per_sig.get(name, 0) + cols
+        if lo <= pipe.store.latest_t:
+            return False
+        cols = max(per_sig.values())  # the most new columns any one block can get
+        # the fewest free columns of any block, counted down as ticks are ingested ahead, and
+        # recomputed when the store has changed shape (a new block or row)
+        st = pipe.store
+        budget = pipe.__dict__.get("_range_budget")
+        if budget is None or budget[0] != (st.version, waiting[0]):
+            budget = [(st.version, waiting[0]), st.min_free_columns()]
+        if cols >= budget[1]:
+            return False
+        budget[1] -= cols
+        pipe.__dict__["_range_budget"] = budget
+        return True
+
+    def _signal_names(self, arr: np.ndarray) -> tuple:
+        """The distinct signal names of a batch's signal column; replay's batches of one layout
+        share that array, so it is worked out once per array (kept alive with its entry)."""
+        hit = self._sig_cache.get(id(arr))
+        if hit is not None and hit[0] is arr:
+            return hit[1]
+        if len(self._sig_cache) > 4096:
+            self._sig_cache.clear()
+        names = tuple(dict.fromkeys(arr.tolist()))
+        self._sig_cache[id(arr)] = (arr, names)
+        return names
+
+    def _range_ends(self, pipe: Pipeline, waiting: list[float]) -> bool:
+        """After adding a tick: a range ends at the length limit, or where the pipeline's store
+        gc (due after this tick) would forget an entity (later ticks must not see it)."""
+        if len(waiting) >= self.max_range:
+            return True
+        t = waiting[-1]
+        last = pipe._last_gc if pipe._last_gc is not None else waiting[0]
+        for tt in waiting[:-1]:  # the gc times of the ticks before (each checked a no-op when added)
+            if tt - last >= pipe.gc_every:
+                last = tt
+        return t - last >= pipe.gc_every and pipe.store.gc_would_remove(t)
+
+    @staticmethod
+    def _evaluate_range(pipe: Pipeline, ts: list[float], seen: list[float]) -> list[list[Finding]]:
+        """``Pipeline.evaluate`` at each of ``ts`` (the samples are in the store already): one
+        range evaluation, then the pipeline's per-tick bookkeeping. The store gc is due only at
+        the last tick or changes nothing at the others (``_range_ends``)."""
+        births = pipe.store.take_births()
+        per_tick = pipe.engine.evaluate_range(ts, births, seen)
+        for j, (t, findings) in enumerate(zip(ts, per_tick)):
+            if pipe._last_gc is None:
+                pipe._last_gc = t
+            elif t - pipe._last_gc >= pipe.gc_every:
+                if j == len(ts) - 1:
+                    pipe.store.gc(t)
+                pipe._last_gc = t
+            pipe.ticks += 1
+            for f in findings:
+                pipe.findings_total[f.state.value] = pipe.findings_total.get(f.state.value, 0) + 1
+            for s in pipe.sinks:
+                s.on_tick(t, findings)
+        return per_tick
 
     # -- group rules (the controller's half) ---------------------------------------------------
     def _group_engine(self) -> Engine | None:
@@ -634,6 +792,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--diff", nargs=2, metavar=("RULES_A", "RULES_B"),
                    help="compare two rule versions on the bundle: findings that appear, disappear or change timing")
     p.add_argument("--no-group", action="store_true", help="skip the group (tp_group/cluster) rules")
+    p.add_argument("--per-tick", action="store_true",
+                   help="evaluate at every tick as it is reached instead of in ranges of ticks "
+                        "(same findings; the default at --speed max is range evaluation)")
+    p.add_argument("--explain", action="store_true",
+                   help="print on stderr how each rule is evaluated (range or per tick, and which window "
+                        "functions have range kernels), then replay")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar or statistics on stderr")
     return p
 
@@ -671,12 +835,51 @@ def _first_tick(seg: B.Segment) -> float:
 
 
 def _make_replayer(args: argparse.Namespace, segments: list[B.Segment], damage: list[B.Damage],
-                   catalogue: Catalogue, rules: Sequence[str] | None) -> Replayer:
+                   catalogue: Catalogue, rules: Sequence[str] | None, range_eval: bool = True) -> Replayer:
     start = min(_first_tick(s) for s in segments)
     t_from = parse_time(args.t_from, start) if args.t_from else None
     t_to = parse_time(args.t_to, start) if args.t_to else None
     return Replayer(segments, catalogue, rules=rules, t_from=t_from, t_to=t_to, nodes=args.node,
-                    group=not args.no_group, open_damage=damage)
+                    group=not args.no_group, open_damage=damage, range_eval=range_eval)
+
+
+def explain(rep: Replayer) -> list[str]:
+    """How replay evaluates each rule: node rules by range (window functions with a range kernel
+    computed for all ticks at once, the others by their per-tick kernel at each tick inside the
+    range), group rules per tick in the group engine."""
+    from skewd.model import Scope
+    from skewd.rules.expr import _COND_WINDOW, _WINDOW, RANGE_KERNELS
+
+    WINDOW_FUNCTIONS = set(_WINDOW) | set(_COND_WINDOW) | {"quantile", "last", "age"}
+
+    lines = []
+    mode = "ranges of up to %d ticks" % rep.max_range if rep.range_eval else "per tick (--per-tick or --speed)"
+    lines.append(f"node rules: {mode}; group rules: per tick, every {rep.interval:g}s")
+    lines.append("range kernels: " + ", ".join(sorted(RANGE_KERNELS)) + "; every other window function runs "
+                 "its per-tick kernel at each tick of a range (bit-identical sums need the per-tick order)")
+    seen: set[str] = set()
+    for i in sorted(rep._seg_rules):
+        rs = rep._seg_rules[i]
+        if rs.version in seen:
+            continue
+        seen.add(rs.version)
+        for r in rs.rules:
+            if not r.enabled:
+                continue
+            if r.scope in (Scope.TP_GROUP, Scope.CLUSTER):
+                how = "per tick (group engine)"
+            elif not rep.range_eval:
+                how = "per tick"
+            else:
+                # evidence labels are the text of each function call (a bare signal: its last value)
+                fns = sorted({lab.split("(")[0] if "(" in lab else "last" for lab in r.compiled.evidence_labels})
+                wins = [f for f in fns if f in WINDOW_FUNCTIONS]
+                ranged = [f for f in wins if f in RANGE_KERNELS]
+                per = [f for f in wins if f not in RANGE_KERNELS]
+                how = "range" + (f"; range kernels: {', '.join(ranged)}" if ranged else "") + \
+                      (f"; per-tick kernels: {', '.join(per)}" if per else "")
+            lines.append(f"  {r.id}: {how}")
+    return lines
 
 
 async def _drive(rep: Replayer, speed: float | None, publish: str | None, out: TextIO, as_json: bool,
@@ -760,7 +963,11 @@ def main(argv: Sequence[str], out: TextIO | None = None, err: TextIO | None = No
     try:
         if args.diff:
             return _diff(args, segments, damage, catalogue, out, err)
-        rep = _make_replayer(args, segments, damage, catalogue, args.rules)
+        rep = _make_replayer(args, segments, damage, catalogue, args.rules,
+                             range_eval=speed is None and not args.per_tick and not args.publish)
+        if args.explain:
+            for line in explain(rep):
+                print(line, file=err)
         findings = asyncio.run(_drive(rep, speed, args.publish, out, args.json, err, args.quiet))
     except (ReplayError, B.BundleError, ValueError) as e:
         print(f"skewd replay: {e}", file=err)

@@ -144,6 +144,20 @@ def record(directory: Path, hours: float, hz: float, cpus: int, flows: int) -> d
             "gen": gen}
 
 
+def _existing(bundle: Path, hz: float, cpus: int, flows: int) -> dict:
+    """The counts ``record`` returns, for a bundle it wrote earlier (``--keep``)."""
+    from skewd.agent import bundle as B
+    from skewd.catalogue import full_catalogue
+
+    segs = [B.Segment(p) for p in sorted(bundle.iterdir()) if p.is_dir()]
+    t = np.concatenate([s.ticks()[0] for s in segs])
+    gen = NodeGen(full_catalogue(), layout(cpus, flows), hz)
+    size = sum(f.stat().st_size for f in bundle.rglob("*") if f.is_file())
+    seconds = int(round(float(t[-1] - t[0]))) + 1 if len(t) else 0
+    return {"samples": int(gen.series * hz * seconds), "batches": 0, "series": gen.series, "bytes": size,
+            "seconds": seconds, "gen": gen}
+
+
 class _Split:
     """Wall time inside the pipelines' ingest and evaluation and inside the bundle feed (reading
     and decoding chunks, cutting them into batches); the rest is the replay loop itself (tick
@@ -188,6 +202,10 @@ class _Split:
         if hasattr(Pipeline, "ingest_many"):
             self._wrap(Pipeline, "ingest_many", "ingest")
         self._wrap(Pipeline, "evaluate", "evaluate")
+        from skewd.rules.engine import Engine
+
+        if hasattr(Engine, "evaluate_range"):  # range evaluation (the default at --speed max)
+            self._wrap(Engine, "evaluate_range", "evaluate")
         self._wrap(R._SegmentFeed, "until", "read", gen=True)
         return self
 
@@ -199,8 +217,9 @@ class _Split:
         return dict(self.acc)
 
 
-def replay(directory: Path, warm_s: float) -> dict:
-    """skewd replay's path at --speed max; wall time at each evaluation (for the steady state)."""
+def replay(directory: Path, warm_s: float, per_tick: bool = False) -> dict:
+    """skewd replay's path at --speed max (range evaluation; ``per_tick``: ``--per-tick``); wall
+    time at each event (for the steady state)."""
     from skewd.agent import replay as R
     from skewd.rules.cli import PACKS
 
@@ -210,7 +229,7 @@ def replay(directory: Path, warm_s: float) -> dict:
         if not segments or damage:
             raise RuntimeError(f"bundle unreadable: {damage}")
         cat = R.replay_catalogue(segments)
-        rep = R.Replayer(segments, cat, rules=[str(PACKS)], group=True)
+        rep = R.Replayer(segments, cat, rules=[str(PACKS)], group=True, range_eval=not per_tick)
         first = None
         mark = None
         evals = 0
@@ -281,17 +300,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--flows", type=int, default=16, help="flows the pkt collector reports")
     ap.add_argument("--keep", metavar="DIR", help="write the bundle here and keep it")
     ap.add_argument("--json", action="store_true", help="also print the figures as one JSON line")
+    ap.add_argument("--per-tick", action="store_true",
+                    help="evaluate at every tick (skewd replay --per-tick) instead of in ranges of ticks")
+    ap.add_argument("--bundle", metavar="DIR", help="replay this bundle (written by --keep) instead of writing one")
     a = ap.parse_args(argv)
     work = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="skewd-bench-replay-"))
     try:
-        bundle = work / NODE
-        if bundle.exists():
-            raise RuntimeError(f"{bundle} exists; pick an empty --keep directory")
+        if a.bundle:
+            bundle = Path(a.bundle)
+            w = _existing(bundle, a.hz, a.cpus, a.flows)
+        else:
+            bundle = work / NODE
+            if bundle.exists():
+                raise RuntimeError(f"{bundle} exists; pick an empty --keep directory")
         t0 = time.perf_counter()
-        w = record(bundle, a.hours, a.hz, a.cpus, a.flows)
+        if not a.bundle:
+            w = record(bundle, a.hours, a.hz, a.cpus, a.flows)
         gen_s = time.perf_counter() - t0
         warm = min(600.0, w["seconds"] / 3)
-        r = replay(bundle, warm)
+        r = replay(bundle, warm, a.per_tick)
         peer = naive_peer(w["gen"], a.hz)
     except (RuntimeError, OSError) as e:
         print(f"replay speed: could not run: {e}", file=sys.stderr)
@@ -306,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"replay speed: 8-GPU node, {w['series']} series from every node collector at {a.hz:g} Hz "
           f"({w['series'] * a.hz:,.0f} samples/s), {w['seconds'] / 3600:g} h recorded: {w['samples']:,} samples in "
           f"{w['batches']:,} batches, {w['bytes'] / 1e9:.2f} GB bundle (written in {gen_s:.0f} s)")
+    print(f"  evaluation: {'per tick (--per-tick)' if a.per_tick else 'ranges of ticks'}")
     print(f"  replay with all packs ({r['rules']} rules): {r['wall_s']:.1f} s for {r['recorded_s'] / 3600:.2f} h "
           f"({r['evaluations']:,} evaluations, {r['ingested']:,} samples ingested, {r['transitions']} transitions) = "
           f"{r['recorded_s'] / r['wall_s']:.0f}x real time")
