@@ -32,12 +32,18 @@ def _events(bundle: Path, range_eval: bool, horizon: float | None = None, **kw) 
 
 
 def _same(bundle: Path, **kw) -> list:
-    want, _ = _events(bundle, False, **kw)
+    want, ref = _events(bundle, False, **kw)
     got, rep = _events(bundle, True, **kw)
     assert len(got) == len(want)
     for a, b in zip(want, got):
-        assert a == b
-    assert rep.evaluations == len([e for e in want])
+        assert a == b, kw
+    assert (rep.evaluations, rep.group_evaluations) == (ref.evaluations, ref.group_evaluations)
+    for node, p in ref.pipelines.items():  # the stores end as they did tick by tick
+        q = rep.pipelines[node]
+        assert (q.ticks, q.findings_total, q.store.version, q.store.latest_t) == \
+            (p.ticks, p.findings_total, p.store.version, p.store.latest_t)
+        assert {(s, n, b.n, b.times.shape[0]) for s, per in q.store.blocks.items() for n, b in per.items()} == \
+            {(s, n, b.n, b.times.shape[0]) for s, per in p.store.blocks.items() for n, b in per.items()}
     return want
 
 
