@@ -44,6 +44,8 @@ DEFAULTS: dict[str, Any] = {
                         # a congested, lossy, credit-starved or churning port makes KV transfers slow
                         {"source": ["EW-4", "EW-5", "EW-6", "EW-7", "PCIE-9", "NS-9"], "target": ["EW-8"],
                          "equal": ["node"]},
+                        # head-of-line blocking (queue exhaustion) shows at the port as credit waits
+                        {"source": ["EW-5"], "target": ["EW-7"], "equal": ["node"]},
                         # a saturated link backs up the egress queue and skews the flows sharing it
                         {"source": ["NS-9"], "target": ["NS-3", "NS-5"], "equal": ["node"]},
                         # a stalled engine stops pulling requests and producing tokens
