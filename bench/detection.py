@@ -289,14 +289,14 @@ def render(sc: dict[str, IdScore], extra: dict[str, Any], runs: Sequence[RunResu
         lines += ["### False findings on healthy runs, by rule", "", "| rule | findings |", "|---|---|"]
         lines += [f"| {k} | {v} |" for k, v in sorted(hf.items(), key=lambda kv: -kv[1])]
         lines.append("")
-    missed = [(pid, s) for pid, s in sorted(sc.items(), key=lambda kv: _order(kv[0])) if s.misses]
+    missed = _having(sc, "misses")
     if missed:
         lines += ["### Missed faults", ""]
         for pid, s in missed:
             for m in s.misses:
                 lines.append(f"- {pid}: {m}")
         lines.append("")
-    ifp = [(pid, s) for pid, s in sorted(sc.items(), key=lambda kv: _order(kv[0])) if s.inc_fp_where]
+    ifp = _having(sc, "inc_fp_where")
     if ifp:
         lines += ["### Incidents that showed no injected fault, by ID", "",
                   "What a subscriber to skew events was shown that was not the injected fault (or named the "
@@ -306,7 +306,7 @@ def render(sc: dict[str, IdScore], extra: dict[str, Any], runs: Sequence[RunResu
             where = ", ".join(f"{k} ({v})" for k, v in sorted(s.inc_fp_where.items()))
             lines.append(f"| {pid} | {s.inc_fp} | {where} |")
         lines.append("")
-    fps = [(pid, s) for pid, s in sorted(sc.items(), key=lambda kv: _order(kv[0])) if s.fp_rules]
+    fps = _having(sc, "fp_rules")
     if fps:
         lines += ["### Findings that matched no injected fault (all runs), by rule", "",
                   "During a fault these are often real symptoms of it under another ID (a straggler also "
@@ -316,7 +316,7 @@ def render(sc: dict[str, IdScore], extra: dict[str, Any], runs: Sequence[RunResu
             for rule, n in sorted(s.fp_rules.items(), key=lambda kv: -kv[1]):
                 lines.append(f"| {pid} | {rule} | {n} |")
         lines.append("")
-    und = [(pid, s) for pid, s in sorted(sc.items(), key=lambda kv: _order(kv[0])) if s.undetectable]
+    und = _having(sc, "undetectable")
     if und:
         lines += ["### Pathologies without a catalogued defining signal", ""]
         lines += [f"- {pid}: {s.undetectable}" for pid, s in und]
@@ -377,6 +377,11 @@ def render(sc: dict[str, IdScore], extra: dict[str, Any], runs: Sequence[RunResu
               "(or naming no node) during the fault; `-` when the planner made none.",
               ""]
     return "\n".join(lines)
+
+
+def _having(sc: dict[str, IdScore], attr: str) -> list[tuple[str, IdScore]]:
+    """(ID, score) in catalogue order, for the IDs whose ``attr`` is non-empty."""
+    return [(pid, s) for pid, s in sorted(sc.items(), key=lambda kv: _order(kv[0])) if getattr(s, attr)]
 
 
 def _order(pid: str) -> tuple:
