@@ -1008,6 +1008,11 @@ def _window_vec(ctx: EvalContext, sig: str, dur: float, key: tuple, kernel: Call
             vals = np.concatenate([np.asarray(kernel(t, W), dtype=float) for t, W in parts]) if parts \
                 else np.empty(0)
         memo[key] = vals
+    return _gather(ctx, sig, vals)
+
+
+def _gather(ctx: EvalContext, sig: str, vals: np.ndarray) -> np.ndarray:
+    """Kernel results in block row order (last axis) → the rule's entities (NaN: no row)."""
     node_scope = ctx.store.catalogue[sig].scope == Scope.NODE
     align = ctx.align
     ak = (sig, node_scope)
@@ -1018,9 +1023,9 @@ def _window_vec(ctx: EvalContext, sig: str, dur: float, key: tuple, kernel: Call
             align[ak] = al
     rows, ok = al
     if ok is None:
-        return vals[rows]
-    out = np.full(len(rows), np.nan)
-    out[ok] = vals[rows[ok]]
+        return vals[..., rows]
+    out = np.full(vals.shape[:-1] + (len(rows),), np.nan)
+    out[..., ok] = vals[..., rows[ok]]
     return out
 
 
@@ -1150,20 +1155,7 @@ def _window_range(ctx: EvalContext, sig: str, dur: float, key: tuple, kernel: Ca
             parts.append(v)
         vals = np.concatenate(parts, axis=1) if len(parts) > 1 else (parts[0] if parts else np.empty((T, 0)))
         memo[key] = vals
-    node_scope = ctx.store.catalogue[sig].scope == Scope.NODE
-    align = ctx.align
-    ak = (sig, node_scope)
-    al = align.get(ak) if align is not None else None
-    if al is None:
-        al = _alignment(ctx, sig, node_scope)
-        if align is not None:
-            align[ak] = al
-    rows, ok = al
-    if ok is None:
-        return vals[:, rows]
-    out = np.full((T, len(rows)), np.nan)
-    out[:, ok] = vals[:, rows[ok]]
-    return out
+    return _gather(ctx, sig, vals)
 
 
 def _slices(ctx: EvalContext, sig: str, dur: float) -> list:
