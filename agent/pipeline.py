@@ -59,14 +59,27 @@ class Pipeline:
 
     def evaluate(self, t: float) -> list[Finding]:
         findings = self.engine.evaluate(t)
+        self._after_tick(t, findings, gc=True)
+        return findings
+
+    def evaluate_range(self, ts: list[float], seen: list[float]) -> list[list[Finding]]:
+        """:meth:`evaluate` at each of ``ts`` (their samples are in the store already) in one
+        range evaluation; the store gc runs only at the last tick (a replay ends its ranges
+        where a gc at an earlier tick would change what later ticks see)."""
+        per_tick = self.engine.evaluate_range(ts, self.store.take_births(), seen)
+        for j, (t, findings) in enumerate(zip(ts, per_tick)):
+            self._after_tick(t, findings, gc=j == len(ts) - 1)
+        return per_tick
+
+    def _after_tick(self, t: float, findings: list[Finding], gc: bool) -> None:
         if self._last_gc is None:
             self._last_gc = t
         elif t - self._last_gc >= self.gc_every:
-            self.store.gc(t)
+            if gc:
+                self.store.gc(t)
             self._last_gc = t
         self.ticks += 1
         for f in findings:
             self.findings_total[f.state.value] = self.findings_total.get(f.state.value, 0) + 1
         for s in self.sinks:
             s.on_tick(t, findings)
-        return findings

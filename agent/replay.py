@@ -367,7 +367,7 @@ class Replayer:
         queue: list[tuple] = []  # (Event,) ready, or (t, [(node, index in its range)], made)
 
         def flush() -> Iterator[Event]:
-            found = {node: self._evaluate_range(self.pipelines[node], ts, seen[node])
+            found = {node: self.pipelines[node].evaluate_range(ts, seen[node])
                      for node, ts in waiting.items() if ts}
             waiting.clear()
             seen.clear()
@@ -545,27 +545,6 @@ class Replayer:
             if tt - last >= pipe.gc_every:
                 last = tt
         return t - last >= pipe.gc_every and pipe.store.gc_would_remove(t)
-
-    @staticmethod
-    def _evaluate_range(pipe: Pipeline, ts: list[float], seen: list[float]) -> list[list[Finding]]:
-        """``Pipeline.evaluate`` at each of ``ts`` (the samples are in the store already): one
-        range evaluation, then the pipeline's per-tick bookkeeping. The store gc is due only at
-        the last tick or changes nothing at the others (``_range_ends``)."""
-        births = pipe.store.take_births()
-        per_tick = pipe.engine.evaluate_range(ts, births, seen)
-        for j, (t, findings) in enumerate(zip(ts, per_tick)):
-            if pipe._last_gc is None:
-                pipe._last_gc = t
-            elif t - pipe._last_gc >= pipe.gc_every:
-                if j == len(ts) - 1:
-                    pipe.store.gc(t)
-                pipe._last_gc = t
-            pipe.ticks += 1
-            for f in findings:
-                pipe.findings_total[f.state.value] = pipe.findings_total.get(f.state.value, 0) + 1
-            for s in pipe.sinks:
-                s.on_tick(t, findings)
-        return per_tick
 
     # -- group rules (the controller's half) ---------------------------------------------------
     def _group_engine(self) -> Engine | None:
