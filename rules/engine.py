@@ -171,27 +171,32 @@ class Engine:
             if rule.id in self.inactive or (self.scopes is not None and rule.scope not in self.scopes):
                 continue
             frame = self._frame(rule)
-            if frame is None or len(frame.eids) == 0:
-                true_idx = np.empty(0, dtype=np.int64)
-                ctx = None
-            else:
-                ctx = EvalContext(self.store, now, frame.eids, frame.node_eids, frame.groups, frame.names,
-                                  frame.nodes, self.lookback, memo, [], frame.align)
-                try:
-                    fires = rule.compiled.fires(ctx)
-                except _EVAL_ERRORS as e:  # defensive: never kill the loop
-                    self.last_eval_errors[rule.id] = f"{type(e).__name__}: {e}"
-                    continue
-                if isinstance(fires, np.ndarray) and fires.ndim:
-                    true_idx = fires.nonzero()[0]
-                else:  # one verdict for every entity (a condition on node-wide constants)
-                    true_idx = np.arange(len(frame.eids)) if fires else np.empty(0, dtype=np.int64)
+            try:
+                ctx, true_idx = self._tick_context(rule, frame, now, memo)
+            except _EVAL_ERRORS as e:  # defensive: never kill the loop
+                self.last_eval_errors[rule.id] = f"{type(e).__name__}: {e}"
+                continue
             try:
                 out.extend(self._transition(rule, frame, ctx, true_idx, now))
             except _EvidenceError as e:
                 self.last_eval_errors[rule.id] = str(e)
         self.evaluations += 1
         return out
+
+    def _tick_context(self, rule: Rule, frame: _Frame | None, now: float,
+                      memo: dict) -> tuple[EvalContext | None, np.ndarray]:
+        """(context, indices of the entities where the rule is true) of one rule over its
+        frame at ``now``; the errors of ``fires`` propagate (the caller skips the rule at this
+        tick)."""
+        if frame is None or len(frame.eids) == 0:
+            return None, np.empty(0, dtype=np.int64)
+        ctx = EvalContext(self.store, now, frame.eids, frame.node_eids, frame.groups, frame.names,
+                          frame.nodes, self.lookback, memo, [], frame.align)
+        fires = rule.compiled.fires(ctx)
+        if isinstance(fires, np.ndarray) and fires.ndim:
+            return ctx, fires.nonzero()[0]
+        # one verdict for every entity (a condition on node-wide constants)
+        return ctx, (np.arange(len(frame.eids)) if fires else np.empty(0, dtype=np.int64))
 
     # -- range evaluation --------------------------------------------------------------------------
     def lookback_needed(self) -> float:
@@ -355,21 +360,11 @@ class Engine:
         for j, t in enumerate(ticks):
             now = float(t)
             frame = self._frame(rule)
-            if frame is None or len(frame.eids) == 0:
-                true_idx = np.empty(0, dtype=np.int64)
-                ctx = None
-            else:
-                ctx = EvalContext(self.store, now, frame.eids, frame.node_eids, frame.groups, frame.names,
-                                  frame.nodes, self.lookback, {}, [], frame.align)
-                try:
-                    fires = rule.compiled.fires(ctx)
-                except _EVAL_ERRORS as e:
-                    errors[rule.id] = f"{type(e).__name__}: {e}"
-                    continue
-                if isinstance(fires, np.ndarray) and fires.ndim:
-                    true_idx = fires.nonzero()[0]
-                else:
-                    true_idx = np.arange(len(frame.eids)) if fires else np.empty(0, dtype=np.int64)
+            try:
+                ctx, true_idx = self._tick_context(rule, frame, now, {})
+            except _EVAL_ERRORS as e:
+                errors[rule.id] = f"{type(e).__name__}: {e}"
+                continue
             try:
                 out[j].extend(self._transition(rule, frame, ctx, true_idx, now))
             except _EvidenceError as e:
