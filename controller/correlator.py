@@ -18,6 +18,14 @@ time, so every controller replica and a restarted controller reach the same inci
 the id an open incident was given is remembered (and persisted by the service) so that an
 incident keeps its id while its first member resolves.
 
+Like Alertmanager's first notification of a group, an incident is *held* (not published) until
+it has been open ``correlation.group_wait`` and no culprit rule is pending in its TP group
+(:meth:`Correlator.due`): a cause that fires a few seconds after its symptom then inhibits the
+symptom before any subscriber was shown it, and an incident that resolves or is taken over
+while held is never shown at all. The correlator keeps which incidents were published
+(:attr:`Correlator.published`, persisted with the ids by the service); updates after the first
+publication are published as they happen.
+
 Root-cause attribution follows the runbooks: the culprit's GPUs report throttle reasons →
 ``gpu``; its host is CPU/IRQ-bound → ``host``; its PCIe feed is thin while its ingress is normal
 (PCIe late after ingress) → ``pcie``; its PCIe is healthy but its egress stalls (transmit wait,
@@ -70,6 +78,7 @@ class Correlator:
         self.findings: dict[str, Finding] = {}  # fingerprint → latest transition
         self.ids: dict[str, tuple[str, float]] = {}  # group key → (incident id, opened_at) while open
         self.incidents: dict[str, Incident] = {}  # incident id → latest
+        self.published: set[str] = set()  # incident ids subscribers were shown (no longer held)
         self.reports: Mapping[str, GroupReport] = {}
 
     # -- input --------------------------------------------------------------------------------
@@ -84,8 +93,11 @@ class Correlator:
         self.findings[f.fingerprint] = f
         return True
 
-    def restore_ids(self, ids: Mapping[str, tuple[str, float]]) -> None:
+    def restore_ids(self, ids: Mapping[str, tuple[str, float]], published: Iterable[str] = ()) -> None:
+        """Ids of the incidents open before a restart, and which of them had been published
+        (the others are still held, their hold counted from their original ``opened_at``)."""
         self.ids.update(ids)
+        self.published.update(published)
 
     # -- grouping -----------------------------------------------------------------------------
     def _is_group_finding(self, f: Finding) -> bool:
@@ -222,7 +234,10 @@ class Correlator:
                 continue
             prev = self.incidents.get(iid)
             del self.ids[key]
-            if prev is None or prev.state != "open":
+            if prev is None:  # restored after a restart, gone before it was rebuilt
+                self.published.discard(iid)
+                continue
+            if prev.state != "open":
                 continue
             by_key = {taken.get(fp) for fp in self._fps(prev.findings)} - {None}
             if by_key and all(fp in taken for fp in self._fps(prev.findings)):
@@ -249,6 +264,18 @@ class Correlator:
         return any(f.state is State.PENDING and self._is_group_finding(f) and f.pathology in self.culprit_pathologies
                    and f.node in grp.nodes for f in self.findings.values())
 
+    def due(self, inc: Incident, now: float, wait: float) -> bool:
+        """Whether a held open incident is to be published at ``now``: it has been open
+        ``wait`` (``correlation.group_wait``) and no culprit rule is pending in its TP group
+        (the gate the planner applies too: what may still be explained is not shown yet)."""
+        return inc.state == "open" and now - inc.opened_at >= wait and not self.culprit_pending(inc)
+
+    def is_held(self, inc: Incident) -> bool:
+        return inc.id not in self.published
+
+    def mark_published(self, iid: str) -> None:
+        self.published.add(iid)
+
     def open_incidents(self) -> list[Incident]:
         return [i for i in self.incidents.values() if i.state == "open"]
 
@@ -256,6 +283,7 @@ class Correlator:
         for iid, inc in list(self.incidents.items()):
             if inc.state != "open" and inc.updated_at < before:
                 del self.incidents[iid]
+                self.published.discard(iid)
         for fp, f in list(self.findings.items()):
             if f.state is State.RESOLVED and (f.resolved_at or f.evaluated_at) < before:
                 del self.findings[fp]

@@ -8,7 +8,8 @@ Flow (one asyncio loop)::
                  ┌────────────────────────────────────────────┘
     evaluation at grid times of the *summaries'* clock:
         aligner.derive → ctl_* samples → Engine.evaluate(t) → controller findings (published)
-        → correlator.correlate(t) → incidents (published) → planner → remap suggestions (KV, published)
+        → correlator.correlate(t) → incidents (held group_wait, then published) → planner
+        → remap suggestions (KV, published)
     replies (request/reply)           ──▶ KV (remap.<key>.replies) ──▶ receipt
 
 Time is the summaries' time: evaluation happens at multiples of ``evaluation_interval`` once
@@ -118,7 +119,9 @@ class ControllerStats:
     findings_rejected: int = 0
     evaluations: int = 0
     controller_findings: int = 0
-    incidents_published: int = 0
+    incidents_published: int = 0  # incident messages published (first publication and updates)
+    incidents_shown: int = 0  # incidents published for the first time (held group_wait first)
+    incidents_withheld: int = 0  # incidents resolved or taken over while held: never published
     remaps_published: int = 0
     remaps_deduplicated: int = 0
     remaps_suppressed: int = 0  # an equivalent suggestion was still live
@@ -255,8 +258,9 @@ class Controller:
                 self.correlator.observe(Finding.from_dict(d))
             except (KeyError, TypeError, ValueError) as e:
                 log.warning("state: unreadable finding skipped: %s", e)
-        self.correlator.restore_ids({v["group_key"]: (v["id"], float(v["opened_at"]))
-                                     for v in saved.get("incident", {}).values() if "group_key" in v})
+        kept = [v for v in saved.get("incident", {}).values() if "group_key" in v]
+        self.correlator.restore_ids({v["group_key"]: (v["id"], float(v["opened_at"])) for v in kept},
+                                    published=[v["id"] for v in kept if v.get("published", True)])
         self._open_keys = set(self.correlator.ids)
         self.remaps = dict(saved.get("remap", {}))
         eng = saved.get("engine", {}).get("engine")
@@ -709,16 +713,36 @@ class Controller:
 
     async def _correlate_and_plan(self, t: float) -> None:
         assert self.state is not None
-        changed = self.correlator.correlate(t)
+        corr = self.correlator
+        changed = corr.correlate(t)
+        key_of = {iid: k for k, (iid, _) in corr.ids.items()}
         for inc in changed:
-            key = next((k for k, (iid, _) in self.correlator.ids.items() if iid == inc.id), None)
-            if inc.state == "open" and key is not None:
-                await self.state.put_incident_id(key, inc.id, inc.opened_at)
-            await self._publish_incident(inc)
-        for key in list(self._open_keys - set(self.correlator.ids)):
+            key = key_of.get(inc.id)
+            shown = not corr.is_held(inc)
+            if inc.state == "open" and key is not None and (shown or not corr.due(inc, t, self.cfg.group_wait)):
+                await self.state.put_incident_id(key, inc.id, inc.opened_at, published=shown)
+            if shown:
+                await self._publish_incident(inc)
+            elif inc.state != "open":  # resolved or taken over while held: nobody is shown it
+                self.stats.incidents_withheld += 1
+                log.info("incident %s (%s) %s while held: never published", inc.id, inc.pathology, inc.state)
+        # Alertmanager's group_wait for the first notification: an incident is shown once it has
+        # been open group_wait (and no culprit rule is pending in its TP group), so a cause that
+        # fires a few seconds after its symptom takes the symptom over before anyone saw it
+        for inc in sorted(corr.open_incidents(), key=lambda i: (i.opened_at, i.id)):
+            if corr.is_held(inc) and corr.due(inc, t, self.cfg.group_wait):
+                key = key_of.get(inc.id)
+                if key is not None:
+                    await self.state.put_incident_id(key, inc.id, inc.opened_at, published=True)
+                corr.mark_published(inc.id)
+                self.stats.incidents_shown += 1
+                await self._publish_incident(inc)
+        for key in list(self._open_keys - set(corr.ids)):
             await self.state.delete_incident_id(key)
-        self._open_keys = set(self.correlator.ids)
-        for inc in sorted(self.correlator.open_incidents(), key=lambda i: (i.opened_at, i.id)):
+        self._open_keys = set(corr.ids)
+        for inc in sorted(corr.open_incidents(), key=lambda i: (i.opened_at, i.id)):
+            if corr.is_held(inc):
+                continue  # not shown yet (group_wait, or a culprit rule pending): nothing to plan
             if t - inc.opened_at < self.cfg.group_wait:
                 continue  # Alertmanager's group_wait: a culprit may still explain it
             if self.correlator.culprit_pending(inc):
@@ -845,7 +869,11 @@ class Controller:
     def status(self) -> dict[str, Any]:
         return {"cluster": self.cfg.cluster, "controller": self.cfg.controller_id, "now": self.now,
                 "watermark": self.watermark, "stats": asdict(self.stats),
-                "open_incidents": [i.to_dict() for i in self.correlator.open_incidents()],
+                # held incidents (not published yet: group_wait, or a culprit rule pending) are
+                # listed too, marked "held", with the earliest time they may be published
+                "open_incidents": [{**i.to_dict(), "held": self.correlator.is_held(i),
+                                    "publish_after": i.opened_at + self.cfg.group_wait}
+                                   for i in self.correlator.open_incidents()],
                 "suggestions": {k: r.get("status") for k, r in self.remaps.items()},
                 "topology_conflicts": dict(self.topology.conflicts),
                 "eval_errors": dict(self.engine.last_eval_errors)}

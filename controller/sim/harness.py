@@ -27,7 +27,9 @@ from typing import Callable
 
 import numpy as np
 
+from skewd import wire
 from skewd.agent import summary as summary_mod
+from skewd.controller import messages as M
 from skewd.agent.pipeline import Pipeline
 from skewd.model import NODE_SCOPES, Catalogue, Finding
 from skewd.rules.engine import RuleSet
@@ -53,8 +55,10 @@ class HarnessResult:
     findings: list[Finding]  # every transition, node and controller, in time order
     suggestions: list[Suggestion]
     incidents: list = field(default_factory=list)
-    #: every incident the controller opened during the run, as first seen open (what a
-    #: subscriber to skew events was shown), in opening order
+    #: every incident the controller published during the run, as first published (what a
+    #: subscriber to skew events was shown: incidents held ``correlation.group_wait`` and then
+    #: resolved or taken over by their cause's incident were never shown and are not here), in
+    #: publication order
     opened: list[dict] = field(default_factory=list)
     node_evaluations: int = 0
     group_evaluations: int = 0
@@ -189,7 +193,7 @@ class Harness:
                 next_group += self.group_interval
                 step_found += self._ctl_tick(t, res.suggestions)
                 res.group_evaluations += 1
-                self._log_opened(res)
+                self._log_opened(res, t)
             res.findings += step_found
             if on_step is not None:
                 on_step(t, step_found)
@@ -198,16 +202,20 @@ class Harness:
             self._loop.close()
         return res
 
-    def _log_opened(self, res: HarnessResult) -> None:
+    def _log_opened(self, res: HarnessResult, t: float) -> None:
+        """The incidents published on the incident subject since the last call (what the
+        controller's JetStream publish was handed), each counted at its first publication."""
         seen = self._opened_ids
-        for iid, inc in self.ctl.correlator.incidents.items():
-            if iid in seen or inc.state != "open":
+        js = self.ctl.js
+        new, js.incidents = js.incidents, []
+        for inc in new:
+            if inc.id in seen or inc.state != "open":
                 continue
-            seen.add(iid)
+            seen.add(inc.id)
             nodes = [inc.culprit.node] if inc.culprit is not None and inc.culprit.node else list(inc.victims)
-            res.opened.append({"id": iid, "pathology": inc.pathology, "rule": inc.rule_id, "nodes": nodes,
+            res.opened.append({"id": inc.id, "pathology": inc.pathology, "rule": inc.rule_id, "nodes": nodes,
                                "entity": inc.culprit.entity if inc.culprit is not None else "",
-                               "opened_at": inc.opened_at, "findings": len(inc.findings)})
+                               "opened_at": inc.opened_at, "published_at": t, "findings": len(inc.findings)})
 
     def _summary(self, node: str, p: Pipeline, t: float, interval: float) -> None:
         # "sim": the node reports its time daemon's error bound (what clock_sync is for);
@@ -237,6 +245,7 @@ class MemoryState:
         self.remaps: dict[str, dict] = {}
         self.remaps_created: list[dict] = []
         self.incidents: dict[str, tuple[str, float]] = {}
+        self.published: set[str] = set()  # incident ids stored as published (no longer held)
         self.writes = 0
 
     async def load(self) -> dict:
@@ -248,8 +257,10 @@ class MemoryState:
     async def delete_finding(self, fingerprint: str) -> None:
         pass
 
-    async def put_incident_id(self, group_key: str, incident_id: str, opened_at: float) -> None:
+    async def put_incident_id(self, group_key: str, incident_id: str, opened_at: float, published: bool = True) -> None:
         self.incidents[group_key] = (incident_id, opened_at)
+        if published:
+            self.published.add(incident_id)
 
     async def delete_incident_id(self, group_key: str) -> None:
         self.incidents.pop(group_key, None)
@@ -280,14 +291,19 @@ class MemoryState:
 
 class CaptureJetStream:
     """Stands in for the JetStream publish of controller findings, incidents and suggestions:
-    accepts and counts them (their content is captured by :class:`MemoryState`)."""
+    accepts and counts them (findings' and suggestions' content is captured by
+    :class:`MemoryState`); incidents are decoded and kept, since what was published is what a
+    subscriber saw (held incidents never reach this)."""
 
     def __init__(self) -> None:
         self.published: list[str] = []
+        self.incidents: list = []  # decoded Incident messages not yet taken by the harness
 
     async def publish(self, subject: str, payload: bytes = b"", headers: dict | None = None, timeout: float = 0.0,
                       **kw) -> "_Ack":
         self.published.append(subject)
+        if (headers or {}).get(wire.HDR_KIND) == M.Kind.INCIDENT.value:
+            self.incidents.append(M.decode(payload, M.Kind.INCIDENT))
         return _Ack(len(self.published))
 
 

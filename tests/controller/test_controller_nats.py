@@ -66,16 +66,22 @@ async def test_straggler_named_victims_inhibited_one_remap_acknowledged(nats_ser
         assert s.effect is not None and s.effect.ttft_s > s.effect.ttft_baseline_s
         assert s.effect.queue_growth_per_s and s.effect.queue_growth_per_s > 0
 
-        # victims: their GPU-8 findings are inhibited by the culprit incident, their own
-        # incidents are closed as inhibited (and produced no suggestion)
+        # victims: their GPU-8 findings are inhibited by the culprit incident; the culprit rule
+        # fired within group_wait of them, so their own incidents were closed as inhibited while
+        # still held: never published to subscribers (and they produced no suggestion)
         incs = await incidents(url, "strag")
         latest = {i.id: i for i in incs}
         culprit_inc = latest[s.incident]
         victim_ids = {f.id for f in ctl.correlator.findings.values() if f.rule_id == "GPU-8-test"}
         assert len(victim_ids) == 3 and set(culprit_inc.inhibited) == victim_ids
         assert culprit_inc.victims == ["n0", "n1", "n3"]
-        node_incs = [i for i in latest.values() if i.group.get("node") in ("n0", "n1", "n3")]
-        assert len(node_incs) == 3 and all(i.state == "inhibited" and i.inhibited_by == s.incident for i in node_incs)
+        assert [i for i in incs if i.group.get("node") in ("n0", "n1", "n3")] == []
+        held = [i for i in ctl.correlator.incidents.values() if i.group.get("node") in ("n0", "n1", "n3")]
+        assert len(held) == 3 and all(i.state == "inhibited" and i.inhibited_by == s.incident for i in held)
+        assert ctl.stats.incidents_withheld >= 3
+        # the culprit's incident was first shown open, once its own hold was over
+        first = next(i for i in incs if i.id == s.incident)
+        assert first.state == "open" and first.updated_at - first.opened_at >= 8.0
         assert "phase decode_heavy" in culprit_inc.summary and "TTFT" in culprit_inc.summary
 
         # the controller's own finding is on the findings stream, stating phase and effect

@@ -15,6 +15,7 @@ import yaml
 
 from skewd.controller import client
 from skewd.controller import messages as M
+from skewd.controller.state import StateStore
 
 from .helpers import RULES, incidents, play, remaps, wait_for
 from .sim import ScriptedGroup
@@ -88,10 +89,13 @@ async def test_kill_before_the_suggestion_then_restart_publishes_it_once(nats_se
         proc.start()
         await _ready(nc, cluster, proc)
         await play(nc, g, 0, 16, victims_at=12)  # EW-1 fires, the incident opens; group_wait not over
-        latest = {i.id: i for i in await incidents(url, cluster)}
-        before = [i for i in latest.values() if i.group.get("tp_group") == "tp0" and i.state == "open"]
-        assert len(before) == 1 and before[0].culprit.node == "n2", proc.log.read_text()[-3000:]
-        assert await remaps(url, cluster) == []
+        # the incident is held (not published before group_wait), its id already in KV
+        async def held_in_kv():
+            saved = await StateStore(await nc.jetstream().key_value("SKEWD_CONTROLLER"), cluster).load()
+            return [v for v in saved["incident"].values() if v["group_key"] == "tp:tp0:culprit:n2"]
+        (before,) = await wait_for(held_in_kv, 10, "the held incident's id in KV")
+        assert before["published"] is False, proc.log.read_text()[-3000:]
+        assert await incidents(url, cluster) == [] and await remaps(url, cluster) == []
         proc.kill()
         await play(nc, g, 16, 18, victims_at=None)  # nobody listening: these are lost, as in life
         proc.start()
@@ -102,10 +106,16 @@ async def test_kill_before_the_suggestion_then_restart_publishes_it_once(nats_se
         await asyncio.sleep(1.0)
         sugs = await remaps(url, cluster)
         assert len(sugs) == 1, [s.summary for s in sugs]
-        # the restarted controller resumed the incident it had opened, not a new one
-        assert sugs[0].incident == before[0].id and sugs[0].culprit.node == "n2"
+        # the restarted controller resumed the incident it had opened (and held), not a new one
+        assert sugs[0].incident == before["id"] and sugs[0].culprit.node == "n2"
         # the victims' findings (taken in before the crash) are still inhibited, not planned
         assert sugs[0].pathology == "EW-1"
+        # what subscribers were shown: that incident, first when its hold ended; never the
+        # victims' own incidents, which the culprit took over while they were held
+        incs = await incidents(url, cluster)
+        assert incs and {i.id for i in incs} == {before["id"]}, [(i.pathology, i.group, i.state) for i in incs]
+        assert incs[0].state == "open" and incs[0].opened_at == before["opened_at"]
+        assert incs[0].updated_at - incs[0].opened_at >= 8.0
     finally:
         await nc.close()
         proc.stop()

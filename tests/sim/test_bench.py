@@ -70,7 +70,7 @@ def test_scoring():
     assert (ew1.inc_tp, ew1.inc_fp) == (1, 1) and (sc["GPU-8"].inc_tp, sc["GPU-8"].inc_fp) == (0, 1)
     assert sc["NS-6"].inc_fp_healthy == 1
     assert "| EW-1 | TP straggler | 1.00 (1/1) | 0.50 (1/2) | 0.33 (1/3) | 0.00 (0/1) | 80s | 100s |" in text
-    assert "1 false finding(s) in 1.00 node-hours = 24.0 per node-day (target: at most 1); 1 incident(s) opened" in text
+    assert "1 false finding(s) in 1.00 node-hours = 24.0 per node-day (target: at most 1); 1 incident(s) published" in text
     assert "| GPU-8 | 1 | s1 (1) |" in text
 
 
@@ -99,3 +99,7 @@ faults:
     # what the controller showed: the stall as an incident on its node, opened during the fault
     stalls = [i for i in r.opened if i["pathology"] == "GPU-3"]
     assert stalls and stalls[0]["nodes"] == list(t.nodes) and t.onset <= stalls[0]["opened_at"] <= t.end + 120
+    # shown when the controller published it: held correlation.group_wait (30 s) after it opened
+    assert stalls[0]["published_at"] >= stalls[0]["opened_at"] + 30.0
+    # every incident counted was published; none was counted twice
+    assert len({i["id"] for i in r.opened}) == len(r.opened)
