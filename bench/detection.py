@@ -13,8 +13,9 @@ Findings are scored against the injected ground truth:
   fault's onset and its end + ``grace``; **recall** = faults detected / faults injected;
 - **localisation** = detected faults whose first detection names a culprit node (and, where the
   finding's scope is the culprit's kind - a GPU, a port - the culprit entity);
-- **precision (incidents)** = incidents the controller opened that show a fault of their ID on its
-  node / all incidents it opened of that ID; **precision (findings)** = firing findings of an ID that
+- **precision (incidents)** = incidents the controller published (what a subscriber was shown,
+  after the ``group_wait`` hold) that show a fault of their ID on its node / all incidents it
+  published of that ID; **precision (findings)** = firing findings of an ID that
   are such detections / all firing findings of that ID, counting every fault run and every healthy run;
 - **latency** = onset → first detection; onset → first remap suggestion naming a culprit node;
 - **false findings per node-hour** = firing findings on healthy runs / simulated node-hours.
@@ -58,7 +59,7 @@ class RunResult:
     seconds: float
     node_evaluations: int
     error: str = ""
-    incidents: list[dict] = field(default_factory=list)  # every incident the controller opened
+    incidents: list[dict] = field(default_factory=list)  # every incident the controller published
 
 
 def _init_worker(rules: list[str], opts: dict[str, Any]) -> None:
@@ -160,7 +161,7 @@ class IdScore:
     latencies: list[float] = field(default_factory=list)
     sugg_latencies: list[float] = field(default_factory=list)
     misses: list[str] = field(default_factory=list)
-    inc_tp: int = 0  # incidents the controller opened that show an injected fault of this ID
+    inc_tp: int = 0  # incidents the controller published that show an injected fault of this ID
     inc_fp: int = 0  # incidents of this ID that show none
     inc_fp_healthy: int = 0
     inc_fp_where: dict[str, int] = field(default_factory=dict)
@@ -283,7 +284,7 @@ def render(sc: dict[str, IdScore], extra: dict[str, Any], runs: Sequence[RunResu
                  f"**{_ratio(tot.localised, tot.detected)}** | {_med(tot.latencies)} | {_med(tot.sugg_latencies)} | "
                  f"**{fph}** | |")
     lines += ["", f"Healthy runs: {tot.fp_healthy} false finding(s) in {hours:.2f} node-hours "
-              f"= {fpd} per node-day (target: at most 1); {tot.inc_fp_healthy} incident(s) opened.", ""]
+              f"= {fpd} per node-day (target: at most 1); {tot.inc_fp_healthy} incident(s) published.", ""]
     hf = extra["healthy_fp_by_rule"]
     if hf:
         lines += ["### False findings on healthy runs, by rule", "", "| rule | findings |", "|---|---|"]
@@ -300,7 +301,9 @@ def render(sc: dict[str, IdScore], extra: dict[str, Any], runs: Sequence[RunResu
     if ifp:
         lines += ["### Incidents that showed no injected fault, by ID", "",
                   "What a subscriber to skew events was shown that was not the injected fault (or named the "
-                  "wrong node). Symptoms an inhibit rule attaches to their cause's incident are not here.", "",
+                  "wrong node). Symptoms an inhibit rule attaches to their cause's incident, and incidents that "
+                  "resolved or were taken over while held `correlation.group_wait`, were never shown and are not "
+                  "here.", "",
                   "| ID | incidents | runs |", "|---|---|---|"]
         for pid, s in ifp:
             where = ", ".join(f"{k} ({v})" for k, v in sorted(s.inc_fp_where.items()))
@@ -366,8 +369,10 @@ def render(sc: dict[str, IdScore], extra: dict[str, Any], runs: Sequence[RunResu
               "- A detection is a *firing* finding of the fault's ID that became active between onset and end + "
               f"{GRACE:.0f}s. Localisation: the first detection names a culprit node (and "
               "the culprit GPU/port/engine when its scope is that kind of entity).",
-              "- Precision (incidents) is over what the controller showed: every incident it opened in every "
-              "run counts once; it is right when it has the fault's ID, opened between onset and end + "
+              "- Precision (incidents) is over what the controller showed: every incident it published in every "
+              "run counts once (the controller holds a new incident `correlation.group_wait` before publishing "
+              "it; one that resolves or that its cause's incident takes over meanwhile is never published); "
+              "it is right when it has the fault's ID, opened between onset and end + "
               f"{GRACE:.0f}s and names a culprit node of the fault (a cluster-wide incident: one of its nodes). "
               "Findings the correlator attached to another incident (victims of a TP-group culprit, network "
               "findings under a fabric incident, symptoms under `correlation.inhibit_rules`) open no incident. "

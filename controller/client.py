@@ -20,6 +20,9 @@ remap, incident) come from JetStream: by default only new ones (``deliver="new"`
 everything stored (``"all"``), or, with ``durable="my-router"``, from where this consumer name
 left off (a message is acknowledged to JetStream when the loop asks for the next one; if the
 loop stops while handling one, it is handed back, so it is delivered again next time). Best-effort kinds (summary, health, phase) are live only.
+An incident's first message arrives ``correlation.group_wait`` after it opened (the controller
+holds it so that its cause can take it over first; held incidents that resolve or are taken
+over are never published), and before any suggestion for it.
 See docs/client.md for the schemas.
 """
 from __future__ import annotations
