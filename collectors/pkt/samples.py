@@ -69,7 +69,7 @@ def to_batch(f: IntervalFeatures, node: str, t: float) -> SampleBatch:
     ents[:] = f.entities
     active = f.flows["packets"] > 0 if len(f.entities) else np.zeros(0, bool)
     e_parts, s_parts, v_parts = [], [], []
-    for col, sig in FLOW_SIGNALS.items():
+    for col, sig in FLOW_SIGNALS.items() if len(f.entities) else ():  # no flows: nothing to select
         v = f.flows[col]
         ok = ~np.isnan(v)
         if col not in IDLE_COLUMNS:
