@@ -79,6 +79,7 @@ class Correlator:
         self.ids: dict[str, tuple[str, float]] = {}  # group key → (incident id, opened_at) while open
         self.incidents: dict[str, Incident] = {}  # incident id → latest
         self.published: set[str] = set()  # incident ids subscribers were shown (no longer held)
+        self.held_from: dict[str, float] = {}  # open incident id → when correlation first had it
         self.reports: Mapping[str, GroupReport] = {}
 
     # -- input --------------------------------------------------------------------------------
@@ -93,11 +94,13 @@ class Correlator:
         self.findings[f.fingerprint] = f
         return True
 
-    def restore_ids(self, ids: Mapping[str, tuple[str, float]], published: Iterable[str] = ()) -> None:
-        """Ids of the incidents open before a restart, and which of them had been published
-        (the others are still held, their hold counted from their original ``opened_at``)."""
+    def restore_ids(self, ids: Mapping[str, tuple[str, float]], published: Iterable[str] = (),
+                    held_from: Mapping[str, float] | None = None) -> None:
+        """Ids of the incidents open before a restart, which of them had been published, and
+        since when each was held (the others' hold resumes with its original deadline)."""
         self.ids.update(ids)
         self.published.update(published)
+        self.held_from.update(held_from or {})
 
     # -- grouping -----------------------------------------------------------------------------
     def _is_group_finding(self, f: Finding) -> bool:
@@ -222,6 +225,7 @@ class Correlator:
                 opened = first.fired_at or first.active_at
                 iid = stable_key(self.cluster, g.key, first.id)
                 self.ids[g.key] = (iid, opened)
+                self.held_from[iid] = max(now, opened)
             seen.add(g.key)
             inc = self._build(g, iid, opened, now)
             prev = self.incidents.get(iid)
@@ -234,6 +238,7 @@ class Correlator:
                 continue
             prev = self.incidents.get(iid)
             del self.ids[key]
+            self.held_from.pop(iid, None)
             if prev is None:  # restored after a restart, gone before it was rebuilt
                 self.published.discard(iid)
                 continue
@@ -264,11 +269,18 @@ class Correlator:
         return any(f.state is State.PENDING and self._is_group_finding(f) and f.pathology in self.culprit_pathologies
                    and f.node in grp.nodes for f in self.findings.values())
 
+    def hold_start(self, inc: Incident) -> float:
+        """When the hold of ``inc`` began: when correlation first had it as an incident of its
+        own - its ``opened_at`` (first member fired) as a rule; later when that finding arrived
+        late, or was until then attached to another incident (a symptom left firing after its
+        cause resolved opens an incident of its own then, with its old ``opened_at``)."""
+        return max(inc.opened_at, self.held_from.get(inc.id, inc.opened_at))
+
     def due(self, inc: Incident, now: float, wait: float) -> bool:
-        """Whether a held open incident is to be published at ``now``: it has been open
+        """Whether a held open incident is to be published at ``now``: it has been held
         ``wait`` (``correlation.group_wait``) and no culprit rule is pending in its TP group
         (the gate the planner applies too: what may still be explained is not shown yet)."""
-        return inc.state == "open" and now - inc.opened_at >= wait and not self.culprit_pending(inc)
+        return inc.state == "open" and now - self.hold_start(inc) >= wait and not self.culprit_pending(inc)
 
     def is_held(self, inc: Incident) -> bool:
         return inc.id not in self.published

@@ -260,7 +260,8 @@ class Controller:
                 log.warning("state: unreadable finding skipped: %s", e)
         kept = [v for v in saved.get("incident", {}).values() if "group_key" in v]
         self.correlator.restore_ids({v["group_key"]: (v["id"], float(v["opened_at"])) for v in kept},
-                                    published=[v["id"] for v in kept if v.get("published", True)])
+                                    published=[v["id"] for v in kept if v.get("published", True)],
+                                    held_from={v["id"]: float(v["held_from"]) for v in kept if "held_from" in v})
         self._open_keys = set(self.correlator.ids)
         self.remaps = dict(saved.get("remap", {}))
         eng = saved.get("engine", {}).get("engine")
@@ -720,7 +721,8 @@ class Controller:
             key = key_of.get(inc.id)
             shown = not corr.is_held(inc)
             if inc.state == "open" and key is not None and (shown or not corr.due(inc, t, self.cfg.group_wait)):
-                await self.state.put_incident_id(key, inc.id, inc.opened_at, published=shown)
+                await self.state.put_incident_id(key, inc.id, inc.opened_at, published=shown,
+                                                 held_from=corr.hold_start(inc))
             if shown:
                 await self._publish_incident(inc)
             elif inc.state != "open":  # resolved or taken over while held: nobody is shown it
@@ -733,7 +735,8 @@ class Controller:
             if corr.is_held(inc) and corr.due(inc, t, self.cfg.group_wait):
                 key = key_of.get(inc.id)
                 if key is not None:
-                    await self.state.put_incident_id(key, inc.id, inc.opened_at, published=True)
+                    await self.state.put_incident_id(key, inc.id, inc.opened_at, published=True,
+                                                     held_from=corr.hold_start(inc))
                 corr.mark_published(inc.id)
                 self.stats.incidents_shown += 1
                 await self._publish_incident(inc)
@@ -872,7 +875,7 @@ class Controller:
                 # held incidents (not published yet: group_wait, or a culprit rule pending) are
                 # listed too, marked "held", with the earliest time they may be published
                 "open_incidents": [{**i.to_dict(), "held": self.correlator.is_held(i),
-                                    "publish_after": i.opened_at + self.cfg.group_wait}
+                                    "publish_after": self.correlator.hold_start(i) + self.cfg.group_wait}
                                    for i in self.correlator.open_incidents()],
                 "suggestions": {k: r.get("status") for k, r in self.remaps.items()},
                 "topology_conflicts": dict(self.topology.conflicts),

@@ -4,8 +4,8 @@ What must survive a restart (or be shared by replicas) lives here, one key per i
 per-cluster prefix:
 
 ``<c>.finding.<fingerprint>``  latest transition of every finding taken in (the correlator's input)
-``<c>.incident.<hash>``       id, open time and published flag of each open incident (ids stay
-                              stable; a held incident's hold resumes after a restart)
+``<c>.incident.<hash>``       id, open time, published flag and hold start of each open incident
+                              (ids stay stable; a held incident's hold resumes after a restart)
 ``<c>.engine``                 the group rule engine's alert states (pending/firing, active_at)
 ``<c>.remap.<key>``            every suggestion: body, status, publish sequence, replies
 
@@ -109,11 +109,15 @@ class StateStore:
     def incident_slot(group_key: str) -> str:
         return hashlib.sha256(group_key.encode()).hexdigest()[:24]
 
-    async def put_incident_id(self, group_key: str, incident_id: str, opened_at: float, published: bool = True) -> None:
-        """``published`` False: the incident is still held (``correlation.group_wait``); a record
-        without the flag (older controllers published at once) counts as published."""
-        await self._put(self.key("incident", self.incident_slot(group_key)),
-                        {"group_key": group_key, "id": incident_id, "opened_at": opened_at, "published": published})
+    async def put_incident_id(self, group_key: str, incident_id: str, opened_at: float, published: bool = True,
+                              held_from: float | None = None) -> None:
+        """``published`` False: the incident is still held (``correlation.group_wait``) since
+        ``held_from``; a record without the flag (older controllers published at once) counts
+        as published."""
+        rec = {"group_key": group_key, "id": incident_id, "opened_at": opened_at, "published": published}
+        if held_from is not None:
+            rec["held_from"] = held_from
+        await self._put(self.key("incident", self.incident_slot(group_key)), rec)
 
     async def delete_incident_id(self, group_key: str) -> None:
         await self.kv.delete(self.key("incident", self.incident_slot(group_key)))

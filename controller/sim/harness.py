@@ -246,6 +246,7 @@ class MemoryState:
         self.remaps_created: list[dict] = []
         self.incidents: dict[str, tuple[str, float]] = {}
         self.published: set[str] = set()  # incident ids stored as published (no longer held)
+        self.held_from: dict[str, float] = {}  # incident id → hold start stored with it
         self.writes = 0
 
     async def load(self) -> dict:
@@ -257,8 +258,10 @@ class MemoryState:
     async def delete_finding(self, fingerprint: str) -> None:
         pass
 
-    async def put_incident_id(self, group_key: str, incident_id: str, opened_at: float, published: bool = True) -> None:
+    async def put_incident_id(self, group_key: str, incident_id: str, opened_at: float, published: bool = True,
+                              held_from: float | None = None) -> None:
         self.incidents[group_key] = (incident_id, opened_at)
+        self.held_from[incident_id] = opened_at if held_from is None else held_from
         if published:
             self.published.add(incident_id)
 

@@ -35,7 +35,8 @@ class _KV(MemoryState):
 
     async def load(self) -> dict:
         return {"finding": dict(self.latest), "remap": dict(self.remaps), "engine": {},
-                "incident": {f"slot{i}": {"group_key": k, "id": iid, "opened_at": at, "published": iid in self.published}
+                "incident": {f"slot{i}": {"group_key": k, "id": iid, "opened_at": at, "published": iid in self.published,
+                                          "held_from": self.held_from[iid]}
                              for i, (k, (iid, at)) in enumerate(self.incidents.items())}}
 
 
@@ -170,3 +171,24 @@ def test_a_restart_after_publication_keeps_it_published() -> None:
     # stream's Nats-Msg-Id drops the copy), then its resolution
     _run(ctl2, 111.0, 112.0, {112.0: [_resolved(_erosion(100.0), 112.0)]})
     assert [(i.id, i.state) for i in _shown(ctl2)] == [(inc.id, "open"), (inc.id, "resolved")]
+
+
+def _stall_resolved(t: float) -> Finding:
+    return _resolved(_stall(105.0), t)
+
+
+def test_a_symptom_left_firing_after_its_cause_resolved_is_held_again() -> None:
+    # the cause resolves first; the symptom, still firing, becomes an incident of its own then
+    # (with its old opened_at): held group_wait from then, so its own end 5 s later is never shown
+    ctl, _ = _controller()
+    _run(ctl, 100.0, 170.0, {100.0: [_erosion(100.0)], 105.0: [_stall(105.0)], 150.0: [_stall_resolved(150.0)],
+                             155.0: [_resolved(_erosion(100.0), 155.0)]})
+    assert [(i.pathology, i.state) for i in _shown(ctl)] == [("GPU-3", "open"), ("GPU-3", "resolved")]
+    # ... and when it keeps firing it is shown group_wait after it became its own incident
+    ctl, _ = _controller()
+    _run(ctl, 100.0, 170.0, {100.0: [_erosion(100.0)], 105.0: [_stall(105.0)], 150.0: [_stall_resolved(150.0)]})
+    shown = [(i.pathology, i.state, i.opened_at, i.updated_at) for i in _shown(ctl)]
+    assert shown == [("GPU-3", "open", 105.0, 105.0 + WAIT), ("GPU-3", "resolved", 105.0, 150.0),
+                     ("GPU-8", "open", 100.0, 150.0 + WAIT)], shown
+    (st,) = ctl.status()["open_incidents"]
+    assert st["pathology"] == "GPU-8" and st["held"] is False and st["publish_after"] == 150.0 + WAIT
