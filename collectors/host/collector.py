@@ -41,6 +41,13 @@ class HostCollector(Collector):
         self.loadavg = bool(self.config.get("loadavg", True))
         # last value per (entity, signal) of the /proc/stat CPU times, see _monotonic()
         self._last: dict[tuple[str, str], float] = {}
+        self._paths: dict[str, str] = {}  # file under proc_root → path string (read every second)
+
+    def _path(self, rel: str) -> str:
+        p = self._paths.get(rel)
+        if p is None:
+            p = self._paths[rel] = str(self.proc_root / rel)
+        return p
 
     def probe(self) -> Status:
         stat = self.proc_root / "stat"
@@ -77,7 +84,7 @@ class HostCollector(Collector):
         return out
 
     def collect(self, t: float) -> SampleBatch:
-        text = read_str(self.proc_root / "stat")
+        text = read_str(self._path("stat"))
         if text is None:
             raise CollectorError(f"cannot read {self.proc_root / 'stat'}", stage="read")
         try:
@@ -87,7 +94,7 @@ class HostCollector(Collector):
         for rel, fn in _OPTIONAL.items():
             if rel == "loadavg" and not self.loadavg:
                 continue
-            body = read_str(self.proc_root / rel)
+            body = read_str(self._path(rel))
             if body is None:
                 continue  # absent on this kernel/namespace; probe() said so
             try:

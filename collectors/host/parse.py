@@ -43,6 +43,8 @@ SNMP = {
     ("Udp", "SndbufErrors"): "host_udp_sndbuf_errors_total",
 }
 
+_SNMP_PROTOS = frozenset(proto for proto, _ in SNMP)
+
 
 class Sample(NamedTuple):
     entity: str
@@ -68,9 +70,12 @@ def parse_stat(text: str, user_hz: int = USER_HZ) -> list[Sample]:
     out: list[Sample] = []
     online = 0
     for line in text.splitlines():
-        parts = line.split()
-        if not parts:
+        # only cpu* and procs_* lines are read: skip the others (``intr`` holds one number per
+        # interrupt source, thousands on a large node) before splitting them
+        head = line.lstrip()
+        if not (head.startswith("cpu") or head.startswith("procs_")):
             continue
+        parts = line.split()
         key = parts[0]
         if key.startswith("cpu"):
             ticks = dict(zip(STAT_COLUMNS, (int(x) for x in parts[1:])))
@@ -114,6 +119,8 @@ def parse_snmp(text: str) -> list[Sample]:
     lines = text.splitlines()
     for head, vals in zip(lines[::2], lines[1::2]):
         proto, _, names = head.partition(":")
+        if proto not in _SNMP_PROTOS:  # Ip, Icmp, IcmpMsg, UdpLite: nothing read from them
+            continue
         vproto, _, values = vals.partition(":")
         if proto != vproto:
             continue

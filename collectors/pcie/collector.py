@@ -64,6 +64,9 @@ class PcieCollector(Collector):
         self.query = Querier(self.backend, self.stats, self.name)
         self._selected: list[str] | None = None
         self._selected_at = float("-inf")
+        # per selected device, its sysfs files as plain strings (read every second: a pathlib
+        # join per file per collect cost more than the reads)
+        self._files: dict[str, tuple[tuple[str, str], ...]] = {}
         self._nvml_session = False
         self._nvml_wait: float | None = None  # set after a failed attempt
         self._nvml_retry_at: float | None = None
@@ -93,7 +96,15 @@ class PcieCollector(Collector):
         if self._selected is None or t - self._selected_at >= self.rescan_interval:
             self._selected = self.select_devices()
             self._selected_at = t
+            self._files = {}
         return self._selected
+
+    def _device_files(self, addr: str) -> tuple[tuple[str, str], ...]:
+        files = self._files.get(addr)
+        if files is None:
+            d = self.devices_dir / addr
+            files = self._files[addr] = tuple((name, str(d / name)) for name in parse.DEVICE_FILES)
+        return files
 
     # -- lifecycle ------------------------------------------------------------------------------
     def probe(self) -> Status:
@@ -211,8 +222,7 @@ class PcieCollector(Collector):
     def collect(self, t: float) -> SampleBatch:
         b = BatchBuilder(self.node)
         for addr in self._devices(t):
-            d = self.devices_dir / addr
-            files = {name: read_str(d / name) for name in parse.DEVICE_FILES}
+            files = {name: read_str(path) for name, path in self._device_files(addr)}
             for sig, value in parse.device_samples(files):
                 b.add(t, addr, sig, value)
         if self._nvml_open(t):
