@@ -19,7 +19,8 @@ the id an open incident was given is remembered (and persisted by the service) s
 incident keeps its id while its first member resolves.
 
 Like Alertmanager's first notification of a group, an incident is *held* (not published) until
-it has been open ``correlation.group_wait`` and no culprit rule is pending in its TP group
+it has been held ``correlation.group_wait`` (from when correlation first had it as an incident of
+its own, :meth:`Correlator.hold_start`) and no culprit rule is pending in its TP group
 (:meth:`Correlator.due`): a cause that fires a few seconds after its symptom then inhibits the
 symptom before any subscriber was shown it, and an incident that resolves or is taken over
 while held is never shown at all. The correlator keeps which incidents were published
