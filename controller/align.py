@@ -215,7 +215,12 @@ def aligned_metrics(al: Aligned, clock_error: Mapping[str, float],
     n = len(live)
     counts = np.bincount(al.step, minlength=al.nsteps)  # live members per step
     is_complete = counts == n if n >= 2 else np.zeros(al.nsteps, dtype=bool)
-    quorum = max(2, int(np.ceil(min_fraction * n)))
+    # a step counts towards missing shares when at least ``min_fraction`` of the peers sent in
+    # it, and (from three members on) at least two, so one node's stray burst is not a step. A
+    # pair has no such second witness: its steps with one burst count, or a member that skips
+    # steps could never be seen missing (quorum 2 = both present). In a pair a stray burst of
+    # one member therefore counts against the other.
+    quorum = max(2, int(np.ceil(min_fraction * n))) if n > 2 else 1
     is_partial = counts >= quorum
     ncomplete = int(is_complete.sum())
     npartial = int(is_partial.sum())
@@ -294,6 +299,40 @@ def stage_gap(prev_steps: np.ndarray, next_steps: np.ndarray) -> float:
         if b < limit:
             gaps.append(b - prev_steps[k])
     return float(np.median(gaps)) if gaps else float("nan")
+
+
+def bytes_rates(nbytes: Mapping[str, np.ndarray], window: float) -> dict[str, float]:
+    """Per node of one TP group: bytes of its bursts in the window per second of window, or
+    nothing when any member reported no burst bytes (then there is nothing to compare)."""
+    out: dict[str, float] = {}
+    for node, b in nbytes.items():
+        if not len(b) or not np.isfinite(b).any():
+            return {}
+        out[node] = float(np.nansum(b)) / window
+    return out
+
+
+def reference_ratios(group_rates: Mapping[str, tuple[int, Mapping[str, float]]]) -> dict[str, float]:
+    """Each node's collective bytes rate over the median rate of the members of the OTHER TP
+    groups of the same size (``group_rates``: group → (configured size, node → rate)); nodes of
+    a group without such other groups get nothing.
+
+    Why: in a TP pair a node that sends too few bytes per collective and a partner that sends
+    too many look the same from inside the pair (each one's sent bytes are the other's received
+    bytes), so the pair alone cannot say whose shard is wrong. Replicas of one model behind one
+    load balancer move about the same bytes per second; the member that matches the other
+    groups is the healthy one. The caller's rule decides how close "matches" is and falls back
+    to reporting the pair when neither member matches (another model, uneven load)."""
+    out: dict[str, float] = {}
+    for name, (size, rates) in group_rates.items():
+        others = [r for g, (sz, rs) in group_rates.items() if g != name and sz == size for r in rs.values()]
+        if not others:
+            continue
+        ref = float(np.median(others))
+        if ref > 0:
+            for node, r in rates.items():
+                out[node] = r / ref
+    return out
 
 
 class BurstLog:
@@ -434,6 +473,7 @@ class Aligner:
         for node, c in self.clocks.items():
             out.setdefault(node, {})["ctl_summary_age_seconds"] = max(0.0, now - c.last_summary_t)
         stage_steps: dict[str, np.ndarray] = {}
+        group_rates: dict[str, tuple[int, dict[str, float]]] = {}
         for name, nodes in tp_groups.items():
             live = self.live(nodes, now)
             if not live:
@@ -454,7 +494,12 @@ class Aligner:
                 out.setdefault(n, {}).update(v)
             if al.nsteps:
                 stage_steps[name] = al.firsts(max(1, len(live) // 2))
+            rates = bytes_rates(by, self.window)
+            if rates:
+                group_rates[name] = (len(nodes), rates)
             yield name
+        for n, r in reference_ratios(group_rates).items():
+            out.setdefault(n, {})["ctl_collective_bytes_ref_ratio"] = r
         for name, stages in pp_groups.items():
             times = []
             for members in stages:

@@ -39,6 +39,10 @@ CATALOGUE = [
     signal("ctl_collective_bytes_dev_ratio", "gauge", "ratio", "node",
            "(node's median bytes per aligned collective - TP group median) / group median; needs "
            "collective_burst_bytes in the summaries", _C),
+    signal("ctl_collective_bytes_ref_ratio", "gauge", "ratio", "node",
+           "node's collective burst bytes per second over the median of the members of the other TP "
+           "groups of the same size (1 = moves what the other replicas move); absent without such "
+           "groups. Tells which member of a TP pair is off: inside the pair both deviate", _C),
     # -- EW-2 PP bubbles -----------------------------------------------------------------------------
     signal("ctl_pp_gap_seconds", "gauge", "seconds", "node",
            "for a node of pipeline stage s>0: median time from the previous stage's step start to this "

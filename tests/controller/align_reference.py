@@ -79,7 +79,7 @@ def group_metrics(steps: Sequence[Step], live: Sequence[str], clock_error: Mappi
     live = list(live)
     n = len(live)
     complete = [s for s in steps if n >= 2 and all(m in s.members for m in live)]
-    quorum = max(2, int(np.ceil(min_fraction * n)))
+    quorum = max(2, int(np.ceil(min_fraction * n))) if n > 2 else 1  # kept in step: pairs count one-burst steps
     partial = [s for s in steps if len([m for m in s.members if m in live]) >= quorum]
     out: dict[str, dict[str, float]] = {node: {} for node in live}
     rep = GroupReport(group="", watermark=float("nan"), steps=len(complete), spread_median_s=float("nan"))
@@ -219,6 +219,7 @@ class Aligner:
         for node, c in self.clocks.items():
             out.setdefault(node, {})["ctl_summary_age_seconds"] = max(0.0, now - c.last_summary_t)
         stage_steps: dict[str, np.ndarray] = {}
+        group_rates: dict[str, tuple[int, dict[str, float]]] = {}  # kept in step: EW-3 reference
         for name, nodes in tp_groups.items():
             live = self.live(nodes, now)
             if not live:
@@ -239,6 +240,20 @@ class Aligner:
                 out.setdefault(n, {}).update(v)
             if steps:
                 stage_steps[name] = np.array([s.first for s in steps if len(s.members) >= max(1, len(live) // 2)])
+            rates = {}
+            for n in live:
+                if not len(by[n]) or not np.isfinite(by[n]).any():
+                    rates = {}
+                    break
+                rates[n] = float(np.nansum(by[n])) / self.window
+            if rates:
+                group_rates[name] = (len(nodes), rates)
+        for name, (size, rates) in group_rates.items():
+            others = [r for g, (sz, rs) in group_rates.items() if g != name and sz == size for r in rs.values()]
+            ref = float(np.median(others)) if others else float("nan")
+            if ref > 0:
+                for n, r in rates.items():
+                    out[n]["ctl_collective_bytes_ref_ratio"] = r / ref
         for name, stages in pp_groups.items():
             times = []
             for members in stages:

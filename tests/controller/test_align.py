@@ -94,6 +94,50 @@ def test_bytes_skew_per_collective() -> None:
     assert out["a"]["ctl_collective_bytes_dev_ratio"] == 0.0
 
 
+def test_a_pair_member_that_skips_steps_is_missing_in_them() -> None:
+    """Two-node TP groups: a step where only the partner sent counts (quorum 1, not 2)."""
+    al = _aligner()
+    _feed(al, ("a", "b"), 12, {}, skip={"b": set(range(0, 200, 3))})  # b skips every third step
+    out = al.derive(T0 + 12, {"g": ("a", "b")}, {})
+    assert out["b"]["ctl_step_missing_ratio"] == pytest.approx(1 / 3, abs=0.05)
+    assert out["a"]["ctl_step_missing_ratio"] == 0.0
+
+
+def test_healthy_pair_misses_nothing() -> None:
+    al = _aligner()
+    _feed(al, ("a", "b"), 12, {"b": 0.008})  # a straggler is late, not missing
+    out = al.derive(T0 + 12, {"g": ("a", "b")}, {})
+    assert out["a"]["ctl_step_missing_ratio"] == 0.0
+    assert out["b"]["ctl_step_missing_ratio"] == 0.0
+
+
+def test_bytes_reference_from_other_groups_names_the_pair_member_that_is_off() -> None:
+    """Inside a pair both members deviate (b sends 60 %, so a receives 60 %): ±25 % from the
+    pair's median each. Against the other pair of the same size only b is off."""
+    al = _aligner()
+    _feed(al, ("a", "b"), 12, {}, nbytes={"a": 1e6, "b": 0.6e6})
+    _feed(al, ("c", "d"), 12, {}, nbytes={"c": 1e6, "d": 1e6}, seed=4)
+    _feed(al, ("e", "f", "g"), 12, {}, nbytes={"e": 5e6, "f": 5e6, "g": 5e6}, seed=5)  # another size: not a reference
+    out = al.derive(T0 + 12, {"p": ("a", "b"), "q": ("c", "d"), "r": ("e", "f", "g")}, {})
+    assert out["a"]["ctl_collective_bytes_dev_ratio"] == pytest.approx(0.25)
+    assert out["b"]["ctl_collective_bytes_dev_ratio"] == pytest.approx(-0.25)
+    # rates over the window: a burst more or less at its edges (jitter) moves them by 1 %
+    assert out["a"]["ctl_collective_bytes_ref_ratio"] == pytest.approx(1.0, rel=0.02)
+    assert out["b"]["ctl_collective_bytes_ref_ratio"] == pytest.approx(0.6, rel=0.02)
+    assert out["c"]["ctl_collective_bytes_ref_ratio"] == pytest.approx(1.25, rel=0.02)  # against the mixed pair
+    assert "ctl_collective_bytes_ref_ratio" not in out["e"]
+
+
+def test_no_bytes_reference_without_bytes_or_other_groups() -> None:
+    al = _aligner()
+    _feed(al, ("a", "b"), 12, {}, nbytes={"a": 1e6, "b": 0.6e6})
+    _feed(al, ("c", "d"), 12, {}, nbytes={"c": float("nan"), "d": float("nan")}, seed=4)
+    out = al.derive(T0 + 12, {"p": ("a", "b"), "q": ("c", "d")}, {})
+    assert not any("ctl_collective_bytes_ref_ratio" in v for v in out.values())
+    out = al.derive(T0 + 12, {"p": ("a", "b")}, {})
+    assert not any("ctl_collective_bytes_ref_ratio" in v for v in out.values())
+
+
 def test_stale_node_leaves_the_group_and_its_age_is_reported() -> None:
     al = _aligner()
     _feed(al, NODES, 12, {"c": 0.008})
@@ -139,7 +183,8 @@ def test_every_derived_signal_is_catalogued_and_every_catalogued_one_is_derived(
     al = _aligner()
     _feed(al, NODES, 12, {"c": 0.008}, skip={"d": {5}})
     _feed(al, ("x",), 12, {"x": 0.03})
-    out = al.derive(T0 + 12, {"g": NODES}, {"pp": [NODES, ("x",)]})
+    _feed(al, ("e", "f", "g", "h"), 12, {}, seed=5)  # a second group of four: the bytes reference
+    out = al.derive(T0 + 12, {"g": NODES, "g2": ("e", "f", "g", "h")}, {"pp": [NODES, ("x",)]})
     emitted = {s for v in out.values() for s in v}
     assert emitted == NAMES
     cat = full_catalogue()
