@@ -164,13 +164,16 @@ class Ring:
             self.freeze_count += fr
             return self.kernel_packets, self.kernel_drops
 
-    def wait(self, timeout: float) -> bool:
-        """Block until a block is ready (poll on the socket) or the timeout passes."""
+    def wait(self, timeout: float, poller: "select.poll | None" = None) -> bool:
+        """Block until a block is ready (poll on the socket) or the timeout passes. ``poller``:
+        a poll object with the socket registered (and possibly a wake-up fd), kept by the caller
+        instead of building one per wait."""
         if self._ready():
             return True
-        p = select.poll()
-        p.register(self.fileno(), select.POLLIN | select.POLLERR)
-        return bool(p.poll(int(timeout * 1000)))
+        if poller is None:
+            poller = select.poll()
+            poller.register(self.fileno(), select.POLLIN | select.POLLERR)
+        return bool(poller.poll(int(timeout * 1000)))
 
     def _ready(self) -> bool:
         off = self.block * self.cfg.block_size
@@ -242,18 +245,27 @@ class Capture:
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._wake_r = self._wake_w = -1  # stop() writes here to end the thread's poll at once
+
+    #: the capture thread's poll timeout: stop() wakes it through a pipe, so on an idle port
+    #: it wakes only this often (it was every 0.1 s) and stop() still returns at once
+    POLL_TIMEOUT = 1.0
 
     def start(self) -> None:
         self.ring.open()
         self._stop.clear()
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._thread = threading.Thread(target=self._run, name=f"pkt-capture-{self.ring.cfg.interface}",
                                         daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         try:
+            poller = select.poll()
+            poller.register(self.ring.fileno(), select.POLLIN | select.POLLERR)
+            poller.register(self._wake_r, select.POLLIN)
             while not self._stop.is_set():
-                if not self.ring.wait(0.1):
+                if not self.ring.wait(self.POLL_TIMEOUT, poller):
                     continue
                 for fr in self.ring.drain():
                     with self._lock:
@@ -274,7 +286,16 @@ class Capture:
 
     def stop(self) -> None:
         self._stop.set()
+        if self._wake_w >= 0:
+            try:
+                os.write(self._wake_w, b"x")
+            except OSError:
+                pass  # the pipe is full: the thread is being woken anyway
         if self._thread is not None:
             self._thread.join(timeout=2.0)
             self._thread = None
         self.ring.close()
+        for fd in (self._wake_r, self._wake_w):
+            if fd >= 0:
+                os.close(fd)
+        self._wake_r = self._wake_w = -1

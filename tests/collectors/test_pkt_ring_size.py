@@ -102,3 +102,29 @@ def test_a_configured_ring_is_used_as_given_and_never_resized(config: dict, size
     finally:
         col.stop()
         s.close()
+
+
+def test_capture_thread_sleeps_on_an_idle_port_and_stops_at_once() -> None:
+    """On a port without traffic the capture thread wakes once per POLL_TIMEOUT (not ten times
+    a second), and stop() still ends it at once: it is woken through its pipe."""
+    from skewd.collectors.pkt.ring import Capture
+
+    col = Pkt("n", {"interface": "lo", "filter": f"udp dst port {PORT + 1}"})  # nothing sent there
+    col.start()
+    cap = col._capture
+    assert isinstance(cap, Capture) and cap.POLL_TIMEOUT >= 1.0
+    calls = 0
+    wait = cap.ring.wait
+
+    def counting_wait(timeout, poller=None):
+        nonlocal calls
+        calls += 1
+        return wait(timeout, poller)
+
+    cap.ring.wait = counting_wait
+    time.sleep(2.5)
+    assert calls <= 4  # the thread started its current wait before the patch, then ~1 a second
+    t0 = time.monotonic()
+    col.stop()
+    assert time.monotonic() - t0 < 0.5
+    assert cap._thread is None and cap._wake_r == cap._wake_w == -1
