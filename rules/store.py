@@ -107,9 +107,13 @@ class Block:
 
     def window(self, start: float, end: float) -> tuple[np.ndarray, np.ndarray]:
         """Columns with start < t <= end: (times[k], values[rows, k]) as views."""
-        lo = int(np.searchsorted(self.times[: self.n], start, side="right"))
-        hi = int(np.searchsorted(self.times[: self.n], end, side="right"))
-        return self.times[lo:hi], self.values[: self.nrows, lo:hi]
+        # the unused columns' times are +inf (see new, _make_room), so the search needs no
+        # [:n] view; the method skips np.searchsorted's Python wrapper
+        times = self.times
+        n = self.n
+        lo = min(int(times.searchsorted(start, "right")), n)
+        hi = min(int(times.searchsorted(end, "right")), n)
+        return times[lo:hi], self.values[: len(self.rows), lo:hi]
 
 
 def _span(ix: np.ndarray) -> slice | np.ndarray:

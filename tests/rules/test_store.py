@@ -220,3 +220,39 @@ def test_a_full_layout_cache_is_forgotten_not_trusted(cat, monkeypatch) -> None:
         want = snapshot(play(GeneralPathStore(cat, horizon=5.0, initial_cap=4), events, None))
         got = play(WindowStore(cat, horizon=5.0, initial_cap=4), events, random.Random(seed))
         assert snapshot(got) == want and got._layout_size <= 12 + 20
+
+
+def _window_reference(blk, start: float, end: float):
+    """Block.window as it was: both searches over the used columns only."""
+    lo = int(np.searchsorted(blk.times[: blk.n], start, side="right"))
+    hi = int(np.searchsorted(blk.times[: blk.n], end, side="right"))
+    return blk.times[lo:hi], blk.values[: blk.nrows, lo:hi]
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("horizon,cap", [(600.0, 64), (5.0, 4)])
+def test_window_searches_the_whole_time_axis_with_the_same_columns(cat, seed, horizon, cap) -> None:
+    # Block.window searches times[:cap] (unused columns are +inf) instead of times[:n]: the
+    # same columns at every point of a stream with compaction, growth and gc, for bounds
+    # before, inside and after the samples, on them, and non-finite
+    rng = random.Random(seed)
+    store = WindowStore(cat, horizon=horizon, initial_cap=cap)
+    checked = 0
+    for kind, x in stream(seed, 200):
+        if kind == "gc":
+            store.gc(x)
+        else:
+            store.ingest(x)
+        for per_node in store.blocks.values():
+            for blk in per_node.values():
+                ts = blk.times[: blk.n].tolist()
+                for _ in range(3):
+                    a = rng.choice(ts + [-np.inf, np.inf, np.nan, 0.0, 1e12]) if ts else 0.0
+                    a += rng.choice([0.0, 0.0, -0.05, 0.05, -30.0])
+                    b = a + rng.choice([0.0, 0.1, 1.0, 60.0, np.inf])
+                    t1, w1 = blk.window(a, b)
+                    t2, w2 = _window_reference(blk, a, b)
+                    assert t1.tolist() == t2.tolist() and w1.shape == w2.shape
+                    assert np.array_equal(w1, w2, equal_nan=True)
+                    checked += 1
+    assert checked > 100
