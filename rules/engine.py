@@ -19,7 +19,7 @@ import numpy as np
 from skewd.model import Finding, Layer, Scope, Severity, State, fingerprint
 
 from . import functions as F
-from .expr import Compiled, EvalContext
+from .expr import Compiled, EvalContext, batch_plan
 from .store import WindowStore
 
 ENGINE_VERSION = 1
@@ -121,6 +121,7 @@ class Engine:
         self._refresh_inactive()
 
     def _refresh_inactive(self) -> None:
+        self._plan = None
         self.inactive = {}
         reasons = getattr(self, "_signal_reasons", {})
         for r in self.rules.rules:
@@ -191,12 +192,23 @@ class Engine:
         if frame is None or len(frame.eids) == 0:
             return None, np.empty(0, dtype=np.int64)
         ctx = EvalContext(self.store, now, frame.eids, frame.node_eids, frame.groups, frame.names,
-                          frame.nodes, self.lookback, memo, [], frame.align)
+                          frame.nodes, self.lookback, memo, [], frame.align, batches=self._batch_plan())
         fires = rule.compiled.fires(ctx)
         if isinstance(fires, np.ndarray) and fires.ndim:
             return ctx, fires.nonzero()[0]
         # one verdict for every entity (a condition on node-wide constants)
         return ctx, (np.arange(len(frame.eids)) if fires else np.empty(0, dtype=np.int64))
+
+    def _batch_plan(self) -> dict:
+        """Which window functions of the evaluated rules are computed together per tick
+        (``expr.batch_plan``), for the current rules and scopes."""
+        plan = self._plan
+        if plan is None or plan[0] is not self.rules or plan[1] != self.scopes:
+            windows = [w for r in self.rules.rules if r.id not in self.inactive and self.evaluates(r)
+                       for w in r.compiled.windows]
+            scopes = None if self.scopes is None else set(self.scopes)
+            plan = self._plan = (self.rules, scopes, batch_plan(windows))
+        return plan[2]
 
     # -- range evaluation --------------------------------------------------------------------------
     def lookback_needed(self) -> float:

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import ast
 import difflib
+import math
 import re
 import warnings
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -171,6 +172,8 @@ class EvalContext:
     exist: np.ndarray | None = None
     born: dict | None = None
     ends: np.ndarray | None = None  # per tick, the latest sample time the store held (<= tick)
+    # memo key → the group of window functions computed with it (Engine: _batch_plan); None: alone
+    batches: dict | None = None
 
 
 @dataclass
@@ -188,6 +191,9 @@ class Compiled:
     uses_peers: bool
     fires: Callable[[EvalContext], Any] | None = None
     uses_horizon: bool = False  # age(): looks back over the store's whole horizon
+    # rate/increase over a bare signal, which the engine may compute together with others of
+    # their kind (see batch_plan): (memo key, signal, function, window, wrap bits)
+    windows: list = field(default_factory=list)
 
 
 @dataclass
@@ -422,6 +428,7 @@ class Compiler:
         self.evidence_labels: list[str] = []
         self.uses_peers = False
         self.uses_horizon = False
+        self.windows: list = []
         self._macro_stack: list[str] = []
         self._durs: list[float] = []
         self._spans: list = []
@@ -443,7 +450,7 @@ class Compiler:
         else:  # a plain value fires where it is exactly 1, as the engine always tested
             fires = lambda ctx, fn=fn: np.asarray(fn(ctx), dtype=float) == 1.0
         return Compiled(fn, self.signals, self.max_window, self.evidence_labels, self.uses_peers, fires,
-                        self.uses_horizon)
+                        self.uses_horizon, self.windows)
 
     def _parse(self, text: str) -> ast.Expression:
         if not isinstance(text, str) or not text.strip():
@@ -696,6 +703,7 @@ class Compiler:
             self.max_window = max(self.max_window, sub.max_window)
             self.uses_peers |= sub.uses_peers
             self.evidence_labels += sub.evidence_labels
+            self.windows += sub.windows
             return res
         if name in env.lists:
             items = list(env.lists[name])
@@ -968,6 +976,8 @@ class Compiler:
             inner = kernel
             kernel = lambda t, W, inner=inner, tf=tf: inner(t, tf(W))
         key = (name, sig, tf, dur) if name != "quantile" else (name, sig, tf, dur, qq)
+        if not tkey and name in _BATCH_KINDS:
+            self.windows.append((key, sig, name, dur, spec.wrap_bits))
 
         def win(ctx, sig=sig, key=key, kernel=kernel, dur=dur, label=label):
             v = _window_vec(ctx, sig, dur, key, kernel)
@@ -1000,6 +1010,11 @@ def _window_vec(ctx: EvalContext, sig: str, dur: float, key: tuple, kernel: Call
         return _window_range(ctx, sig, dur, key, kernel)
     memo = ctx.memo
     vals = memo.get(key)
+    if vals is None and ctx.batches:
+        group = ctx.batches.get(key)
+        if group is not None:
+            _batched(ctx, group)
+            vals = memo.get(key)
     if vals is None:
         parts = _slices(ctx, sig, dur)
         if len(parts) == 1:
@@ -1009,6 +1024,108 @@ def _window_vec(ctx: EvalContext, sig: str, dur: float, key: tuple, kernel: Call
                 else np.empty(0)
         memo[key] = vals
     return _gather(ctx, sig, vals)
+
+
+# -- counter rates computed together ------------------------------------------------------------
+# rate() and increase() are the packs' most common window functions (~30 a tick) and on an
+# agent's small blocks (a few ports, engines, GPUs) they cost their ~10 numpy calls, not their
+# arithmetic. Those of one window length and wrap width are computed in one pass over their
+# windows stacked row-wise: the dense fast path of functions.increase/rate is a per-row
+# reduction (a row's result does not depend on the rows stacked with it), and a signal's value
+# is taken from the stack only when it has no NaN, exactly when the kernel itself returns its
+# dense value. A signal with a missing sample, an empty window or a large block (an agent's
+# flows gain nothing from stacking) is left to its own kernel call, which takes the path it
+# always took. The same memo keys hold the same values; a group is computed when the first of
+# its members is needed. (Stacking the cheaper kernels - avg, max, last... - costs more
+# bookkeeping than the calls it saves.)
+_BATCH_ELEMS = 4096
+
+
+def _b_increase(W: np.ndarray, wrap_bits: int | None, span: Any) -> np.ndarray:
+    prev = W[:, :-1]
+    cur = W[:, 1:]
+    return F._add(F._unwrap(prev, cur, cur - prev, wrap_bits), axis=1)  # = functions._increase_dense
+
+
+def _b_rate(W: np.ndarray, wrap_bits: int | None, span: Any) -> np.ndarray:
+    return _b_increase(W, wrap_bits, span) / span  # = functions.rate's dense path (span > 0)
+
+
+_BATCH: dict[str, Callable] = {"increase": _b_increase, "rate": _b_rate}
+_BATCH_KINDS = set(_BATCH)
+
+
+def batch_plan(windows: Iterable[tuple]) -> dict:
+    """memo key → its group: the window functions (``Compiled.windows``) of one kind, window
+    length and wrap width, as ((kind, window, wrap bits), {signal: [memo keys]}). Groups of one
+    signal are left out (nothing to share)."""
+    groups: dict[tuple, dict[str, list]] = {}
+    for key, sig, kind, dur, wrap_bits in windows:
+        keys = groups.setdefault((kind, float(dur), wrap_bits), {}).setdefault(sig, [])
+        if key not in keys:
+            keys.append(key)
+    plan = {}
+    for gk, members in groups.items():
+        if len(members) > 1:
+            group = (gk, members)
+            for keys in members.values():
+                for key in keys:
+                    plan[key] = group
+    return plan
+
+
+def _batched(ctx: EvalContext, group: tuple) -> None:
+    """Compute ``group`` (see ``batch_plan``) at this tick and memoise the value of every member
+    whose windows all took the dense path; the others are left to their own kernel call. Done
+    once per tick and group."""
+    memo = ctx.memo
+    done = ("batched", id(group))
+    if done in memo:
+        return
+    memo[done] = True
+    (kind, dur, wrap_bits), members = group
+    fn = _BATCH[kind]
+    buckets: dict[tuple, list] = {}  # (columns, span) → [(signal, block index, rows, W)]
+    todo: dict[str, list] = {}  # signal → its blocks' values
+    for sig, keys in members.items():
+        if keys[0] in memo:
+            continue
+        parts = _slices(ctx, sig, dur)
+        if not parts:
+            continue
+        segs = []
+        for i, (t, W) in enumerate(parts):
+            k = W.shape[1]
+            if k < 2 or W.size > _BATCH_ELEMS:
+                break
+            span = None
+            if kind == "rate":
+                span = t[-1] - t[0]
+                if not span > 0:
+                    break
+            segs.append(((k, span), (sig, i, W)))
+        else:
+            todo[sig] = [None] * len(parts)
+            for bk, seg in segs:
+                buckets.setdefault(bk, []).append(seg)
+    for (_, span), segs in buckets.items():
+        Ws = [W for _, _, W in segs]
+        vals = fn(np.concatenate(Ws) if len(Ws) > 1 else Ws[0], wrap_bits, span)
+        bad = np.isnan(vals) if F._has_nan(vals) else None
+        a = 0
+        for sig, i, W in segs:
+            b = a + W.shape[0]
+            got = todo.get(sig)
+            if got is not None:
+                if bad is not None and np.count_nonzero(bad[a:b]):
+                    del todo[sig]  # a NaN: the kernel's own exact path
+                else:
+                    got[i] = vals[a:b]
+            a = b
+    for sig, got in todo.items():
+        v = got[0] if len(got) == 1 else np.concatenate(got)
+        for key in members[sig]:
+            memo[key] = v
 
 
 def _gather(ctx: EvalContext, sig: str, vals: np.ndarray) -> np.ndarray:
