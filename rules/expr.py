@@ -1130,19 +1130,18 @@ def _batched(ctx: EvalContext, group: tuple) -> None:
 
 def _gather(ctx: EvalContext, sig: str, vals: np.ndarray) -> np.ndarray:
     """Kernel results in block row order (last axis) → the rule's entities (NaN: no row)."""
-    node_scope = ctx.store.catalogue[sig].scope == Scope.NODE
     align = ctx.align
-    ak = (sig, node_scope)
-    al = align.get(ak) if align is not None else None
+    al = align.get(sig) if align is not None else None  # (a signal's scope never changes)
     if al is None:
-        al = _alignment(ctx, sig, node_scope)
+        rows, ok = _alignment(ctx, sig, ctx.store.catalogue[sig].scope == Scope.NODE)
+        al = (rows, ok, None if ok is None else rows[ok])
         if align is not None:
-            align[ak] = al
-    rows, ok = al
+            align[sig] = al
+    rows, ok, rows_ok = al
     if ok is None:
-        return vals[..., rows]
+        return vals[rows] if vals.ndim == 1 else vals[..., rows]
     out = np.full(vals.shape[:-1] + (len(rows),), np.nan)
-    out[..., ok] = vals[..., rows[ok]]
+    out[..., ok] = vals[..., rows_ok]
     return out
 
 
