@@ -41,11 +41,35 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 DCGM_EXPORTER_RSS_MIB = (450.0, 510.0)  # published per-node figure (../shared/facts.md)
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of one process (its threads included), from /proc/PID/stat."""
+def cpu_seconds(pid: int | str) -> float:
+    """utime + stime of one process (its threads included), from /proc/PID/stat; ``pid`` may
+    also be ``"PID/task/TID"`` for one thread."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15 of proc(5)
+
+
+def thread_cpu_seconds(pid: int) -> dict[int, float]:
+    """utime + stime per thread (TID → seconds), from /proc/PID/task/TID/stat."""
+    out: dict[int, float] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            out[int(tid)] = cpu_seconds(f"{pid}/task/{tid}")
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
+
+
+def thread_split(pid: int, before: dict[int, float], after: dict[int, float]) -> dict[str, float]:
+    """CPU seconds of the main thread (the event loop: evaluation, summaries, NATS) and of the
+    other threads together (collector workers, the packet capture thread, /metrics)."""
+    main = after.get(pid, 0.0) - before.get(pid, 0.0)
+    rest = sum(v - before.get(t, 0.0) for t, v in after.items() if t != pid)
+    return {"main_thread": main, "other_threads": rest}
 
 
 def status_kib(pid: int, key: str) -> int:
@@ -149,6 +173,7 @@ def run(minutes: float, warmup: float, pkt: str, py_spy: str | None = None) -> d
             if proc.poll() is not None:
                 raise RuntimeError(f"agent exited with {proc.returncode}:\n{(work / 'agent.log').read_text()[-3000:]}")
             c0, w0, s0 = cpu_seconds(proc.pid), time.monotonic(), counts["summaries"]
+            th0 = thread_cpu_seconds(proc.pid)
             out["startup_cpu_s"] = c0
             out["loadavg_start"] = loadavg()
             spy = start_py_spy(proc.pid, minutes * 60, py_spy) if py_spy else None
@@ -161,6 +186,7 @@ def run(minutes: float, warmup: float, pkt: str, py_spy: str | None = None) -> d
                                        f"{(work / 'agent.log').read_text()[-3000:]}")
                 rss_max = max(rss_max, status_kib(proc.pid, "VmRSS"))
             c1, w1 = cpu_seconds(proc.pid), time.monotonic()
+            out["thread_cpu_s"] = thread_split(proc.pid, th0, thread_cpu_seconds(proc.pid))
             out["loadavg_end"] = loadavg()
             if spy is not None:
                 try:
@@ -217,6 +243,9 @@ def main(argv: list[str] | None = None) -> int:
           f"load average {r['loadavg_start']} at the start, {r['loadavg_end']} at the end ({os.cpu_count()} CPUs)")
     print(f"  CPU: {cpu_pct:.2f} % of one core ({r['cpu_s']:.1f} s CPU in {r['wall_s']:.0f} s)   (goal < 1 %); "
           f"whole run incl. start-up: {total_pct:.2f} % ({r['startup_cpu_s']:.1f} s CPU to start)")
+    th = {k: 100.0 * v / r["wall_s"] for k, v in r["thread_cpu_s"].items()}
+    print(f"  by thread: main (event loop: rule evaluation, summaries, NATS) {th['main_thread']:.2f} %, "
+          f"others (collector workers, packet capture, /metrics) {th['other_threads']:.2f} %")
     print(f"  peak RSS (VmHWM): {hwm_mib:.1f} MiB ({r['hwm_kib'] * 1024 / 1e6:.1f} MB)   (goal < 80 MB); "
           f"RSS at end {r['rss_kib'] / 1024:.1f} MiB = "
           + " + ".join(f"{v / 1024:.1f} {k[3:].lower()}" for k, v in r["rss_parts_kib"].items())
@@ -225,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
           f"ratio {lo / hwm_mib:.1f}-{hi / hwm_mib:.1f}x less memory")
     if a.json:
         print(json.dumps({"benchmark": "agent_footprint", "cpu_pct": cpu_pct, "cpu_pct_with_startup": total_pct,
+                          "cpu_pct_main_thread": th["main_thread"], "cpu_pct_other_threads": th["other_threads"],
                           "peak_rss_mib": hwm_mib, "peak_rss_mb": r["hwm_kib"] * 1024 / 1e6,
                           "rss_parts_kib": r["rss_parts_kib"],
                           "loadavg": [r["loadavg_start"], r["loadavg_end"]],
