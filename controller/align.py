@@ -514,10 +514,17 @@ class Aligner:
             gaps = [stage_gap(times[i - 1], times[i]) for i in range(1, len(times))]
             finite = [g for g in gaps if g == g]
             med = float(np.median(finite)) if finite else float("nan")
-            for i, g in enumerate(gaps, start=1):
-                if g != g:
+            # the gap of a hand-off goes to the stages on BOTH sides of it (a middle stage: the
+            # longer of its two): hand-off times alone cannot say which side is slow. In the lab a
+            # slow first stage moved the 0->1 gap from 0.1 ms to 42-54 ms, 60-69 % of the step
+            # period, which a second stage 2.7x slower would also give; published downstream only,
+            # EW-2 named the healthy second stage.
+            for s_, members in enumerate(stages):
+                near = [gaps[i] for i in (s_ - 1, s_) if 0 <= i < len(gaps) and gaps[i] == gaps[i]]
+                if not near:
                     continue
-                for n in stages[i]:
+                g = max(near)
+                for n in members:
                     out.setdefault(n, {})["ctl_pp_gap_seconds"] = g
                     if med > 0:
                         out[n]["ctl_pp_gap_ratio"] = g / med

@@ -45,8 +45,9 @@ CATALOGUE = [
            "groups. Tells which member of a TP pair is off: inside the pair both deviate", _C),
     # -- EW-2 PP bubbles -----------------------------------------------------------------------------
     signal("ctl_pp_gap_seconds", "gauge", "seconds", "node",
-           "for a node of pipeline stage s>0: median time from the previous stage's step start to this "
-           "stage's next step start (the hand-off gap; grows with bubbles)", _C),
+           "median time from a pipeline stage's step start to the next stage's next step start (the "
+           "hand-off gap; grows with bubbles), on the nodes of both stages (a middle stage: the longer "
+           "of its two gaps) - the hand-off times do not say which side is slow", _C),
     signal("ctl_pp_gap_ratio", "gauge", "ratio", "node",
            "the node's ctl_pp_gap_seconds over the median hand-off gap of all stage pairs of its "
            "pipeline group (1 = balanced)", _C),

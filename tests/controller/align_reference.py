@@ -268,10 +268,12 @@ class Aligner:
             gaps = [stage_gap(times[i - 1], times[i]) for i in range(1, len(times))]
             finite = [g for g in gaps if g == g]
             med = float(np.median(finite)) if finite else float("nan")
-            for i, g in enumerate(gaps, start=1):
-                if g != g:
+            for s_, members in enumerate(stages):  # kept in step: both sides of a hand-off
+                near = [gaps[i] for i in (s_ - 1, s_) if 0 <= i < len(gaps) and gaps[i] == gaps[i]]
+                if not near:
                     continue
-                for n in stages[i]:
+                g = max(near)
+                for n in members:
                     out.setdefault(n, {})["ctl_pp_gap_seconds"] = g
                     if med > 0:
                         out[n]["ctl_pp_gap_ratio"] = g / med

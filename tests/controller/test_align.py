@@ -167,7 +167,20 @@ def test_pp_gap_between_stages() -> None:
     out = al.derive(T0 + 12, {"g0": ("a", "b")}, {"pp": [("a", "b"), ("x",)]})
     assert out["x"]["ctl_pp_gap_seconds"] == pytest.approx(0.030, abs=0.001)
     assert out["x"]["ctl_pp_gap_ratio"] == pytest.approx(1.0)
-    assert "ctl_pp_gap_seconds" not in out["a"]
+    # the upstream stage gets the same gap: from the hand-off times alone either side may be slow
+    assert out["a"]["ctl_pp_gap_seconds"] == out["x"]["ctl_pp_gap_seconds"]
+    assert out["b"]["ctl_pp_gap_ratio"] == out["x"]["ctl_pp_gap_ratio"]
+
+
+def test_pp_gap_of_a_middle_stage_is_the_longer_of_its_two_hand_offs() -> None:
+    al = _aligner()
+    _feed(al, ("s0",), 12, {})
+    _feed(al, ("s1",), 12, {"s1": 0.002}, seed=4)
+    _feed(al, ("s2",), 12, {"s2": 0.032}, seed=5)  # the 1->2 hand-off takes 30 ms
+    out = al.derive(T0 + 12, {}, {"pp": [("s0",), ("s1",), ("s2",)]})
+    assert out["s0"]["ctl_pp_gap_seconds"] == pytest.approx(0.002, abs=0.001)
+    assert out["s1"]["ctl_pp_gap_seconds"] == pytest.approx(0.030, abs=0.001)
+    assert out["s2"]["ctl_pp_gap_seconds"] == pytest.approx(0.030, abs=0.001)
 
 
 def test_alignment_primitives() -> None:
