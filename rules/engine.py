@@ -427,6 +427,8 @@ class Engine:
     def _transition(self, rule: Rule, frame: _Frame | None, ctx: EvalContext | None, true_idx: np.ndarray,
                     now: float, full: Any = None) -> list[Finding]:
         states = self.states.setdefault(rule.id, {})
+        if not states and not len(true_idx):  # the common case: nothing true, nothing pending
+            return []
         out: list[Finding] = []
         seen: set[str] = set()
         hits = []
