@@ -48,9 +48,11 @@ DEFAULTS: dict[str, Any] = {
                         {"source": ["EW-5"], "target": ["EW-7"], "equal": ["node"]},
                         # a saturated link backs up the egress queue and skews the flows sharing it
                         {"source": ["NS-9"], "target": ["NS-3", "NS-5"], "equal": ["node"]},
-                        # a slowed GPU feed, host or clock is why the engine's token rate eroded
+                        # a slowed GPU feed, host or clock is why the engine's token rate eroded; so is a
+                        # slow pipeline stage, which slows every step of the replica (EW-2 names both
+                        # stages of the hand-off, the engine's node among them)
                         {"source": ["PCIE-1", "PCIE-2", "PCIE-3", "PCIE-4", "PCIE-5", "PCIE-6", "PCIE-7", "PCIE-8",
-                                    "GPU-5", "GPU-6"], "target": ["GPU-8"], "equal": ["node"]},
+                                    "GPU-5", "GPU-6", "EW-2"], "target": ["GPU-8"], "equal": ["node"]},
                         # a stalled engine stops pulling requests and producing tokens
                         {"source": ["GPU-3"], "target": ["GPU-8", "NS-1", "NS-2"], "equal": ["node"]},
                         # a GPU that lags its node's peers for a named reason: the reason is the incident

@@ -222,6 +222,23 @@ def test_a_symptom_that_fired_first_is_marked_inhibited_by_the_cause_that_follow
     assert changed["GPU-3"].inhibited == [erosion.id]
 
 
+def test_a_slow_pipeline_stage_explains_its_engines_throughput_erosion() -> None:
+    # EW-2 names both stages of a hand-off; the engine's node is one of them and its eroded
+    # token rate (GPU-8) is the bubble's effect, not an incident of its own
+    # (pipeline stages on nodes of their own, no TP group: as in the fault lab's pp shape)
+    c = _corr(cfg=_cfg(topology={}))
+    erosion = finding("s0", "GPU-8-x", "GPU-8", Layer.ENGINE, 100.0, cluster="c", entity="engine0", scope=Scope.ENGINE)
+    bubble = finding("s0", "EW-2-x", "EW-2", Layer.NETWORK, 105.0, cluster="c", scope=Scope.CLUSTER)
+    elsewhere = finding("s3", "GPU-8-x", "GPU-8", Layer.ENGINE, 105.0, cluster="c", entity="engine0",
+                        scope=Scope.ENGINE)
+    for f in (erosion, bubble, elsewhere):
+        c.observe(f)
+    incs = {(i.pathology, i.group.get("node")): i for i in c.correlate(106.0)}
+    ew2 = next(i for (p, _), i in incs.items() if p == "EW-2")
+    assert ew2.inhibited == [erosion.id]
+    assert incs[("GPU-8", "s3")].state == "open"  # a node the bubble does not name keeps its own incident
+
+
 def test_inhibit_rules_respect_entity_equality_never_inhibit_and_chains() -> None:
     c = _corr()
     # GPU-6 on gpu3 hides PCIE-1 on gpu3 (not on gpu5); PCIE-1 on gpu3 in turn would hide PCIE-4 on gpu3
