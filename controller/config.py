@@ -58,6 +58,9 @@ DEFAULTS: dict[str, Any] = {
                         # a GPU that lags its node's peers for a named reason: the reason is the incident
                         {"source": ["PCIE-1", "PCIE-5", "PCIE-7", "GPU-5", "GPU-6"], "target": ["PCIE-4"],
                          "equal": ["node", "entity"]},
+                        # a stalled launch path or a saturated host idles all of the node's GPUs: their
+                        # feed turns sporadic, which reads as H2D starvation
+                        {"source": ["PCIE-3", "PCIE-8"], "target": ["PCIE-1"], "equal": ["node"]},
                         # a link trained below its width is a hardware fault sign before it is a thin feed
                         {"source": ["GPU-6"], "target": ["PCIE-1", "PCIE-5"], "equal": ["node", "entity"]},
                     ]},

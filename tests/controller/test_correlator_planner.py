@@ -239,6 +239,19 @@ def test_a_slow_pipeline_stage_explains_its_engines_throughput_erosion() -> None
     assert incs[("GPU-8", "s3")].state == "open"  # a node the bubble does not name keeps its own incident
 
 
+def test_a_host_side_launch_stall_explains_the_thin_gpu_feeds_on_its_node() -> None:
+    c = _corr()
+    thin = [finding("n0", "PCIE-1-x", "PCIE-1", Layer.PCIE, 100.0, cluster="c", entity=f"gpu{g}", scope=Scope.GPU)
+            for g in (0, 3)]
+    stall = finding("n0", "PCIE-3-x", "PCIE-3", Layer.PCIE, 104.0, cluster="c", entity="gpu0", scope=Scope.GPU)
+    other = finding("n1", "PCIE-1-x", "PCIE-1", Layer.PCIE, 104.0, cluster="c", entity="gpu0", scope=Scope.GPU)
+    for f in (*thin, stall, other):
+        c.observe(f)
+    incs = {(i.pathology, i.group.get("node")): i for i in c.correlate(105.0)}
+    assert incs[("PCIE-3", "n0")].inhibited == sorted(f.id for f in thin)  # any GPU of the node, not only gpu0
+    assert incs[("PCIE-1", "n1")].state == "open"
+
+
 def test_inhibit_rules_respect_entity_equality_never_inhibit_and_chains() -> None:
     c = _corr()
     # GPU-6 on gpu3 hides PCIE-1 on gpu3 (not on gpu5); PCIE-1 on gpu3 in turn would hide PCIE-4 on gpu3
