@@ -6,6 +6,7 @@ take it as a parameter so a capture from an exotic system can still be read.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import NamedTuple
 
 USER_HZ = 100
@@ -67,15 +68,19 @@ def parse_stat(text: str, user_hz: int = USER_HZ) -> list[Sample]:
     The node aggregate comes from the kernel's own ``cpu`` line, which also keeps the time of
     CPUs that are now offline; per-CPU lines exist only for online CPUs.
     """
+    # only cpu* and procs_* lines are read: the others (``intr`` holds one number per interrupt
+    # source, thousands on a large node) are dropped before they are split
+    return _stat_samples([line for line in text.splitlines() if line.lstrip().startswith(("cpu", "procs_"))],
+                         user_hz)
+
+
+def _stat_samples(lines: Iterable[str], user_hz: int) -> list[Sample]:
     out: list[Sample] = []
     online = 0
-    for line in text.splitlines():
-        # only cpu* and procs_* lines are read: skip the others (``intr`` holds one number per
-        # interrupt source, thousands on a large node) before splitting them
-        head = line.lstrip()
-        if not (head.startswith("cpu") or head.startswith("procs_")):
-            continue
+    for line in lines:
         parts = line.split()
+        if not parts:
+            continue
         key = parts[0]
         if key.startswith("cpu"):
             ticks = dict(zip(STAT_COLUMNS, (int(x) for x in parts[1:])))
@@ -115,12 +120,16 @@ def parse_softirqs(text: str) -> list[Sample]:
 
 def parse_snmp(text: str) -> list[Sample]:
     """Selected TCP/UDP counters from the header/value line pairs of /proc/net/snmp."""
-    out: list[Sample] = []
     lines = text.splitlines()
-    for head, vals in zip(lines[::2], lines[1::2]):
+    # Ip, Icmp, IcmpMsg, UdpLite: nothing is read from them
+    return _snmp_samples([(head, vals) for head, vals in zip(lines[::2], lines[1::2])
+                          if head.partition(":")[0] in _SNMP_PROTOS])
+
+
+def _snmp_samples(pairs: Iterable[tuple[str, str]]) -> list[Sample]:
+    out: list[Sample] = []
+    for head, vals in pairs:
         proto, _, names = head.partition(":")
-        if proto not in _SNMP_PROTOS:  # Ip, Icmp, IcmpMsg, UdpLite: nothing read from them
-            continue
         vproto, _, values = vals.partition(":")
         if proto != vproto:
             continue
