@@ -346,11 +346,12 @@ def render(sc: dict[str, IdScore], extra: dict[str, Any], runs: Sequence[RunResu
               "| pp | 4 nodes x 8 H100, two TP8 x PP2 replicas (stages on different nodes) |",
               "| disagg | 4 nodes x 8 H100, 70B: two prefill nodes ship KV over RDMA to two decode nodes |", "",
               "Summaries carry the node's clock error bound and every collective burst start it saw (the "
-              "controller's contract); see *Known gaps* for what today's agent sends instead.", "",
+              "controller's contract); see *Known gaps* for what today's agent sends for bursts.", "",
               "## Known gaps found by the lab", "",
-              "- The agent's summaries do not fill `clock_sync.max_error_s`; the controller then assumes 50 ms for "
-              "every node and no millisecond straggler (EW-1) can be told from clock error. The lab reports the "
-              "simulated bound (`--clock-report agent` would show today's behaviour).",
+              "- The lab reports each node's simulated clock error bound, as the agent reports the kernel's "
+              "(adjtimex maxerror, kept by chrony/ntpd). A node without a disciplined clock reports a large bound or "
+              "none (`--clock-report none`): the controller then assumes 50 ms and no millisecond straggler (EW-1) "
+              "can be told from clock error.",
               "- The agent reports at most one `collective_burst_starts` entry per pkt collection (the port's latest "
               "burst, 1/s); alignment needs every step's burst. The lab sends every burst (`--bursts agent` for today's).",
               "- `rdma_port_xmit_wait_total` is a 32-bit saturating counter: on a long-running node it pins at "
@@ -423,9 +424,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     ap.add_argument("--bursts", choices=("every", "agent"), default="every",
                     help="collective bursts in summaries: every burst (the controller's contract) or only what "
                          "today's agent derives from pkt samples")
-    ap.add_argument("--clock-report", choices=("sim", "agent"), default="sim",
-                    help="clock error bound in summaries: the simulated node's (what clock_sync is for) or none, as "
-                         "today's agent sends")
+    ap.add_argument("--clock-report", choices=("sim", "none"), default="sim",
+                    help="clock error bound in summaries: the simulated node's (as the agent reports the kernel's "
+                         "adjtimex maxerror) or none (a node whose time daemon keeps no bound)")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--quick", action="store_true", help="short smoke run: a few scenarios, shortened, no docs")
     ap.add_argument("--out", default=str(DOC), help="markdown output (default docs/detection.md)")

@@ -10,9 +10,11 @@ summaries go to the controller service itself (``Controller.ingest_summary``, th
 and KV sinks replaced by in-memory ones. Node findings reach its correlator as they would
 through JetStream.
 
-Clocks: summaries report the node's clock error bound (``clock_report="sim"``) - the agent
-does not fill ``clock_sync.max_error_s`` yet, and without it the controller assumes 50 ms and no
-millisecond straggler can be told apart (``clock_report="agent"`` shows that).
+Clocks: summaries report the node's clock error bound (``clock_report="sim"``), as the agent
+does from the kernel (``adjtimex`` maxerror, kept by chrony/ntpd: ``agent/clock.py``);
+``clock_report="none"`` sends no bound, as from a node whose time daemon keeps none: the
+controller then assumes ``unsynced_clock_error`` (50 ms) and no millisecond straggler can be
+told from clock error.
 
 Collective bursts: the summary carries every collective burst start the node saw in the
 interval (``collective_burst_starts``/``collective_burst_bytes``, the controller's contract),
@@ -218,8 +220,8 @@ class Harness:
                                "opened_at": inc.opened_at, "published_at": t, "findings": len(inc.findings)})
 
     def _summary(self, node: str, p: Pipeline, t: float, interval: float) -> None:
-        # "sim": the node reports its time daemon's error bound (what clock_sync is for);
-        # "agent": what today's agent sends (no bound: the controller assumes its worst case)
+        # "sim": the node reports its time daemon's error bound (the agent reads it with adjtimex);
+        # "none": no bound (the controller assumes its worst case)
         err = self.sim.clock_error[node] if self.clock_report == "sim" else None
         msg = summary_mod.make_summary(p.store, node, self.cluster, t, interval, clock_error=err)
         vals = {k: v[""] for k, v in msg.signals.items() if "" in v}
