@@ -63,6 +63,9 @@ DEFAULTS: dict[str, Any] = {
                         {"source": ["PCIE-3", "PCIE-8"], "target": ["PCIE-1"], "equal": ["node"]},
                         # a link trained below its width is a hardware fault sign before it is a thin feed
                         {"source": ["GPU-6"], "target": ["PCIE-1", "PCIE-5"], "equal": ["node", "entity"]},
+                        # a preemption storm re-queues what it evicts and holds the cache full: the
+                        # engine's KV saturation and growing queue (GPU-2) are the storm's symptoms
+                        {"source": ["GPU-4"], "target": ["GPU-2"], "equal": ["node", "entity"]},
                     ]},
     "remap": {"ttl": "10m", "min_confidence": 0.3, "concurrency_factor": 0.75, "reroute_weight": 0.5},
     "consumer": {"durable": "", "queue": "", "ack_wait": "10s", "batch": 64},  # default names: skewd-controller-<cluster>
