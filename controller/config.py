@@ -58,6 +58,11 @@ DEFAULTS: dict[str, Any] = {
                         # a GPU that lags its node's peers for a named reason: the reason is the incident
                         {"source": ["PCIE-1", "PCIE-5", "PCIE-7", "GPU-5", "GPU-6"], "target": ["PCIE-4"],
                          "equal": ["node", "entity"]},
+                        # a preemption storm keeps its GPU busy recomputing and admits no new prompts, so that
+                        # GPU's H2D feed reads under a third of its node peers' (PCIE-4's thin feed). GPU-4 names
+                        # the engine, PCIE-4 the GPU: no label joins them, so the node (gpu4-preemption-storm-l40s
+                        # seeds 1, 4, 5; it never fired in pcie4-intra-node-skew)
+                        {"source": ["GPU-4"], "target": ["PCIE-4"], "equal": ["node"]},
                         # a stalled launch path or a saturated host idles all of the node's GPUs: their
                         # feed turns sporadic, which reads as H2D starvation
                         {"source": ["PCIE-3", "PCIE-8"], "target": ["PCIE-1"], "equal": ["node"]},
