@@ -25,7 +25,8 @@ from skewd import __version__
 class SummarySpec:
     name: str
     source: str  # collector signal it is computed from
-    window: str  # "rate" (counter per-second over the interval), "last", "avg", "max", "min"
+    window: str  # "rate" (counter per-second over the interval), "last", "avg", "max", "min",
+    # "rise" (largest step of the entities' sum between consecutive collections)
     reduce: str  # across the node's entities: "sum", "mean", "max", "min", "median"
     unit: str
     desc: str
@@ -62,6 +63,9 @@ SPECS: tuple[SummarySpec, ...] = (
                 "highest KV-cache usage of the node's engines"),
     SummarySpec("summary_requests_waiting", "vllm_requests_waiting", "last", "sum", "requests",
                 "requests waiting in the node's engines"),
+    SummarySpec("summary_requests_waiting_rise_max", "vllm_requests_waiting", "rise", "max", "requests",
+                "largest rise of the node's waiting requests (all engines) from one vLLM collection to the "
+                "next within the interval: a burst of arrivals lands in one collection (NS-1)"),
     SummarySpec("summary_requests_running", "vllm_requests_running", "last", "sum", "requests",
                 "requests running in the node's engines (0 = not serving)"),
     SummarySpec("summary_cpu_busy_cores", "host_node_cpu_busy_seconds_total", "rate", "sum", "cores",
@@ -86,6 +90,19 @@ _REDUCE: dict[str, Callable[[np.ndarray], float]] = {
 _WINDOW = {"avg": F.avg, "max": F.wmax, "min": F.wmin, "last": F.last}
 
 
+def _rise(W: np.ndarray) -> np.ndarray:
+    """Largest rise of the entities' sum between consecutive columns (one value; NaN with fewer
+    than two columns). Each step adds every entity's change between its two samples, so an
+    entity missing at either end of a step adds nothing to it rather than its whole level."""
+    if W.shape[1] < 2:
+        return np.full(1, np.nan)
+    D = W[:, 1:] - W[:, :-1]
+    ok = ~np.isnan(D)
+    if not ok.any():
+        return np.full(1, np.nan)
+    return np.array([float(np.where(ok, D, 0.0).sum(axis=0)[ok.any(axis=0)].max())])
+
+
 def compute(store: WindowStore, node: str, t: float, interval: float, lookback: float = 60.0) -> dict[str, float]:
     """Summary values for ``node`` at ``t`` from what the store holds (missing sources omitted)."""
     out: dict[str, float] = {}
@@ -93,7 +110,12 @@ def compute(store: WindowStore, node: str, t: float, interval: float, lookback: 
         blk = store.blocks.get(spec.source, {}).get(node)
         if blk is None or spec.source not in store.catalogue:
             continue
-        if spec.window == "rate":
+        if spec.window == "rise":
+            # the interval's steps, and the one into it from the collection before it
+            tt, W = blk.window(t - interval - max(interval, 2.0), t)
+            first = np.searchsorted(tt, t - interval, side="right")
+            vals = _rise(W[:, max(int(first) - 1, 0):])
+        elif spec.window == "rate":
             # two samples at least: look back further than one interval when collectors are slower
             tt, W = blk.window(t - max(interval * 2, 2.0), t)
             vals = F.rate(tt, W, store.catalogue[spec.source].wrap_bits)
