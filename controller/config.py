@@ -71,6 +71,10 @@ DEFAULTS: dict[str, Any] = {
                         # a preemption storm re-queues what it evicts and holds the cache full: the
                         # engine's KV saturation and growing queue (GPU-2) are the storm's symptoms
                         {"source": ["GPU-4"], "target": ["GPU-2"], "equal": ["node", "entity"]},
+                        # GPUs that stop decoding early (PCIE-10, whose runbook reads the finished-length
+                        # spread too) are why the engine's generation lengths spread (NS-8's latency tail);
+                        # PCIE-10 names the GPU or engine, NS-8 the engine or port: the node joins them
+                        {"source": ["PCIE-10"], "target": ["NS-8"], "equal": ["node"]},
                     ]},
     "remap": {"ttl": "10m", "min_confidence": 0.3, "concurrency_factor": 0.75, "reroute_weight": 0.5},
     "consumer": {"durable": "", "queue": "", "ack_wait": "10s", "batch": 64},  # default names: skewd-controller-<cluster>
