@@ -74,6 +74,14 @@ def test_scoring():
     assert "| GPU-8 | 1 | s1 (1) |" in text
 
 
+def test_ratios_are_rounded_down_so_a_missed_target_never_reads_as_met():
+    b = _bench()
+    assert b._ratio(35, 37) == "0.94 (35/37)"  # 0.946: under a 0.95 target, and it says so
+    assert b._ratio(19, 20) == "0.95 (19/20)"
+    assert b._ratio(2, 3) == "0.66 (2/3)"
+    assert b._ratio(0, 0) == "-"
+
+
 def test_a_simulated_engine_stall_is_found_on_its_engine(tmp_path):
     cat = full_catalogue()
     res = load_rules([PACKS], cat)
