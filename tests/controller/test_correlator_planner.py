@@ -252,6 +252,26 @@ def test_a_host_side_launch_stall_explains_the_thin_gpu_feeds_on_its_node() -> N
     assert incs[("PCIE-1", "n1")].state == "open"
 
 
+def test_a_preemption_storm_explains_kv_saturation_and_a_thin_feed_and_early_stops_a_length_tail() -> None:
+    # the default inhibits added with the fault lab: GPU-4 -> GPU-2 (same engine), GPU-4 -> PCIE-4
+    # (same node: the storm names the engine, the thin feed a GPU), PCIE-10 -> NS-8 (same node)
+    c = _corr()
+    kv = finding("n0", "GPU-2-x", "GPU-2", Layer.ENGINE, 100.0, cluster="c", entity="engine0", scope=Scope.ENGINE)
+    kv_other = finding("n0", "GPU-2-x", "GPU-2", Layer.ENGINE, 100.0, cluster="c", entity="engine1",
+                       scope=Scope.ENGINE)
+    thin = finding("n0", "PCIE-4-x", "PCIE-4", Layer.PCIE, 101.0, cluster="c", entity="gpu3", scope=Scope.GPU)
+    storm = finding("n0", "GPU-4-x", "GPU-4", Layer.ENGINE, 104.0, cluster="c", entity="engine0", scope=Scope.ENGINE)
+    tail = finding("n1", "NS-8-x", "NS-8", Layer.ENGINE, 100.0, cluster="c", entity="vllm0", scope=Scope.ENGINE)
+    early = finding("n1", "PCIE-10-x", "PCIE-10", Layer.PCIE, 104.0, cluster="c", entity="vllm0", scope=Scope.ENGINE)
+    for f in (kv, kv_other, thin, storm, tail, early):
+        c.observe(f)
+    incs = {(i.pathology, i.group.get("node")): i for i in c.correlate(105.0) if i.state == "open"}
+    assert incs[("GPU-4", "n0")].inhibited == sorted([kv.id, thin.id])
+    assert incs[("GPU-2", "n0")].findings == [kv_other.id]  # another engine's full cache is its own incident
+    assert incs[("PCIE-10", "n1")].inhibited == [tail.id]
+    assert ("NS-8", "n1") not in incs
+
+
 def test_inhibit_rules_respect_entity_equality_never_inhibit_and_chains() -> None:
     c = _corr()
     # GPU-6 on gpu3 hides PCIE-1 on gpu3 (not on gpu5); PCIE-1 on gpu3 in turn would hide PCIE-4 on gpu3
