@@ -55,6 +55,9 @@ DEFAULTS: dict[str, Any] = {
                                     "GPU-5", "GPU-6", "EW-2"], "target": ["GPU-8"], "equal": ["node"]},
                         # a stalled engine stops pulling requests and producing tokens
                         {"source": ["GPU-3"], "target": ["GPU-8", "NS-1", "NS-2"], "equal": ["node"]},
+                        # a deadlocked engine holds its KV blocks and stops admitting: its cache reads full while
+                        # its queue grows, GPU-2's red flag (gpu3-engine-stall seed 2 published GPU-2 beside GPU-3)
+                        {"source": ["GPU-3"], "target": ["GPU-2"], "equal": ["node", "entity"]},
                         # a GPU that lags its node's peers for a named reason: the reason is the incident
                         {"source": ["PCIE-1", "PCIE-5", "PCIE-7", "GPU-5", "GPU-6"], "target": ["PCIE-4"],
                          "equal": ["node", "entity"]},

@@ -222,6 +222,20 @@ def test_a_symptom_that_fired_first_is_marked_inhibited_by_the_cause_that_follow
     assert changed["GPU-3"].inhibited == [erosion.id]
 
 
+def test_a_deadlocked_engine_explains_its_full_cache_but_not_another_engines() -> None:
+    # default GPU-3 -> GPU-2 (same engine): a scheduler deadlock holds the KV blocks while requests queue
+    c = _corr()
+    full = finding("n0", "GPU-2-x", "GPU-2", Layer.ENGINE, 100.0, cluster="c", entity="engine0", scope=Scope.ENGINE)
+    other = finding("n0", "GPU-2-x", "GPU-2", Layer.ENGINE, 100.0, cluster="c", entity="engine1", scope=Scope.ENGINE)
+    stall = finding("n0", "GPU-3-x", "GPU-3", Layer.ENGINE, 102.0, cluster="c", entity="engine0", scope=Scope.ENGINE)
+    for f in (full, other, stall):
+        c.observe(f)
+    incs = {(i.pathology, i.group.get("entity", "")): i for i in c.correlate(103.0) if i.state == "open"}
+    gpu3 = [i for i in incs.values() if i.pathology == "GPU-3"]
+    assert len(gpu3) == 1 and gpu3[0].inhibited == [full.id]
+    assert [i.findings for i in incs.values() if i.pathology == "GPU-2"] == [[other.id]]
+
+
 def test_a_slow_pipeline_stage_explains_its_engines_throughput_erosion() -> None:
     # EW-2 names both stages of a hand-off; the engine's node is one of them and its eroded
     # token rate (GPU-8) is the bubble's effect, not an incident of its own
