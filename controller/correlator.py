@@ -153,8 +153,10 @@ class Correlator:
             if c is not None and f.pathology not in self.never_inhibit:
                 c.inhibited.append(f)
                 continue
-            fabric = next((g for g in cluster_groups if f.layer is Layer.NETWORK and f.node in
-                           {m.node for m in g.members}), None)
+            # only a network-layer cluster incident (fabric congestion) explains a node's network
+            # findings: a cluster-scope GPU or engine rule (GPU-7 across the group) does not
+            fabric = next((g for g in cluster_groups if f.layer is Layer.NETWORK and g.members[0].layer is Layer.NETWORK
+                           and f.node in {m.node for m in g.members}), None)
             if fabric is not None and f.pathology not in self.never_inhibit:
                 fabric.inhibited.append(f)
                 continue

@@ -170,6 +170,17 @@ def test_fabric_congestion_on_many_nodes_is_one_incident_that_inhibits_their_net
     assert incs["GPU-2"].state == "open"  # an engine problem on the same node is not
 
 
+def test_a_cluster_wide_gpu_incident_does_not_swallow_the_nodes_network_findings() -> None:
+    # GPU-7 compares a node with the group (cluster scope) but says nothing about its network
+    c = _corr()
+    c.observe(finding("n1", "GPU-7-x", "GPU-7", Layer.GPU, 100.0, cluster="c", scope=Scope.CLUSTER))
+    burst = finding("n1", "NS-1-x", "NS-1", Layer.NETWORK, 100.0, cluster="c", entity="eth0")
+    c.observe(burst)
+    incs = {i.pathology: i for i in c.correlate(101.0)}
+    assert incs["GPU-7"].inhibited == []
+    assert incs["NS-1"].state == "open" and incs["NS-1"].findings == [burst.id]
+
+
 def test_victims_wait_while_a_culprit_rule_is_pending_in_their_group() -> None:
     c = _corr()
     v = finding("n0", "GPU-8-x", "GPU-8", Layer.ENGINE, 100.0, cluster="c")
