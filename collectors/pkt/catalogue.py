@@ -104,6 +104,17 @@ CATALOGUE: list[SignalSpec] = [
     _p("pkt_burst_bytes", "gauge", "bytes", "Wire bytes of the port's most recent aggregate burst so far."),
     _p("pkt_inter_burst_gap_seconds", "gauge", "seconds",
        "Idle gap before the port's most recent aggregate burst (EW-2 pipeline bubble growth)."),
+    _p("pkt_burst_ended_start_seconds", "gauge", "seconds",
+       "Unix time an aggregate burst of the port started: one sample per burst, each sent once, "
+       "when it ended (stamped with the first packet after it, or with the collection that found "
+       "the port idle since), so every collective step reaches the node summary, not only the "
+       "latest per collection (EW-1/EW-9 step alignment across TP peers)."),
+    _p("pkt_burst_ended_bytes", "gauge", "bytes",
+       "Wire bytes of the aggregate burst whose start pkt_burst_ended_start_seconds reports at the "
+       "same time (all of them, wherever the collection boundaries fell)."),
+    _p("pkt_bursts_unlisted_total", "counter", "bursts",
+       "Ended bursts left out of pkt_burst_ended_* because a collection reached max_listed_bursts "
+       "(a port whose bursts are token packets rather than collectives)."),
     _p("pkt_flow_end_spread_seconds", "gauge", "seconds",
        "Spread (max - min) of the end times of TCP flows that closed in the interval; "
        "needs two closing flows (NS-8 early completion skew)."),

@@ -158,7 +158,10 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 print(json.dumps(row, sort_keys=True), file=out)
             for p in iv.ports:
                 row = {"type": "port", "interval_start": iv.t0, "interval_end": iv.t1}
-                row.update({k: _num(v) for k, v in vars(p).items()})
+                row.update({k: _num(v) for k, v in vars(p).items() if not k.startswith("ended_")})
+                # every burst of what the port sent that ended in the interval
+                row["ended_bursts"] = [{"start": a / 1e9, "bytes": b, "ended": c / 1e9} for a, b, c in
+                                       zip(p.ended_start.tolist(), p.ended_bytes.tolist(), p.ended_stamp.tolist())]
                 print(json.dumps(row, sort_keys=True), file=out)
         summary = {"type": "capture", "file": args.file, "format": cap.format, **c,
                    "unsupported_linktypes": {str(k): v for k, v in cap.unsupported.items()},

@@ -275,6 +275,13 @@ class PortFeatures:
     burst_bytes: float = math.nan
     inter_burst_gap: float = math.nan
     end_spread: float = math.nan
+    #: every burst of the port's aggregate traffic that ended in the interval, in time order:
+    #: (when it was known to have ended, its start, its wire bytes), ns / bytes (int64 arrays).
+    #: At most ``FlowTracker.max_listed_bursts`` per interval; the rest are counted below.
+    ended_stamp: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    ended_start: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    ended_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    bursts_unlisted_total: int = 0
 
 
 @dataclass
@@ -317,6 +324,12 @@ class _Port:
         self.b_start = -1
         self.b_bytes = 0
         self.b_gap = math.nan
+        self.open = False  # the latest burst has not been listed as ended yet
+        self.o_start = -1  # its start (ns) and bytes so far
+        self.o_bytes = 0
+        self.stamp = -1  # the latest ended-burst stamp (ns): stamps never go back
+        self.e_last_ns = -1  # the latest sent packet (ns)
+        self.unlisted = 0
 
 
 class FlowTracker:
@@ -334,10 +347,19 @@ class FlowTracker:
              "b_start", "b_last", "b_bytes", "b_packets", "seq_raw", "seq_u", "seq_max", "closed",
              "tcp", "roce", "port", "irtt", "adv")
 
-    def __init__(self, burst_gap: float = 0.001, flow_timeout: float = 60.0, max_flows: int = 100_000) -> None:
+    def __init__(self, burst_gap: float = 0.001, flow_timeout: float = 60.0, max_flows: int = 100_000,
+                 max_listed_bursts: int = 256, burst_settle: float = 0.0) -> None:
         if burst_gap <= 0:
             raise ValueError("burst_gap must be > 0")
+        if max_listed_bursts < 1:
+            raise ValueError("max_listed_bursts must be >= 1")
         self.burst_gap_ns = int(round(burst_gap * NS))
+        #: ended bursts listed per port and interval (PortFeatures.ended_*); more are counted
+        self.max_listed_bursts = int(max_listed_bursts)
+        #: a port's open burst is listed as ended at an interval end only once no packet came
+        #: for burst_gap + this long (live: frames reach the collector up to a ring block
+        #: timeout late; offline buckets hold every packet before their end, so 0)
+        self.burst_settle_ns = int(round(burst_settle * NS))
         self.flow_timeout = flow_timeout
         self.max_flows = max_flows
         self.slots: dict[bytes, int] = {}
@@ -830,6 +852,7 @@ class FlowTracker:
                cols: dict[str, np.ndarray], newly_closed: np.ndarray, names: list[str],
                drops: dict[int, int], rtx_g: np.ndarray, port_g: np.ndarray) -> list[PortFeatures]:
         dur = t1 - t0
+        t1_ns = int(round(t1 * NS))
         out = []
         ifs = [int(pk.iface[0])] if len(pk) and pk.iface.min() == pk.iface.max() else np.unique(pk.iface).tolist()
         ids = set(ifs) | set(self.ports) | set(drops)
@@ -888,6 +911,17 @@ class FlowTracker:
                 else:
                     ps.b_bytes += int(wip.sum())
                 ps.last_ns = max(ps.last_ns, int(tip[-1]))
+            # every ended burst of what the host sent (packets not known to be received): a
+            # straggler's receive side starts with its peers' sends, only its own sends are late
+            sent = ip_sel & (dirs != DIR_IN)
+            if sent.any():
+                self._ended_bursts(ps, f, ts[sent], wl[sent])
+            if ps.open and t1_ns - ps.e_last_ns >= self.burst_gap_ns + self.burst_settle_ns:
+                # quiet since: the open burst has ended (stamped with the interval end)
+                self._list_ended(ps, f, np.array([max(t1_ns, ps.stamp + 1)], np.int64),
+                                 np.array([ps.o_start], np.int64), np.array([ps.o_bytes], np.int64))
+                ps.open = False
+            f.bursts_unlisted_total = ps.unlisted
             f.bursts_total = ps.bursts
             if ps.b_start >= 0:
                 f.burst_start, f.burst_bytes, f.inter_burst_gap = ps.b_start / NS, float(ps.b_bytes), ps.b_gap
@@ -896,6 +930,58 @@ class FlowTracker:
                 f.end_spread = float(ends.max() - ends.min())
             out.append(f)
         return out
+
+    def _ended_bursts(self, ps: _Port, f: PortFeatures, tip: np.ndarray, wip: np.ndarray) -> None:
+        """List the bursts that ended in this interval's sent packets ``tip`` (``wip`` bytes):
+        a burst starts after an idle gap of at least burst_gap (or at the first packet ever),
+        ends where the next one starts, and is stamped with that packet's time. A burst is
+        listed once, with all its bytes, wherever the interval boundaries fall; the one still
+        open at the end is kept for later. Packets before the first start continue the open
+        burst; with none open (it was listed at a quiet interval end and a late frame still
+        came within burst_gap) they belong to no listed burst."""
+        g = np.empty(len(tip), np.int64)
+        np.subtract(tip[1:], tip[:-1], out=g[1:])
+        g[0] = tip[0] - ps.e_last_ns
+        start = g >= self.burst_gap_ns
+        if ps.e_last_ns < 0:
+            start[0] = True
+        si = np.flatnonzero(start)
+        ps.e_last_ns = max(ps.e_last_ns, int(tip[-1]))
+        if not len(si):
+            if ps.open:
+                ps.o_bytes += int(wip.sum())
+            return
+        cs = np.cumsum(wip, dtype=np.int64)
+        before = cs[si - 1]
+        before[si == 0] = 0  # bytes before each start
+        seg = np.r_[before[1:], cs[-1]] - before  # bytes from each start to the next (or the end)
+        stamp = tip[si[1:]]
+        start = tip[si[:-1]]
+        nbytes = seg[:-1]
+        if ps.open:
+            stamp = np.r_[tip[si[0]], stamp]
+            start = np.r_[ps.o_start, start]
+            nbytes = np.r_[ps.o_bytes + int(before[0]), nbytes]
+        if len(stamp):
+            self._list_ended(ps, f, np.maximum.accumulate(np.maximum(stamp, ps.stamp + 1)), start, nbytes)
+        ps.open, ps.o_start, ps.o_bytes = True, int(tip[si[-1]]), int(seg[-1])
+
+    def _list_ended(self, ps: _Port, f: PortFeatures, stamp: np.ndarray, start: np.ndarray,
+                    nbytes: np.ndarray) -> None:
+        """Append ended bursts to the interval's list, up to the cap (the rest are counted)."""
+        room = self.max_listed_bursts - len(f.ended_stamp)
+        if len(stamp) > room:
+            ps.unlisted += len(stamp) - room
+            stamp, start, nbytes = stamp[:room], start[:room], nbytes[:room]
+        if not len(stamp):
+            return
+        ps.stamp = int(stamp[-1])
+        if len(f.ended_stamp):
+            f.ended_stamp = np.r_[f.ended_stamp, stamp]
+            f.ended_start = np.r_[f.ended_start, start]
+            f.ended_bytes = np.r_[f.ended_bytes, nbytes]
+        else:
+            f.ended_stamp, f.ended_start, f.ended_bytes = stamp, start, nbytes
 
 
 def analyze(pk: Packets, interval: float | None = None, burst_gap: float = 0.001,

@@ -5,7 +5,7 @@ import numpy as np
 
 from skewd.model import SampleBatch
 
-from .features import IntervalFeatures
+from .features import NS, IntervalFeatures
 
 #: feature column → flow-scope signal
 FLOW_SIGNALS = {
@@ -54,7 +54,13 @@ PORT_SIGNALS = {
     "inter_burst_gap": "pkt_inter_burst_gap_seconds",
     "end_spread": "pkt_flow_end_spread_seconds",
     "tcp_retransmits_total": "pkt_tcp_retransmits_total",
+    "bursts_unlisted_total": "pkt_bursts_unlisted_total",
 }
+
+#: one sample per ended burst of a port's aggregate traffic, stamped with the time it was known
+#: to have ended (PortFeatures.ended_*): every burst, not only the latest (EW-1 step alignment)
+ENDED_START = "pkt_burst_ended_start_seconds"
+ENDED_BYTES = "pkt_burst_ended_bytes"
 
 
 #: what a tracked flow without packets in the interval still reports (it is silent: its rate
@@ -90,10 +96,25 @@ def to_batch(f: IntervalFeatures, node: str, t: float) -> SampleBatch:
             e_parts.append(np.array([p.name], dtype=object))
             s_parts.append(np.array([sig], dtype=object))
             v_parts.append(np.array([float(v)]))
+    t_parts = [np.full(sum(len(v) for v in v_parts), float(t))]
+    for p in f.ports:
+        k = len(p.ended_stamp)
+        if not k:
+            continue
+        st = p.ended_stamp / NS
+        t_parts += [st, st]
+        e = np.empty(2 * k, dtype=object)
+        e[:] = p.name
+        e_parts.append(e)
+        sg = np.empty(2 * k, dtype=object)
+        sg[:k] = ENDED_START
+        sg[k:] = ENDED_BYTES
+        s_parts.append(sg)
+        v_parts.append(np.r_[p.ended_start / NS, p.ended_bytes.astype(np.float64)])
     if not v_parts:
         return SampleBatch.empty()
     value = np.concatenate(v_parts)
     node_col = np.empty(len(value), dtype=object)
     node_col[:] = node
-    return SampleBatch(np.full(len(value), float(t)), node_col, np.concatenate(e_parts),
+    return SampleBatch(np.concatenate(t_parts), node_col, np.concatenate(e_parts),
                        np.concatenate(s_parts), value)

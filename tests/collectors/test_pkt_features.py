@@ -262,7 +262,10 @@ def test_samples_shape(sched_capture) -> None:
     path, _ = sched_capture
     (iv,) = analyze(decode(read_capture(path).frames), burst_gap=0.005, port_names=["cap0"])
     b = to_batch(iv, "n7", 123.0)
-    assert (b.t == 123.0).all() and set(b.node.tolist()) == {"n7"}
+    ended = np.isin(b.signal, ["pkt_burst_ended_start_seconds", "pkt_burst_ended_bytes"])
+    assert (b.t[~ended] == 123.0).all() and set(b.node.tolist()) == {"n7"}
+    # ended bursts of the port are stamped when they ended (a start and bytes sample each)
+    assert ended.sum() % 2 == 0 and (b.t[ended] > T0).all()
     rows = {(e, s): v for _, _, e, s, v in b.rows()}
     assert rows[("udp 10.10.0.1:5000>10.10.0.2:6000", "pkt_flow_bursts_total")] == 10
     assert rows[("cap0", "pkt_packets_total")] == 2400
