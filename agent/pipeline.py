@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Iterable, Protocol
 
+import numpy as np
+
 from skewd.model import Catalogue, Finding, SampleBatch
 from skewd.rules.engine import Engine, RuleSet
 from skewd.rules.store import WindowStore
@@ -19,6 +21,22 @@ class Sink(Protocol):
     def on_batch(self, batch: SampleBatch) -> None: ...
 
     def on_tick(self, t: float, findings: list[Finding]) -> None: ...
+
+
+def by_time(batch: SampleBatch) -> list[SampleBatch]:
+    """A batch whose samples carry several timestamps (the pkt collector stamps each ended
+    burst with its own time) as one batch per timestamp, in time order (sample order kept
+    within each). The store ingests them exactly as the whole batch, but each part has one
+    timestamp, so it takes the store's cached-layout path: the collection's bulk keeps its
+    layout and the few burst samples form small layouts of their own."""
+    t = batch.t
+    if not len(t) or (t == t[0]).all():
+        return [batch]
+    o = np.argsort(t, kind="stable")  # keeps sample order within a timestamp
+    ts, nd, en, sg, va = t[o], batch.node[o], batch.entity[o], batch.signal[o], batch.value[o]
+    cut = np.flatnonzero(ts[1:] != ts[:-1]) + 1
+    return [SampleBatch(ts[a:b], nd[a:b], en[a:b], sg[a:b], va[a:b])  # views of one sorted copy
+            for a, b in zip(np.r_[0, cut].tolist(), np.r_[cut, len(o)].tolist())]
 
 
 class Pipeline:
@@ -42,7 +60,11 @@ class Pipeline:
     def ingest(self, batch: SampleBatch) -> None:
         if not len(batch):
             return
-        self.store.ingest(batch)
+        t = batch.t
+        if t[0] == t[-1] and (t == t[0]).all():
+            self.store.ingest(batch)
+        else:
+            self.store.ingest_many(by_time(batch))
         for s in self.sinks:
             s.on_batch(batch)
 
@@ -51,7 +73,10 @@ class Pipeline:
         collections together; the store ends up as with one :meth:`ingest` per batch. Sinks see
         each batch in order after the store has taken them all. ``shared_columns``: see
         :meth:`WindowStore.ingest_many`."""
-        self.store.ingest_many(batches, shared_columns)
+        if any(len(b) and not (b.t == b.t[0]).all() for b in batches):
+            self.store.ingest_many([p for b in batches for p in by_time(b)], shared_columns)
+        else:
+            self.store.ingest_many(batches, shared_columns)
         for batch in batches:
             if len(batch):
                 for s in self.sinks:

@@ -130,17 +130,13 @@ def compute(store: WindowStore, node: str, t: float, interval: float, lookback: 
 
 
 def burst_starts(store: WindowStore, node: str, t: float, interval: float) -> list[float]:
-    """Distinct collective-burst start times seen during the interval, in time order: the
-    controller aligns these across TP peers step by step (EW-1). The pkt collector reports the
-    latest burst start of the capture port at every collection, so a collection interval shorter
-    than the decode step period yields every step."""
-    blk = store.blocks.get("pkt_burst_start_seconds", {}).get(node)
-    if blk is None:
-        return []
-    _, W = blk.window(t - interval, t)
-    v = W[~np.isnan(W)]
-    v = v[(v > t - interval - 1.0) & (v <= t)]
-    return sorted(set(float(x) for x in v))
+    """Every collective-burst start of the interval, in time order: the controller aligns these
+    across TP peers step by step (EW-1). The pkt collector lists each burst once, when it ends
+    (``pkt_burst_ended_*``); :func:`skewd.agent.bursts.collective_bursts` picks the
+    collective port's and the bursts the interval's collections listed."""
+    from .bursts import collective_bursts
+
+    return collective_bursts(store, node, t, interval)[0].tolist()
 
 
 def to_batch(node: str, t: float, values: dict[str, float]) -> SampleBatch:
@@ -156,11 +152,14 @@ def make_summary(store: WindowStore, node: str, cluster: str, t: float, interval
     """The wire message for one interval (signals keyed by entity ``""``)."""
     from skewd import wire
 
+    from .bursts import collective_bursts
+
     values = compute(store, node, t, interval)
     signals: dict[str, dict[str, float | None]] = {k: {"": v} for k, v in values.items()}
-    starts = burst_starts(store, node, t, interval)
-    if starts:
-        signals["collective_burst_starts"] = {str(k): v for k, v in enumerate(starts)}
+    starts, nbytes = collective_bursts(store, node, t, interval)
+    if len(starts):
+        signals["collective_burst_starts"] = {str(k): v for k, v in enumerate(starts.tolist())}
+        signals["collective_burst_bytes"] = {str(k): (None if v != v else v) for k, v in enumerate(nbytes.tolist())}
     return wire.Summary(node=node, cluster=cluster, t=t, interval=interval, signals=signals,
                         clock_sync=wire.ClockSync(synced=clock_synced, max_error_s=clock_error),
                         agent_version=__version__, labels=dict(labels or {}))
