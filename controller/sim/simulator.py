@@ -226,9 +226,15 @@ class Simulation:
                 latest = np.max(np.stack(list(delays.values())), axis=0)
                 tokens = np.maximum(st.batch, 1) + st.prefill  # prefill chunks all-reduce every token
                 per_node = 2 * m.layers * tokens * m.hidden * 2 * (k - 1) / k / max(1, c.pp)
+                # the group's all-reduces end together, once the last member has joined: the
+                # step's duration already holds a straggler's wait (its injector lengthens the
+                # step), so they end with the step's span - or later when a member joined later
+                # still (jitter beyond the wait the step holds). They never run into the next
+                # step: it needs their result.
+                end = np.maximum(span, latest + 0.0002)
                 for nd in members:
                     start = base + delays[nd]
-                    dur = span + latest - delays[nd]
+                    dur = end - delays[nd]
                     B = per_node * tr.bytes_mult.get(nd, 1.0)
                     send = np.ones(ns, bool)
                     if tr.skip.get(nd, 0.0) > 0:
