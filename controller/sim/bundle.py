@@ -26,8 +26,10 @@ from .simulator import Simulation
 
 def write_bundle(sim: Simulation, directory: str | Path, rules: Sequence[str | Path] = (),
                  eval_interval: float = 1.0, summary_interval: float = 1.0, lookback: float = 60.0,
-                 horizon: float = 600.0) -> Path:
-    """Run ``sim`` to its end into ``directory/seg-000001``; returns the segment path."""
+                 horizon: float = 600.0, bursts: str = "every") -> Path:
+    """Run ``sim`` to its end into ``directory/seg-000001``; returns the segment path.
+    ``bursts``: the summaries' collective bursts from the simulator's timeline ("every") or
+    as the agent derives them from its pkt samples ("agent"), as in the harness."""
     from skewd.rules.cli import PACKS
 
     paths = rule_files(list(rules) or [PACKS])
@@ -71,8 +73,12 @@ def write_bundle(sim: Simulation, directory: str | Path, rules: Sequence[str | P
                     stores[node].ingest(b)
                     own.append(b)
                     signals.update(vals)
+                    if bursts != "every":  # what the agent derived from its pkt samples
+                        lines.append(wire.encode(msg).decode("utf-8"))
+                        continue
                     bs = sim.collective_bursts(node, t - summary_interval, t)
                     msg.signals.pop("collective_burst_starts", None)
+                    msg.signals.pop("collective_burst_bytes", None)
                     if bs:
                         msg.signals["collective_burst_starts"] = {str(k): x for k, (x, _) in enumerate(bs)}
                         msg.signals["collective_burst_bytes"] = {str(k): y for k, (_, y) in enumerate(bs)}

@@ -18,8 +18,9 @@ told from clock error.
 
 Collective bursts: the summary carries every collective burst start the node saw in the
 interval (``collective_burst_starts``/``collective_burst_bytes``, the controller's contract),
-taken from the simulator's RDMA timeline (``bursts="every"``), or only what the agent derives
-today from ``pkt_burst_start_seconds`` samples (``bursts="agent"``).
+taken from the simulator's RDMA timeline (``bursts="every"``), or what the agent sends: every
+burst its pkt collector listed as ended on the port with the most burst bytes (``bursts="agent"``,
+agent/bursts.py; the simulator lists the bursts as collectors/pkt does, controller/sim/pktfeat.py).
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from typing import Callable
 import numpy as np
 
 from skewd import wire
+from skewd.agent import bursts as bursts_mod
 from skewd.agent import summary as summary_mod
 from skewd.controller import messages as M
 from skewd.agent.pipeline import Pipeline
@@ -74,6 +76,8 @@ def needed_signals(ruleset: RuleSet) -> set[str]:
         out |= set(r.compiled.signals)
     out |= {s.source for s in summary_mod.SPECS}
     out.add("pkt_burst_start_seconds")
+    # what the summary's collective bursts are made of (agent/bursts.py)
+    out |= {bursts_mod.ENDED_START, bursts_mod.ENDED_BYTES, bursts_mod.COLLECTIONS}
     return out
 
 
@@ -231,6 +235,7 @@ class Harness:
         if self.bursts == "every":
             bs = self.sim.collective_bursts(node, t - interval, t)
             msg.signals.pop("collective_burst_starts", None)
+            msg.signals.pop("collective_burst_bytes", None)
             if bs:
                 msg.signals["collective_burst_starts"] = {str(k): s for k, (s, _) in enumerate(bs)}
                 msg.signals["collective_burst_bytes"] = {str(k): b for k, (_, b) in enumerate(bs)}

@@ -139,6 +139,7 @@ class _Out:
         self.se: list[str] = []
         self.ss: list[str] = []
         self.sv: list[float] = []
+        self.x: list[tuple[float, np.ndarray, str, str, np.ndarray]] = []  # see at()
 
     def add(self, t: float, entities: np.ndarray, name: str, values: np.ndarray) -> None:
         if self.only is not None and name not in self.only:
@@ -156,6 +157,13 @@ class _Out:
         self.se.append(entity)
         self.ss.append(name)
         self.sv.append(value)
+
+    def at(self, t: float, stamps: np.ndarray, entity: str, name: str, values: np.ndarray) -> None:
+        """Samples with their own timestamps ``stamps`` in the batch of the collection at ``t``
+        (after its other samples), as the pkt collector sends every ended burst."""
+        if (self.only is not None and name not in self.only) or not len(stamps):
+            return
+        self.x.append((t, np.asarray(stamps, float), entity, name, np.asarray(values, float)))
 
     def build(self) -> list[SampleBatch]:
         """One batch per collection time, i.e. per collector, as the live agent ingests them."""
@@ -177,9 +185,16 @@ class _Out:
             m = t == tt
             if not m.any():
                 continue
-            node = np.empty(int(m.sum()), dtype=object)
+            bt, be, bs, bv = t[m], e[m].astype(object), s[m].astype(object), v[m]
+            extra = [x for x in self.x if x[0] == tt]
+            if extra:
+                bt = np.concatenate([bt] + [x[1] for x in extra])
+                be = np.concatenate([be] + [np.full(len(x[1]), x[2], dtype=object) for x in extra])
+                bs = np.concatenate([bs] + [np.full(len(x[1]), x[3], dtype=object) for x in extra])
+                bv = np.concatenate([bv] + [x[4] for x in extra])
+            node = np.empty(len(bt), dtype=object)
             node[:] = self.node
-            out.append(SampleBatch(t[m], node, e[m].astype(object), s[m].astype(object), v[m]))
+            out.append(SampleBatch(bt, node, be, bs, bv))
         return out
 
 
@@ -908,6 +923,7 @@ class NodeSim:
                                                             f.get("pkt_flow_gap_p99_seconds", 1.0))
             for k, v in pf.items():
                 o.one(t, n.front, k, v)
+            self._emit_ended(o, t, n.front, self.front_port)
         if ports in ("all", "rdma") and n.rdma_ports:
             self._emit_roce(o, st, t)
 
@@ -1007,9 +1023,24 @@ class NodeSim:
                     agg.b_bytes = (0.0 if math.isnan(agg.b_bytes) else agg.b_bytes) + float(b_sorted.sum())
                 if len(run_end):
                     agg.last_ns = int(run_end[-1] * P.NS)
+                # every ended burst of what the port sent (the pkt collector lists those)
+                sent = [fi for fi in mine if self.roce_flows[fi].egress]
+                if sent:
+                    P.ended_from_intervals(agg, np.concatenate([st.roce[fi][0] for fi in sent]),
+                                           np.concatenate([st.roce[fi][0] + st.roce[fi][1] for fi in sent]),
+                                           np.concatenate([st.roce[fi][2] for fi in sent]))
+            P.ended_quiet(agg, st.t1)
             out.update(P._burst_out(agg))
+            self._emit_ended(o, t, dev, agg)
             for k, v in out.items():
                 o.one(t, dev, k, float(v))
+
+    def _emit_ended(self, o: _Out, t: float, dev: str, agg: P.PortAgg) -> None:
+        """The port's ended bursts of the interval, stamped and valued on the node's clock."""
+        stamp, start, nbytes = P.take_ended(agg)
+        off = getattr(self, "clock_offset", 0.0)
+        o.at(t, stamp + off, dev, "pkt_burst_ended_start_seconds", start + off)
+        o.at(t, stamp + off, dev, "pkt_burst_ended_bytes", nbytes)
 
     def _roce_index_by_name(self, name: str) -> int:
         if not hasattr(self, "_rname") or len(self._rname) != len(self.roce_flows):

@@ -112,6 +112,8 @@ class Simulation:
         else:
             self.clock_offset = {n.name: float(crng.normal(0, 4e-4)) for n in c.nodes}
             self.clock_error = {n.name: float(crng.uniform(1e-3, 4e-3)) for n in c.nodes}
+        for ns in self.nodes:  # its packet capture timestamps with the node's clock
+            ns.clock_offset = self.clock_offset[ns.n.name]
         self.injectors = make_injectors(scenario, c, self._rng("faults", 0), self.start)
         for inj in self.injectors:
             inj.sim = self  # injectors that react to the cluster's state read it through this

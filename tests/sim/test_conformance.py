@@ -103,7 +103,7 @@ def test_front_end_packet_features_match_the_real_pkt_collector(tmp_path):
     ns = sim.nodes[0]
     tracker = FlowTracker(0.001, 60.0)
     seq: dict[int, int] = {}
-    compared = 0
+    compared = ended = 0
     for k in range(25):
         items = sim.step()
         flow, ts, wl, rtx, fin, t0, t1 = ns.last_packets
@@ -146,4 +146,77 @@ def test_front_end_packet_features_match_the_real_pkt_collector(tmp_path):
             for e in w:
                 assert g[e] == pytest.approx(w[e], rel=1e-6, abs=1e-9), f"{key} {e} at interval {k}"
                 compared += 1
-    assert compared > 1000
+        # every ended burst of what the front-end port sent: same stamps, starts and bytes (the
+        # simulator stamps them on the node's clock, the packets here are on true time)
+        off = ns.clock_offset
+        for key in ("pkt_burst_ended_start_seconds", "pkt_burst_ended_bytes"):
+            w = sorted((float(tt), float(v)) for tt, sg, v in zip(ref.t, ref.signal, ref.value) if sg == key)
+            d = off if key == "pkt_burst_ended_start_seconds" else 0.0
+            g = sorted((float(tt) - off, float(v) - d) for b in mine
+                       for tt, e, sg, v in zip(b.t, b.entity, b.signal, b.value) if sg == key and e == "eth0")
+            assert len(w) == len(g) and len(w) > 0, f"{key} at interval {k}"
+            for (wt, wv), (gt, gv) in zip(w, g):
+                assert gt == pytest.approx(wt, abs=1e-6) and gv == pytest.approx(wv, rel=1e-9), f"{key} at {k}"
+                ended += 1
+    assert compared > 1000 and ended > 1000
+
+
+def test_roce_port_ended_bursts_match_the_real_pkt_collector():
+    """The RoCE ports' bursts are simulated as pieces (start, duration, bytes per flow and step),
+    not packets: fill each piece with back-to-back packets, hand them to collectors/pkt's
+    FlowTracker interval by interval, and compare its ended-burst list with the simulator's."""
+    from skewd.collectors.pkt.features import NS, FlowTracker
+    from skewd.collectors.pkt.frames import DIR_IN, DIR_OUT
+    from skewd.collectors.pkt.parse import Packets
+    from skewd.controller.sim import pktfeat as P
+
+    rng = np.random.default_rng(11)
+    T = 1_700_000_000.0
+    agg = P.PortAgg("eth1")
+    tracker = FlowTracker(P.BURST_GAP, 60.0)
+    got_sim, got_real = [], []
+    step_t = T + 0.01
+    for k in range(8):
+        t0, t1 = T + k, T + k + 1
+        pieces = []  # (flow, start, dur, bytes, egress)
+        while step_t < t1:
+            n = int(rng.integers(1, 4))  # flows of this step, sent and received, slightly apart
+            for f in range(n):
+                eg = bool(f < 2)
+                pieces.append((f, step_t + rng.uniform(0, 2e-4), rng.uniform(2e-3, 8e-3),
+                               int(rng.integers(20, 80)) * 4154, eg))
+            step_t += rng.choice([rng.uniform(0.2e-3, 0.9e-3) + 8e-3, rng.uniform(15e-3, 45e-3)])
+        mine = [p for p in pieces if p[1] < t1]
+        sent = [p for p in mine if p[4]]
+        if sent:
+            P.ended_from_intervals(agg, np.array([p[1] for p in sent]), np.array([p[1] + p[2] for p in sent]),
+                                   np.array([float(p[3]) for p in sent]))
+        P.ended_quiet(agg, t1)
+        st, s0, b = P.take_ended(agg)
+        got_sim += list(zip(st.tolist(), s0.tolist(), b.tolist()))
+        # the same pieces as packets: 4154-byte frames spread evenly over each piece
+        ts, wl, fl, dr = [], [], [], []
+        for f, s, d, nb, eg in mine:
+            m = nb // 4154
+            ts.append(np.round((s + np.linspace(0, d, m)) * NS).astype(np.int64))
+            wl.append(np.full(m, 4154))
+            fl.append(np.full(m, f))
+            dr.append(np.full(m, DIR_OUT if eg else DIR_IN))
+        ts, wl, fl, dr = (np.concatenate(x) if x else np.zeros(0, np.int64) for x in (ts, wl, fl, dr))
+        o = np.argsort(ts, kind="stable")
+        pk = Packets.alloc(len(ts))
+        pk.ts_ns[:], pk.wirelen[:], pk.direction[:] = ts[o], wl[o], dr[o]
+        pk.decoded[:] = pk.outer_ip[:] = pk.l4ok[:] = True
+        pk.ipver[:] = 4
+        pk.proto[:] = 17
+        pk.src_lo[:] = 1
+        pk.dst_lo[:] = 2 + fl[o]
+        pk.sport[:] = 5000
+        pk.dport[:] = 4791
+        pk.tcp_flags[:] = -1
+        p = tracker.update(pk, t0, t1, ["eth1"]).ports[0]
+        got_real += list(zip((p.ended_stamp / NS).tolist(), (p.ended_start / NS).tolist(),
+                             p.ended_bytes.astype(float).tolist()))
+    assert len(got_real) > 100 and len(got_sim) == len(got_real)
+    for (a, b, c), (x, y, z) in zip(got_sim, got_real):
+        assert a == pytest.approx(x, abs=2e-6) and b == pytest.approx(y, abs=2e-6) and c == z
