@@ -26,7 +26,8 @@ class SummarySpec:
     name: str
     source: str  # collector signal it is computed from
     window: str  # "rate" (counter per-second over the interval), "last", "avg", "max", "min",
-    # "rise" (largest step of the entities' sum between consecutive collections)
+    # "queued" / "arrivals" (the engines' queue steps and arrival rate from the vLLM gauges and
+    # counters together, see _queued and _arrivals; ``source`` is one of ENGINE_INPUTS)
     reduce: str  # across the node's entities: "sum", "mean", "max", "min", "median"
     unit: str
     desc: str
@@ -63,9 +64,17 @@ SPECS: tuple[SummarySpec, ...] = (
                 "highest KV-cache usage of the node's engines"),
     SummarySpec("summary_requests_waiting", "vllm_requests_waiting", "last", "sum", "requests",
                 "requests waiting in the node's engines"),
-    SummarySpec("summary_requests_waiting_rise_max", "vllm_requests_waiting", "rise", "max", "requests",
-                "largest rise of the node's waiting requests (all engines) from one vLLM collection to the "
-                "next within the interval: a burst of arrivals lands in one collection (NS-1)"),
+    SummarySpec("summary_requests_queued_step_max", "vllm_requests_waiting", "queued", "sum", "requests",
+                "largest number of requests that joined the node's engine queues from one vLLM collection to "
+                "the next within the interval: per engine the smaller of the waiting queue's rise and the rise "
+                "of waiting + running (a move between the two queues or a preemption is no arrival, a request "
+                "admitted at once did not queue); a step out of a stretch in which an engine with running "
+                "requests made no progress (its front end's stats frozen) counts as spread over that stretch. "
+                "A burst of arrivals lands in one collection (NS-1)"),
+    SummarySpec("summary_requests_arrived_per_second", "vllm_request_success_total", "arrivals", "sum",
+                "requests/s", "requests that reached the node's engines per second over the interval: the "
+                "rise of waiting + running plus the requests finished (the usual arrivals NS-1's step is "
+                "measured against)"),
     SummarySpec("summary_requests_running", "vllm_requests_running", "last", "sum", "requests",
                 "requests running in the node's engines (0 = not serving)"),
     SummarySpec("summary_cpu_busy_cores", "host_node_cpu_busy_seconds_total", "rate", "sum", "cores",
@@ -90,17 +99,86 @@ _REDUCE: dict[str, Callable[[np.ndarray], float]] = {
 _WINDOW = {"avg": F.avg, "max": F.wmax, "min": F.wmin, "last": F.last}
 
 
-def _rise(W: np.ndarray) -> np.ndarray:
-    """Largest rise of the entities' sum between consecutive columns (one value; NaN with fewer
-    than two columns). Each step adds every entity's change between its two samples, so an
-    entity missing at either end of a step adds nothing to it rather than its whole level."""
+#: what the engine-queue summaries read, per engine (entity) of the node's vLLM collections
+ENGINE_INPUTS = ("vllm_requests_waiting", "vllm_requests_running", "vllm_request_success_total",
+                 "vllm_generation_tokens_total", "vllm_prompt_tokens_total")
+
+
+def _engine_window(store: WindowStore, node: str, start: float, end: float):
+    """The node's vLLM collections in (start, end]: their times and, per ENGINE_INPUTS signal, an
+    [engine x collection] matrix on the waiting queue's rows and columns (NaN where that signal
+    lacks the engine or the collection). None without a waiting queue."""
+    wblk = store.blocks.get(ENGINE_INPUTS[0], {}).get(node)
+    if wblk is None:
+        return None
+    tt, W = wblk.window(start, end)
+    ents = sorted(wblk.rows, key=wblk.rows.__getitem__)
+    out = {ENGINE_INPUTS[0]: W}
+    for name in ENGINE_INPUTS[1:]:
+        M = np.full(W.shape, np.nan)
+        blk = store.blocks.get(name, {}).get(node)
+        if blk is not None and len(tt):
+            t2, V = blk.window(start - 0.5, end)
+            if len(t2):
+                # the same collection: a sample within a quarter second of the waiting queue's
+                j = np.minimum(np.searchsorted(t2, tt - 0.25), len(t2) - 1)
+                ok = np.abs(t2[j] - tt) <= 0.25
+                for i, e in enumerate(ents):
+                    r = blk.rows.get(e)
+                    if r is not None:
+                        M[i, ok] = V[r, j[ok]]
+        out[name] = M
+    return tt, out
+
+
+def _queued(tt: np.ndarray, M: dict[str, np.ndarray], first: int) -> np.ndarray:
+    """Largest number of requests that joined the engines' queues in one step (collection k to
+    k+1, for the steps into column ``first`` and after it), summed over the engines: per engine
+    min(rise of waiting, rise of waiting + running). A request that moves between the two queues
+    (a deadlocked scheduler returning its running requests, a preemption) or that finishes while
+    another arrives changes only one of the two; one admitted at once did not queue. When the
+    engine reported running requests but no new token between two collections, its front end's
+    stats were frozen (an engine core hung inside a step): the step out of such a stretch holds
+    every request that arrived during it, so it counts as spread over the stretch (as much of it
+    as the window holds). An engine missing at either end of a step adds nothing to it."""
+    W, R = M["vllm_requests_waiting"], M["vllm_requests_running"]
     if W.shape[1] < 2:
         return np.full(1, np.nan)
-    D = W[:, 1:] - W[:, :-1]
-    ok = ~np.isnan(D)
+    dW = np.diff(W, axis=1)
+    step = np.minimum(dW, dW + np.diff(R, axis=1))
+    step = np.where(np.isnan(step), dW, step)  # no running gauge: the waiting queue alone
+    tokens = M["vllm_generation_tokens_total"] + np.nan_to_num(M["vllm_prompt_tokens_total"])
+    # progress into collection k+1: tokens advanced (or unknown), or nothing was running at k
+    progressed = ~(np.diff(tokens, axis=1) == 0) | ~(R[:, :-1] > 0)
+    dt = np.diff(tt)
+    for i in range(W.shape[0]):
+        since = tt[0]  # the window's first collection counts as fresh
+        for k in range(W.shape[1] - 1):
+            if k + 1 >= first and tt[k + 1] - since > dt[k] * 1.5 and step[i, k] > 0:
+                step[i, k] *= dt[k] / (tt[k + 1] - since)
+            if progressed[i, k]:
+                since = tt[k + 1]
+    ok = ~np.isnan(step[:, max(first - 1, 0):])
     if not ok.any():
         return np.full(1, np.nan)
-    return np.array([float(np.where(ok, D, 0.0).sum(axis=0)[ok.any(axis=0)].max())])
+    S = np.where(ok, step[:, max(first - 1, 0):], 0.0).sum(axis=0)
+    return np.array([float(S[ok.any(axis=0)].max())])
+
+
+def _arrivals(tt: np.ndarray, M: dict[str, np.ndarray], first: int) -> np.ndarray:
+    """Requests that reached the engines per second over the steps into column ``first`` and
+    after it: per engine and step, the rise of waiting + running plus the requests finished
+    (never below zero: an engine restart resets its gauges and counters)."""
+    W, R, S = M["vllm_requests_waiting"], M["vllm_requests_running"], M["vllm_request_success_total"]
+    if W.shape[1] < 2:
+        return np.full(1, np.nan)
+    a = np.maximum(np.diff(W + R, axis=1) + np.diff(S, axis=1), 0.0)[:, max(first - 1, 0):]
+    ok = ~np.isnan(a)
+    steps = ok.any(axis=0)
+    if not steps.any():
+        return np.full(1, np.nan)
+    span = float(np.diff(tt)[max(first - 1, 0):][steps].sum())
+    return np.array([float(np.where(ok, a, 0.0).sum() / span)]) if span > 0 else np.full(1, np.nan)
 
 
 def compute(store: WindowStore, node: str, t: float, interval: float, lookback: float = 60.0) -> dict[str, float]:
@@ -110,11 +188,16 @@ def compute(store: WindowStore, node: str, t: float, interval: float, lookback: 
         blk = store.blocks.get(spec.source, {}).get(node)
         if blk is None or spec.source not in store.catalogue:
             continue
-        if spec.window == "rise":
-            # the interval's steps, and the one into it from the collection before it
-            tt, W = blk.window(t - interval - max(interval, 2.0), t)
-            first = np.searchsorted(tt, t - interval, side="right")
-            vals = _rise(W[:, max(int(first) - 1, 0):])
+        if spec.window in ("queued", "arrivals"):
+            # the interval's steps, and the one into it from the collection before it; the queue
+            # steps look back as far as the summary's lookback for an engine that made no progress
+            back = lookback if spec.window == "queued" else interval + max(interval, 2.0)
+            got = _engine_window(store, node, t - max(back, interval + 2.0), t)
+            if got is None:
+                continue
+            tt, M = got
+            first = int(np.searchsorted(tt, t - interval, side="right"))
+            vals = (_queued if spec.window == "queued" else _arrivals)(tt, M, first)
         elif spec.window == "rate":
             # two samples at least: look back further than one interval when collectors are slower
             tt, W = blk.window(t - max(interval * 2, 2.0), t)
