@@ -49,8 +49,8 @@ CATALOGUE: list[SignalSpec] = [
        "Bursts started by this flow; a burst is a run of packets separated by idle gaps shorter than "
        "the burst_gap parameter."),
     _f("pkt_flow_burst_start_seconds", "gauge", "seconds",
-       "Unix time of the start of the flow's most recent burst (EW-1: the controller aligns these "
-       "across TP peers to find the late node)."),
+       "Unix time of the start of the flow's most recent burst (one per collection; every burst of "
+       "the port's sent traffic is in pkt_burst_ended_start_seconds)."),
     _f("pkt_flow_burst_bytes", "gauge", "bytes", "Wire bytes of the flow's most recent burst so far."),
     _f("pkt_flow_burst_duration_seconds", "gauge", "seconds",
        "First to last packet of the flow's most recent burst so far."),
@@ -100,7 +100,8 @@ CATALOGUE: list[SignalSpec] = [
     _p("pkt_bursts_total", "counter", "bursts",
        "Bursts of the port's aggregate IP traffic (idle gaps of at least burst_gap separate them)."),
     _p("pkt_burst_start_seconds", "gauge", "seconds",
-       "Unix time the port's most recent aggregate burst started (EW-1 straggler alignment by node)."),
+       "Unix time the port's most recent aggregate burst started (one per collection: decode steps "
+       "come every 20-60 ms, so step alignment (EW-1) reads pkt_burst_ended_start_seconds)."),
     _p("pkt_burst_bytes", "gauge", "bytes", "Wire bytes of the port's most recent aggregate burst so far."),
     _p("pkt_inter_burst_gap_seconds", "gauge", "seconds",
        "Idle gap before the port's most recent aggregate burst (EW-2 pipeline bubble growth)."),
