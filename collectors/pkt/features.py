@@ -41,6 +41,9 @@ _NONE = np.int64(-(1 << 62))
 _PROTO = {1: "icmp", 2: "igmp", 6: "tcp", 17: "udp", 47: "gre", 50: "esp", 58: "icmp6", 132: "sctp"}
 _ROCE_NO_PSN = (17, 18, 0x81)  # ACK, atomic ACK, CNP: not part of the request PSN sequence
 _M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+#: ns an ended-burst stamp moves on at least (clock steps, late frames): stamps of one port
+#: stay distinct as float Unix seconds (resolution ~0.24 us), so the store keeps each
+STAMP_STEP = 1000
 
 
 def _mix(x: np.ndarray, scratch: np.ndarray | None = None) -> np.ndarray:
@@ -918,7 +921,7 @@ class FlowTracker:
                 self._ended_bursts(ps, f, ts[sent], wl[sent])
             if ps.open and t1_ns - ps.e_last_ns >= self.burst_gap_ns + self.burst_settle_ns:
                 # quiet since: the open burst has ended (stamped with the interval end)
-                self._list_ended(ps, f, np.array([max(t1_ns, ps.stamp + 1)], np.int64),
+                self._list_ended(ps, f, np.array([max(t1_ns, ps.stamp + STAMP_STEP)], np.int64),
                                  np.array([ps.o_start], np.int64), np.array([ps.o_bytes], np.int64))
                 ps.open = False
             f.bursts_unlisted_total = ps.unlisted
@@ -963,7 +966,7 @@ class FlowTracker:
             start = np.r_[ps.o_start, start]
             nbytes = np.r_[ps.o_bytes + int(before[0]), nbytes]
         if len(stamp):
-            self._list_ended(ps, f, np.maximum.accumulate(np.maximum(stamp, ps.stamp + 1)), start, nbytes)
+            self._list_ended(ps, f, np.maximum.accumulate(np.maximum(stamp, ps.stamp + STAMP_STEP)), start, nbytes)
         ps.open, ps.o_start, ps.o_bytes = True, int(tip[si[-1]]), int(seg[-1])
 
     def _list_ended(self, ps: _Port, f: PortFeatures, stamp: np.ndarray, start: np.ndarray,
