@@ -1023,12 +1023,11 @@ class NodeSim:
                     agg.b_bytes = (0.0 if math.isnan(agg.b_bytes) else agg.b_bytes) + float(b_sorted.sum())
                 if len(run_end):
                     agg.last_ns = int(run_end[-1] * P.NS)
-                # every ended burst of what the port sent (the pkt collector lists those)
-                sent = [fi for fi in mine if self.roce_flows[fi].egress]
-                if sent:
-                    P.ended_from_intervals(agg, np.concatenate([st.roce[fi][0] for fi in sent]),
-                                           np.concatenate([st.roce[fi][0] + st.roce[fi][1] for fi in sent]),
-                                           np.concatenate([st.roce[fi][2] for fi in sent]))
+            # every ended burst of what the port sent (the pkt collector lists those)
+            sent = [st.roce[fi] for fi in mine if self.roce_flows[fi].egress]
+            s0 = np.concatenate([x[0] for x in sent]) if sent else np.zeros(0)
+            P.ended_from_intervals(agg, s0, s0 + np.concatenate([x[1] for x in sent]) if sent else s0,
+                                   np.concatenate([x[2] for x in sent]) if sent else s0, st.t1)
             P.ended_quiet(agg, st.t1)
             out.update(P._burst_out(agg))
             self._emit_ended(o, t, dev, agg)

@@ -30,6 +30,7 @@ IDLE_SIGNALS = frozenset({"pkt_flow_packets_total", "pkt_flow_bytes_total", "pkt
                           "pkt_flow_end_seconds", "pkt_flow_closed"})
 BURST_GAP = 0.001  # the pkt collector's default burst_gap
 MAX_LISTED_BURSTS = 256  # the pkt collector's default max_listed_bursts
+STAMP_STEP = 1000  # ns an ended-burst stamp moves on at least (collectors/pkt/features.py)
 FLOW_TIMEOUT = 60.0
 
 
@@ -80,6 +81,8 @@ class PortAgg:
     unlisted: int = 0
     #: this interval's ended bursts: (stamp ns, start ns, bytes)
     ended: list = field(default_factory=list)
+    #: sent pieces that start after the interval they were simulated in (start s, end s, bytes)
+    later: tuple = (np.zeros(0), np.zeros(0), np.zeros(0))
 
 
 @dataclass
@@ -343,7 +346,7 @@ def _ended(agg: PortAgg, sstart: np.ndarray, send: np.ndarray, sbytes: np.ndarra
         start = np.r_[agg.o_start, start]
         nbytes = np.r_[agg.o_bytes + float(before[0]), nbytes]
     if len(stamp):
-        _list_ended(agg, np.maximum.accumulate(np.maximum(stamp.astype(np.int64), agg.stamp + 1)),
+        _list_ended(agg, np.maximum.accumulate(np.maximum(stamp.astype(np.int64), agg.stamp + STAMP_STEP)),
                     start.astype(np.int64), nbytes.astype(float))
     agg.open, agg.o_start, agg.o_bytes = True, int(sstart[si[-1]]), float(seg[-1])
 
@@ -358,10 +361,19 @@ def ended_from_packets(agg: PortAgg, ts: np.ndarray, wl: np.ndarray) -> None:
     _ended(agg, ts, ts, wl.astype(float), new)
 
 
-def ended_from_intervals(agg: PortAgg, starts: np.ndarray, ends: np.ndarray, nbytes: np.ndarray) -> None:
+def ended_from_intervals(agg: PortAgg, starts: np.ndarray, ends: np.ndarray, nbytes: np.ndarray,
+                         t1: float) -> None:
     """Every ended burst of the port's sent flows given as (start s, end s, bytes) pieces (burst
     classes: a flow's packets fill its piece back to back); pieces overlapping or closer than
-    burst_gap form one burst, as their packets would."""
+    burst_gap form one burst, as their packets would. A capture at ``t1`` has not seen pieces
+    starting after it (a pipeline hand-off at the end of a long step): they wait for a later
+    interval."""
+    ls, le, lb = agg.later
+    starts, ends, nbytes = (np.r_[ls, np.asarray(starts, float)], np.r_[le, np.asarray(ends, float)],
+                            np.r_[lb, np.asarray(nbytes, float)])
+    now = starts <= t1
+    agg.later = (starts[~now], ends[~now], nbytes[~now])
+    starts, ends, nbytes = starts[now], ends[now], nbytes[now]
     if not len(starts):
         return
     o = np.argsort(starts, kind="stable")
@@ -378,7 +390,7 @@ def ended_quiet(agg: PortAgg, t1: float) -> None:
     """At an interval end: a port quiet for burst_gap has ended its open burst (stamped t1)."""
     t1_ns = int(round(t1 * NS))
     if agg.open and t1_ns - agg.e_last_ns >= int(BURST_GAP * NS):
-        _list_ended(agg, np.array([max(t1_ns, agg.stamp + 1)]), np.array([agg.o_start]), np.array([agg.o_bytes]))
+        _list_ended(agg, np.array([max(t1_ns, agg.stamp + STAMP_STEP)]), np.array([agg.o_start]), np.array([agg.o_bytes]))
         agg.open = False
 
 

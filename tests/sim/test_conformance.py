@@ -190,7 +190,7 @@ def test_roce_port_ended_bursts_match_the_real_pkt_collector():
         sent = [p for p in mine if p[4]]
         if sent:
             P.ended_from_intervals(agg, np.array([p[1] for p in sent]), np.array([p[1] + p[2] for p in sent]),
-                                   np.array([float(p[3]) for p in sent]))
+                                   np.array([float(p[3]) for p in sent]), t1)
         P.ended_quiet(agg, t1)
         st, s0, b = P.take_ended(agg)
         got_sim += list(zip(st.tolist(), s0.tolist(), b.tolist()))
