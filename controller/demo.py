@@ -148,11 +148,7 @@ async def run(scenario, args, out=None) -> int:
                 msg = summary_mod.make_summary(p.store, node, cluster, t, 1.0, clock_synced=True,
                                                clock_error=sim.clock_error[node], labels=labels[node])
                 p.ingest(summary_mod.to_batch(node, t, {k: v[""] for k, v in msg.signals.items() if "" in v}))
-                bs = sim.collective_bursts(node, t - 1.0, t)
-                msg.signals.pop("collective_burst_starts", None)
-                if bs:
-                    msg.signals["collective_burst_starts"] = {str(k): s for k, (s, _) in enumerate(bs)}
-                    msg.signals["collective_burst_bytes"] = {str(k): float(v) for k, (_, v) in enumerate(bs)}
+                # the collective bursts are the agent's own: what its pkt collector listed as ended
                 await pubs[node].publish_summary(msg)
             sim.prune_bursts(t - 30.0)
             # pace simulated time against the wall clock

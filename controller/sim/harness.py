@@ -78,6 +78,8 @@ def needed_signals(ruleset: RuleSet) -> set[str]:
     out.add("pkt_burst_start_seconds")
     # what the summary's collective bursts are made of (agent/bursts.py)
     out |= {bursts_mod.ENDED_START, bursts_mod.ENDED_BYTES, bursts_mod.COLLECTIONS}
+    # what the summary's engine-queue steps and arrival rate read (NS-1), whether a rule does or not
+    out |= set(summary_mod.ENGINE_INPUTS)
     return out
 
 
