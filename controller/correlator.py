@@ -114,9 +114,15 @@ class Correlator:
         culprit_of: dict[str, _Group] = {}  # tp_group → culprit incident
         cluster_groups: list[_Group] = []
         rank = {p: i for i, p in enumerate(self.culprit_pathologies)}
-        # 1. the controller's cross-node findings
+        deferred: dict[str, tuple[Finding, Finding]] = {}  # fingerprint → (finding, its inhibitor)
+        # 1. the controller's cross-node findings (an inhibit rule may name one as a target: its
+        # node label is the node it names, e.g. a straggler on a node whose port is lossy)
         for f in firing:
             if not self._is_group_finding(f):
+                continue
+            src = self._inhibitor(f, firing)
+            if src is not None:
+                deferred[f.fingerprint] = (f, src)
                 continue
             tp = f.labels.get("tp_group") or (self.topology.group_of(f.node).name if self.topology.group_of(f.node) else "")
             if f.pathology in rank and tp and f.node:
@@ -141,7 +147,6 @@ class Correlator:
                     cluster_groups.append(g)
                 g.members.append(f)
         # 2. node-local findings: evidence for a culprit, inhibited victims, or their own incident
-        deferred: dict[str, tuple[Finding, Finding]] = {}  # fingerprint → (finding, its inhibitor)
         for f in firing:
             if self._is_group_finding(f):
                 continue

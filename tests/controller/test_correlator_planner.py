@@ -297,6 +297,29 @@ def test_a_preemption_storm_explains_kv_saturation_and_a_thin_feed_and_early_sto
     assert ("NS-8", "n1") not in incs
 
 
+def test_a_lossy_or_congested_port_explains_the_straggler_and_missing_steps_it_names() -> None:
+    # default EW-4/EW-6/PCIE-9 -> EW-1/EW-9 on the node: the controller's cross-node findings are
+    # targets too, matched by the node they name
+    c = _corr()
+    loss = finding("n2", "EW-6-x", "EW-6", Layer.NETWORK, 100.0, cluster="c", entity="mlx5_0/1")
+    for f in (_straggler(101.0), loss):
+        c.observe(f)
+    incs = {i.pathology: i for i in c.correlate(102.0) if i.state == "open"}
+    assert set(incs) == {"EW-6"} and incs["EW-6"].inhibited == [_straggler(101.0).id]
+    # fabric congestion on n0, n1, n3 takes the missing steps EW-9 names on n3, not a straggler on n2
+    c = _corr()
+    for n in ("n0", "n1", "n3"):
+        c.observe(finding(n, "EW-4-x", "EW-4", Layer.NETWORK, 100.0, cluster="c", scope=Scope.CLUSTER))
+    gone = finding("n3", "EW-9-x", "EW-9", Layer.NETWORK, 101.0, cluster="c", scope=Scope.TP_GROUP)
+    gone.labels = {"tp_group": "tp0"}
+    c.observe(gone)
+    incs = {i.pathology: i for i in c.correlate(102.0) if i.state == "open"}
+    assert set(incs) == {"EW-4"} and incs["EW-4"].inhibited == [gone.id]
+    c.observe(_straggler(103.0))
+    incs = {i.pathology: i for i in c.correlate(104.0) if i.state == "open"}
+    assert incs["EW-1"].culprit.node == "n2"
+
+
 def test_inhibit_rules_respect_entity_equality_never_inhibit_and_chains() -> None:
     c = _corr()
     # GPU-6 on gpu3 hides PCIE-1 on gpu3 (not on gpu5); PCIE-1 on gpu3 in turn would hide PCIE-4 on gpu3
