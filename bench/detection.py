@@ -491,7 +491,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs.sort(key=lambda r: (r.scenario, r.seed))
     ids = sorted(INJECTORS) if not a.quick and not a.scenario else sorted({t["pathology"] for r in runs for t in r.truth})
     sc, extra = score(runs, ids)
-    cmd = "python bench/detection.py" + ("" if not argv else " " + " ".join(argv))
+    # the command that makes this table: --json only writes a side file, so it is left out
+    shown = [x for i, x in enumerate(argv) if not (x == "--json" or x.startswith("--json=")
+                                                   or (i and argv[i - 1] == "--json"))]
+    cmd = "python bench/detection.py" + ("" if not shown else " " + " ".join(shown))
     meta = {"command": cmd, "rules_commit": _git_commit(ROOT / "rules" / "packs"),
             "rules": len(_W["rules"].rules), "seeds": f"{a.seed_base}..{a.seed_base + max(a.seeds, a.healthy_seeds) - 1}",
             "eval_interval": a.eval_interval, "bursts": a.bursts, "clock_report": a.clock_report, "wall": wall,
