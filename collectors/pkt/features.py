@@ -948,26 +948,16 @@ class FlowTracker:
         start = g >= self.burst_gap_ns
         if ps.e_last_ns < 0:
             start[0] = True
-        si = np.flatnonzero(start)
         ps.e_last_ns = max(ps.e_last_ns, int(tip[-1]))
-        if not len(si):
+        if not start.any():
             if ps.open:
                 ps.o_bytes += int(wip.sum())
             return
-        cs = np.cumsum(wip, dtype=np.int64)
-        before = cs[si - 1]
-        before[si == 0] = 0  # bytes before each start
-        seg = np.r_[before[1:], cs[-1]] - before  # bytes from each start to the next (or the end)
-        stamp = tip[si[1:]]
-        start = tip[si[:-1]]
-        nbytes = seg[:-1]
-        if ps.open:
-            stamp = np.r_[tip[si[0]], stamp]
-            start = np.r_[ps.o_start, start]
-            nbytes = np.r_[ps.o_bytes + int(before[0]), nbytes]
+        stamp, begun, nbytes, (o_start, o_bytes) = split_bursts(
+            tip, wip, start, (ps.o_start, ps.o_bytes) if ps.open else None)
         if len(stamp):
-            self._list_ended(ps, f, np.maximum.accumulate(np.maximum(stamp, ps.stamp + STAMP_STEP)), start, nbytes)
-        ps.open, ps.o_start, ps.o_bytes = True, int(tip[si[-1]]), int(seg[-1])
+            self._list_ended(ps, f, np.maximum.accumulate(np.maximum(stamp, ps.stamp + STAMP_STEP)), begun, nbytes)
+        ps.open, ps.o_start, ps.o_bytes = True, int(o_start), int(o_bytes)
 
     def _list_ended(self, ps: _Port, f: PortFeatures, stamp: np.ndarray, start: np.ndarray,
                     nbytes: np.ndarray) -> None:
@@ -985,6 +975,27 @@ class FlowTracker:
             f.ended_bytes = np.r_[f.ended_bytes, nbytes]
         else:
             f.ended_stamp, f.ended_start, f.ended_bytes = stamp, start, nbytes
+
+
+def split_bursts(t: np.ndarray, nbytes: np.ndarray, new: np.ndarray, carried: tuple[float, float] | None
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[float, float]]:
+    """Cut time-ordered pieces of a port's traffic (``t`` their times, ``nbytes`` their bytes,
+    ``new``: the piece starts a burst; at least one does) into bursts. Each burst ends where the
+    next one starts and is stamped with that start. ``carried``: (start, bytes so far) of a burst
+    still open before the first piece, which the pieces before the first start continue.
+    Returns the ended bursts' (stamps, starts, bytes) and (start, bytes) of the one left open.
+    The pkt collector and the fault lab's mirror of it (controller/sim/pktfeat.py) both list
+    ended bursts with it."""
+    si = np.flatnonzero(new)
+    cs = np.cumsum(nbytes, dtype=np.int64 if nbytes.dtype.kind in "iub" else np.float64)
+    before = np.where(si > 0, cs[np.maximum(si - 1, 0)], 0)  # bytes before each start
+    seg = np.r_[before[1:], cs[-1]] - before  # bytes from each start to the next (or the end)
+    stamp, start, size = t[si[1:]], t[si[:-1]], seg[:-1]
+    if carried is not None:
+        stamp = np.r_[t[si[0]], stamp]
+        start = np.r_[carried[0], start]
+        size = np.r_[carried[1] + before[0], size]
+    return stamp, start, size, (t[si[-1]], seg[-1])
 
 
 def analyze(pk: Packets, interval: float | None = None, burst_gap: float = 0.001,

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from skewd.collectors.pkt.features import STAMP_STEP, split_bursts
+
 NS = 1_000_000_000
 #: flow signals a flow without packets in the interval still reports (collectors/pkt/samples.py)
 IDLE_SIGNALS = frozenset({"pkt_flow_packets_total", "pkt_flow_bytes_total", "pkt_flow_packets_per_second",
@@ -30,7 +32,6 @@ IDLE_SIGNALS = frozenset({"pkt_flow_packets_total", "pkt_flow_bytes_total", "pkt
                           "pkt_flow_end_seconds", "pkt_flow_closed"})
 BURST_GAP = 0.001  # the pkt collector's default burst_gap
 MAX_LISTED_BURSTS = 256  # the pkt collector's default max_listed_bursts
-STAMP_STEP = 1000  # ns an ended-burst stamp moves on at least (collectors/pkt/features.py)
 FLOW_TIMEOUT = 60.0
 
 
@@ -330,25 +331,16 @@ def _ended(agg: PortAgg, sstart: np.ndarray, send: np.ndarray, sbytes: np.ndarra
     if not len(sstart):
         return
     agg.e_last_ns = max(agg.e_last_ns, int(send.max()))
-    si = np.flatnonzero(new)
-    if not len(si):
+    if not new.any():
         if agg.open:
             agg.o_bytes += float(sbytes.sum())
         return
-    cs = np.cumsum(sbytes)
-    before = np.where(si > 0, cs[np.maximum(si - 1, 0)], 0.0)
-    seg = np.r_[before[1:], cs[-1]] - before
-    stamp = sstart[si[1:]]
-    start = sstart[si[:-1]]
-    nbytes = seg[:-1]
-    if agg.open:
-        stamp = np.r_[sstart[si[0]], stamp]
-        start = np.r_[agg.o_start, start]
-        nbytes = np.r_[agg.o_bytes + float(before[0]), nbytes]
+    stamp, start, nbytes, (o_start, o_bytes) = split_bursts(
+        sstart, sbytes, new, (agg.o_start, agg.o_bytes) if agg.open else None)
     if len(stamp):
         _list_ended(agg, np.maximum.accumulate(np.maximum(stamp.astype(np.int64), agg.stamp + STAMP_STEP)),
                     start.astype(np.int64), nbytes.astype(float))
-    agg.open, agg.o_start, agg.o_bytes = True, int(sstart[si[-1]]), float(seg[-1])
+    agg.open, agg.o_start, agg.o_bytes = True, int(o_start), float(o_bytes)
 
 
 def ended_from_packets(agg: PortAgg, ts: np.ndarray, wl: np.ndarray) -> None:

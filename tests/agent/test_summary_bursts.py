@@ -17,6 +17,7 @@ from skewd.collectors.pkt.parse import Packets
 from skewd.collectors.pkt.samples import to_batch
 from skewd.model import Catalogue
 from skewd.rules.engine import RuleSet
+from tests.pkt_packets import udp_packets
 
 T0 = 1_700_000_000  # synthetic epoch start (invented)
 
@@ -37,17 +38,8 @@ def traffic(seconds: int, seed: int = 1) -> tuple[Packets, np.ndarray, np.ndarra
     iface = np.r_[np.ones(len(r_ts), np.int32), np.zeros(len(f_ts), np.int32)]
     wl = np.r_[r_wl, rng.integers(150, 260, len(f_ts))]
     o = np.argsort(ts, kind="stable")
-    p = Packets.alloc(len(ts))
-    p.ts_ns[:], p.wirelen[:], p.iface[:] = ts[o], wl[o], iface[o]
-    p.decoded[:] = p.outer_ip[:] = p.l4ok[:] = True
-    p.ipver[:] = 4
-    p.proto[:] = 17
-    p.src_lo[:] = 1
-    p.dst_lo[:] = np.where(iface[o] == 1, 2, 3)
-    p.sport[:] = 5000
-    p.dport[:] = np.where(iface[o] == 1, 4791, 443)
-    p.tcp_flags[:] = -1
-    p.direction[:] = DIR_OUT
+    p = udp_packets(ts[o], wl[o], iface=iface[o], dst=np.where(iface[o] == 1, 2, 3),
+                    dport=np.where(iface[o] == 1, 4791, 443), direction=DIR_OUT)
     return p, starts, np.full(len(starts), 40.0 * 4154)
 
 

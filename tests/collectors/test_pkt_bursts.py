@@ -17,30 +17,14 @@ from skewd.collectors.pkt.samples import ENDED_BYTES, ENDED_START, to_batch
 from skewd.model import Catalogue
 from skewd.rules.engine import RuleSet
 from skewd.rules.store import WindowStore
+from tests.pkt_packets import udp_packets
 
 T0 = 1_700_000_000  # synthetic epoch start (invented)
 
 
 def packets(ts: np.ndarray, wl: np.ndarray, direction: np.ndarray | None = None) -> Packets:
     """UDP packets of one flow (RoCE port) at ``ts`` (ns), ``wl`` wire bytes."""
-    n = len(ts)
-    p = Packets.alloc(n)
-    p.ts_ns[:] = ts
-    p.wirelen[:] = wl
-    p.decoded[:] = True
-    p.outer_ip[:] = True
-    p.ipver[:] = 4
-    p.proto[:] = 17
-    p.src_lo[:] = 1
-    p.dst_lo[:] = 2
-    p.sport[:] = 5000
-    p.dport[:] = 4791
-    p.l4ok[:] = True
-    p.payload[:] = 100
-    p.tcp_flags[:] = -1
-    if direction is not None:
-        p.direction[:] = direction
-    return p
+    return udp_packets(ts, wl, payload=100, direction=direction)
 
 
 def steps(rng: np.random.Generator, n: int = 300, per: int = 25) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -193,22 +193,10 @@ def test_roce_psn_retransmission_and_wrap(tmp_path: Path) -> None:
 
 
 def test_idle_flow_is_reported_until_timeout() -> None:
-    from skewd.collectors.pkt.parse import Packets
+    from tests.pkt_packets import udp_packets
 
-    def pk_at(times: list[float], sport: int) -> Packets:
-        p = Packets.alloc(len(times))
-        p.ts_ns[:] = (np.array(times) * 1e9).astype(np.int64)
-        p.wirelen[:] = 100
-        p.decoded[:] = True
-        p.outer_ip[:] = True
-        p.ipver[:] = 4
-        p.proto[:] = 17
-        p.src_lo[:] = 1
-        p.dst_lo[:] = 2
-        p.sport[:] = sport
-        p.dport[:] = 9
-        p.l4ok[:] = True
-        return p
+    def pk_at(times: list[float], sport: int):
+        return udp_packets((np.array(times) * 1e9).astype(np.int64), 100, sport=sport, dport=9)
 
     tr = FlowTracker(0.001, flow_timeout=5.0)
     tr.update(pk_at([T0, T0 + 0.5], 1), T0, T0 + 1)

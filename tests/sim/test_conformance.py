@@ -167,8 +167,8 @@ def test_roce_port_ended_bursts_match_the_real_pkt_collector():
     FlowTracker interval by interval, and compare its ended-burst list with the simulator's."""
     from skewd.collectors.pkt.features import NS, FlowTracker
     from skewd.collectors.pkt.frames import DIR_IN, DIR_OUT
-    from skewd.collectors.pkt.parse import Packets
     from skewd.controller.sim import pktfeat as P
+    from tests.pkt_packets import udp_packets
 
     rng = np.random.default_rng(11)
     T = 1_700_000_000.0
@@ -204,16 +204,7 @@ def test_roce_port_ended_bursts_match_the_real_pkt_collector():
             dr.append(np.full(m, DIR_OUT if eg else DIR_IN))
         ts, wl, fl, dr = (np.concatenate(x) if x else np.zeros(0, np.int64) for x in (ts, wl, fl, dr))
         o = np.argsort(ts, kind="stable")
-        pk = Packets.alloc(len(ts))
-        pk.ts_ns[:], pk.wirelen[:], pk.direction[:] = ts[o], wl[o], dr[o]
-        pk.decoded[:] = pk.outer_ip[:] = pk.l4ok[:] = True
-        pk.ipver[:] = 4
-        pk.proto[:] = 17
-        pk.src_lo[:] = 1
-        pk.dst_lo[:] = 2 + fl[o]
-        pk.sport[:] = 5000
-        pk.dport[:] = 4791
-        pk.tcp_flags[:] = -1
+        pk = udp_packets(ts[o], wl[o], dst=2 + fl[o], direction=dr[o])
         p = tracker.update(pk, t0, t1, ["eth1"]).ports[0]
         got_real += list(zip((p.ended_stamp / NS).tolist(), (p.ended_start / NS).tolist(),
                              p.ended_bytes.astype(float).tolist()))
