@@ -605,11 +605,15 @@ class PCIE3(Injector):
 
 
 class PCIE4(_GpuTarget):
-    """Intra-node GPU skew: one GPU's feed is thin or irregular while its node peers are busy
-    (uneven split of work across the node's replicas, an irregular feed)."""
+    """Intra-node GPU skew: one GPU gets far less work than its node peers, steadily (an uneven
+    split of requests across the node's replicas) or in uneven lumps (uneven microbatches: the
+    router hands this GPU's replica a thin share on average that swings from second to second),
+    so its PCIe feed is thin or irregular while its peers' is steady. The runbook's other cause, a
+    throttled GPU, is GPU-5's scenario. A GPU that idles while it holds work, fed in clumps from
+    the host (pageable buffers, a NUMA miss), is H2D starvation: PCIE-1's scenario."""
 
     id = "PCIE-4"
-    variants = ("uneven_split", "irregular_feed")
+    variants = ("uneven_split", "uneven_microbatches")
 
     @classmethod
     def unsupported(cls, c):
@@ -627,14 +631,8 @@ class PCIE4(_GpuTarget):
         if self.variant == "uneven_split":
             effs[rid].rate_mult *= self.keep
         else:
-            effs[rid].idle_share = max(effs[rid].idle_share, 1 - self.keep)
-
-    def on_node(self, t0, t1, ni, st, sim):
-        if ni != self.ni or self.variant != "irregular_feed":
-            return
-        g = self.gi
-        st.pcie_duty[g] = self.lerp(0.2, 0.05)
-        st.pcie_period[g] = float(self.rng.uniform(0.3, 2.0))
+            # each second's share drawn around the thin mean: many near-empty seconds, a few lumps
+            effs[rid].rate_mult *= self.keep * float(self.rng.gamma(0.5, 2.0))
 
 
 class PCIE5(_GpuTarget):
