@@ -62,10 +62,12 @@ DEFAULTS: dict[str, Any] = {
                         {"source": ["PCIE-1", "PCIE-5", "PCIE-7", "GPU-5", "GPU-6"], "target": ["PCIE-4"],
                          "equal": ["node", "entity"]},
                         # a preemption storm keeps its GPU busy recomputing and admits no new prompts, so that
-                        # GPU's H2D feed reads under a third of its node peers' (PCIE-4's thin feed). GPU-4 names
-                        # the engine, PCIE-4 the GPU: no label joins them, so the node (gpu4-preemption-storm-l40s
-                        # seeds 1, 4, 5; it never fired in pcie4-intra-node-skew)
-                        {"source": ["GPU-4"], "target": ["PCIE-4"], "equal": ["node"]},
+                        # GPU's H2D feed reads under a third of its node peers' (PCIE-4's thin feed); so does a
+                        # saturated cache whose queue grows (GPU-2: the engine admits only what frees up).
+                        # GPU-2/GPU-4 name the engine, PCIE-4 the GPU: no label joins them, so the node
+                        # (gpu4-preemption-storm-l40s seeds 1, 4, 5; seed 1 fires GPU-2, not GPU-4; neither
+                        # fired in pcie4-intra-node-skew)
+                        {"source": ["GPU-2", "GPU-4"], "target": ["PCIE-4"], "equal": ["node"]},
                         # a stalled launch path or a saturated host idles all of the node's GPUs: their
                         # feed turns sporadic, which reads as H2D starvation
                         {"source": ["PCIE-3", "PCIE-8"], "target": ["PCIE-1"], "equal": ["node"]},

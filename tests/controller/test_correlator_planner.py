@@ -297,6 +297,21 @@ def test_a_preemption_storm_explains_kv_saturation_and_a_thin_feed_and_early_sto
     assert ("NS-8", "n1") not in incs
 
 
+def test_a_saturated_cache_explains_the_thin_feed_of_a_gpu_on_its_node() -> None:
+    # default GPU-2 -> PCIE-4 (same node): a full cache whose queue grows admits only what frees up,
+    # so its GPU's H2D feed reads thin against its node peers (gpu4-preemption-storm-l40s seed 1,
+    # a storm that stayed under GPU-4's bar). A thin feed on another node is its own incident.
+    c = _corr()
+    kv = finding("n0", "GPU-2-x", "GPU-2", Layer.ENGINE, 100.0, cluster="c", entity="vllm3", scope=Scope.ENGINE)
+    thin = finding("n0", "PCIE-4-x", "PCIE-4", Layer.PCIE, 101.0, cluster="c", entity="gpu3", scope=Scope.GPU)
+    thin_n1 = finding("n1", "PCIE-4-x", "PCIE-4", Layer.PCIE, 101.0, cluster="c", entity="gpu3", scope=Scope.GPU)
+    for f in (kv, thin, thin_n1):
+        c.observe(f)
+    incs = {(i.pathology, i.group.get("node")): i for i in c.correlate(102.0) if i.state == "open"}
+    assert set(incs) == {("GPU-2", "n0"), ("PCIE-4", "n1")}
+    assert incs[("GPU-2", "n0")].inhibited == [thin.id]
+
+
 def test_a_lossy_or_congested_port_explains_the_straggler_and_missing_steps_it_names() -> None:
     # default EW-4/EW-6/PCIE-9 -> EW-1/EW-9 on the node: the controller's cross-node findings are
     # targets too, matched by the node they name
