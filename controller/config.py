@@ -76,6 +76,9 @@ DEFAULTS: dict[str, Any] = {
                         # a preemption storm re-queues what it evicts and holds the cache full: the
                         # engine's KV saturation and growing queue (GPU-2) are the storm's symptoms
                         {"source": ["GPU-4"], "target": ["GPU-2"], "equal": ["node", "entity"]},
+                        # ... and holds that node's cache full while evictions shrink its batch, which reads as
+                        # memory-bound unlike its peers (GPU-7-memory-bound names the node only)
+                        {"source": ["GPU-4"], "target": ["GPU-7"], "equal": ["node"]},
                         # GPUs that stop decoding early (PCIE-10, whose runbook reads the finished-length
                         # spread too) are why the engine's generation lengths spread (NS-8's latency tail);
                         # PCIE-10 names the GPU or engine, NS-8 the engine or port: the node joins them

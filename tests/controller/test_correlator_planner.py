@@ -312,6 +312,21 @@ def test_a_saturated_cache_explains_the_thin_feed_of_a_gpu_on_its_node() -> None
     assert incs[("GPU-2", "n0")].inhibited == [thin.id]
 
 
+def test_a_preemption_storm_explains_the_memory_bound_imbalance_of_its_node() -> None:
+    # default GPU-4 -> GPU-7 (same node): a storm holds its node's cache full while evictions shrink
+    # its batch, which GPU-7-memory-bound (a controller finding naming the node) reads as memory-bound
+    # unlike the peers (gpu7-resource-imbalance seeds 1-2). The same imbalance elsewhere stands alone.
+    c = _corr()
+    storm = finding("n0", "GPU-4-x", "GPU-4", Layer.ENGINE, 100.0, cluster="c", entity="engine0", scope=Scope.ENGINE)
+    bound = finding("n0", "GPU-7-memory-bound", "GPU-7", Layer.GPU, 101.0, cluster="c", scope=Scope.CLUSTER)
+    bound_n2 = finding("n2", "GPU-7-memory-bound", "GPU-7", Layer.GPU, 101.0, cluster="c", scope=Scope.CLUSTER)
+    for f in (storm, bound, bound_n2):
+        c.observe(f)
+    incs = [i for i in c.correlate(102.0) if i.state == "open"]
+    assert [i.inhibited for i in incs if i.pathology == "GPU-4"] == [[bound.id]]
+    assert [i.findings for i in incs if i.pathology == "GPU-7"] == [[bound_n2.id]]
+
+
 def test_a_lossy_or_congested_port_explains_the_straggler_and_missing_steps_it_names() -> None:
     # default EW-4/EW-6/PCIE-9 -> EW-1/EW-9 on the node: the controller's cross-node findings are
     # targets too, matched by the node they name
