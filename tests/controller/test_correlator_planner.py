@@ -297,34 +297,26 @@ def test_a_preemption_storm_explains_kv_saturation_and_a_thin_feed_and_early_sto
     assert ("NS-8", "n1") not in incs
 
 
-def test_a_saturated_cache_explains_the_thin_feed_of_a_gpu_on_its_node() -> None:
-    # default GPU-2 -> PCIE-4 (same node): a full cache whose queue grows admits only what frees up,
-    # so its GPU's H2D feed reads thin against its node peers (gpu4-preemption-storm-l40s seed 1,
-    # a storm that stayed under GPU-4's bar). A thin feed on another node is its own incident.
+# default GPU-2 -> PCIE-4 (node): a full cache whose queue grows admits only what frees up, so its
+# GPU's H2D feed reads thin against its node peers (gpu4-preemption-storm-l40s seed 1, a storm that
+# stayed under GPU-4's bar). Default GPU-4 -> GPU-7 (node): a storm holds its node's cache full
+# while evictions shrink its batch, which GPU-7-memory-bound (a controller finding naming the node)
+# reads as memory-bound unlike the peers (gpu7-resource-imbalance seeds 1-2). Either symptom on
+# another node is its own incident.
+@pytest.mark.parametrize("cause, symptom", [
+    (("GPU-2", Layer.ENGINE, "vllm3", Scope.ENGINE), ("PCIE-4", Layer.PCIE, "gpu3", Scope.GPU)),
+    (("GPU-4", Layer.ENGINE, "engine0", Scope.ENGINE), ("GPU-7", Layer.GPU, "", Scope.CLUSTER)),
+])
+def test_an_engine_cause_takes_its_nodes_symptom_not_another_nodes(cause, symptom) -> None:
     c = _corr()
-    kv = finding("n0", "GPU-2-x", "GPU-2", Layer.ENGINE, 100.0, cluster="c", entity="vllm3", scope=Scope.ENGINE)
-    thin = finding("n0", "PCIE-4-x", "PCIE-4", Layer.PCIE, 101.0, cluster="c", entity="gpu3", scope=Scope.GPU)
-    thin_n1 = finding("n1", "PCIE-4-x", "PCIE-4", Layer.PCIE, 101.0, cluster="c", entity="gpu3", scope=Scope.GPU)
-    for f in (kv, thin, thin_n1):
-        c.observe(f)
-    incs = {(i.pathology, i.group.get("node")): i for i in c.correlate(102.0) if i.state == "open"}
-    assert set(incs) == {("GPU-2", "n0"), ("PCIE-4", "n1")}
-    assert incs[("GPU-2", "n0")].inhibited == [thin.id]
-
-
-def test_a_preemption_storm_explains_the_memory_bound_imbalance_of_its_node() -> None:
-    # default GPU-4 -> GPU-7 (same node): a storm holds its node's cache full while evictions shrink
-    # its batch, which GPU-7-memory-bound (a controller finding naming the node) reads as memory-bound
-    # unlike the peers (gpu7-resource-imbalance seeds 1-2). The same imbalance elsewhere stands alone.
-    c = _corr()
-    storm = finding("n0", "GPU-4-x", "GPU-4", Layer.ENGINE, 100.0, cluster="c", entity="engine0", scope=Scope.ENGINE)
-    bound = finding("n0", "GPU-7-memory-bound", "GPU-7", Layer.GPU, 101.0, cluster="c", scope=Scope.CLUSTER)
-    bound_n2 = finding("n2", "GPU-7-memory-bound", "GPU-7", Layer.GPU, 101.0, cluster="c", scope=Scope.CLUSTER)
-    for f in (storm, bound, bound_n2):
+    src = finding("n0", f"{cause[0]}-x", cause[0], cause[1], 100.0, cluster="c", entity=cause[2], scope=cause[3])
+    here, there = (finding(n, f"{symptom[0]}-x", symptom[0], symptom[1], 101.0, cluster="c", entity=symptom[2],
+                           scope=symptom[3]) for n in ("n0", "n1"))
+    for f in (src, here, there):
         c.observe(f)
     incs = [i for i in c.correlate(102.0) if i.state == "open"]
-    assert [i.inhibited for i in incs if i.pathology == "GPU-4"] == [[bound.id]]
-    assert [i.findings for i in incs if i.pathology == "GPU-7"] == [[bound_n2.id]]
+    assert [i.inhibited for i in incs if i.pathology == cause[0]] == [[here.id]]
+    assert [i.findings for i in incs if i.pathology == symptom[0]] == [[there.id]]
 
 
 def test_a_lossy_or_congested_port_explains_the_straggler_and_missing_steps_it_names() -> None:
