@@ -151,13 +151,13 @@ def _queued(tt: np.ndarray, M: dict[str, np.ndarray], first: int) -> np.ndarray:
     # progress into collection k+1: tokens advanced (or unknown), or nothing was running at k
     progressed = ~(np.diff(tokens, axis=1) == 0) | ~(R[:, :-1] > 0)
     dt = np.diff(tt)
-    for i in range(W.shape[0]):
-        since = tt[0]  # the window's first collection counts as fresh
-        for k in range(W.shape[1] - 1):
-            if k + 1 >= first and tt[k + 1] - since > dt[k] * 1.5 and step[i, k] > 0:
-                step[i, k] *= dt[k] / (tt[k + 1] - since)
-            if progressed[i, k]:
-                since = tt[k + 1]
+    # per engine and step k (collection k to k+1): the last collection the engine had progressed
+    # into before it - the latest j <= k with progress into j, or the window's first collection
+    K = len(dt)
+    into = np.maximum.accumulate(np.where(progressed, np.arange(1, K + 1), 0), axis=1)
+    stall = tt[1:] - tt[np.concatenate([np.zeros((len(W), 1), np.int64), into[:, :-1]], axis=1)]
+    spread = (np.arange(1, K + 1) >= first) & (stall > dt * 1.5) & (step > 0)
+    step = np.where(spread, step * dt / np.where(spread, stall, 1.0), step)
     ok = ~np.isnan(step[:, max(first - 1, 0):])
     if not ok.any():
         return np.full(1, np.nan)
@@ -184,18 +184,20 @@ def _arrivals(tt: np.ndarray, M: dict[str, np.ndarray], first: int) -> np.ndarra
 def compute(store: WindowStore, node: str, t: float, interval: float, lookback: float = 60.0) -> dict[str, float]:
     """Summary values for ``node`` at ``t`` from what the store holds (missing sources omitted)."""
     out: dict[str, float] = {}
+    engines = None  # the engine window, read once for both engine-queue summaries
     for spec in SPECS:
         blk = store.blocks.get(spec.source, {}).get(node)
         if blk is None or spec.source not in store.catalogue:
             continue
         if spec.window in ("queued", "arrivals"):
-            # the interval's steps, and the one into it from the collection before it; the queue
-            # steps look back as far as the summary's lookback for an engine that made no progress
-            back = lookback if spec.window == "queued" else interval + max(interval, 2.0)
-            got = _engine_window(store, node, t - max(back, interval + 2.0), t)
-            if got is None:
+            # the interval's steps, and the one into it from the collection before it (both read
+            # only those); the queue steps look back as far as the summary's lookback for an
+            # engine that made no progress
+            if engines is None:
+                engines = _engine_window(store, node, t - max(lookback, interval + 2.0), t) or ()
+            if not engines:
                 continue
-            tt, M = got
+            tt, M = engines
             first = int(np.searchsorted(tt, t - interval, side="right"))
             vals = (_queued if spec.window == "queued" else _arrivals)(tt, M, first)
         elif spec.window == "rate":
