@@ -150,24 +150,47 @@ async def subscribe(nc_or_url: Any, cluster: str, kinds: Iterable[str] = ("remap
         if pullers:
             await asyncio.wait(pullers, timeout=2.0)
         # the loop stopped: hand back the one it was handling and those fetched but not yet
-        # handed out, so the next session gets them at once instead of after ack_wait
-        back = [unacked] if unacked is not None else []
-        while durable and not q.empty():
-            k, m = q.get_nowait()
-            if k in _DURABLE:
-                back.append(m)
-        for m in back:
-            try:
-                await m.nak()
-            except Exception:  # noqa: BLE001 - connection gone: JetStream redelivers after ack_wait
-                pass
+        # handed out, so the next session gets them at once instead of after ack_wait. Drop the
+        # subscriptions first: a puller's fetch leaves a pull request waiting on the server for
+        # up to its expiry, and a message handed back while that request waits is redelivered
+        # into it - into an inbox about to go away, lost until ack_wait. Without interest in
+        # the inbox the server drops that request. What reached the inbox meanwhile is handed
+        # back too.
         for s in subs:
             try:
                 await s.unsubscribe()
             except Exception:  # noqa: BLE001 - closing anyway
                 pass
+        back = [unacked] if unacked is not None else []
+        while durable and not q.empty():
+            k, m = q.get_nowait()
+            if k in _DURABLE:
+                back.append(m)
+        if durable:
+            back.extend(_left_in_inbox(subs))
+        for m in back:
+            try:
+                await m.nak()
+            except Exception:  # noqa: BLE001 - connection gone: JetStream redelivers after ack_wait
+                pass
         if owned:
             await nc.close()
+
+
+def _left_in_inbox(subs: list[Any]) -> list[Any]:
+    """Stream messages that reached a pull subscription's inbox but no fetch took (status
+    messages, which carry no reply subject to acknowledge, are left out)."""
+    left = []
+    for s in subs:
+        inner = getattr(s, "_sub", None)
+        pending = getattr(inner, "_pending_queue", None)
+        if not hasattr(s, "fetch") or pending is None:
+            continue
+        while not pending.empty():
+            m = pending.get_nowait()
+            if m.reply and m.reply.startswith("$JS.ACK."):
+                left.append(m)
+    return left
 
 
 async def _pull(sub: Any, kind: str, q: asyncio.Queue) -> None:
