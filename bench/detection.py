@@ -1,6 +1,6 @@
 """Detection benchmark: every fault-lab scenario, plus healthy runs, through the shipped rule packs.
 
-    python bench/detection.py                 # the full benchmark, table to docs/detection.md
+    python bench/detection.py                 # the full benchmark (3 seeds), table to docs/detection.md
     python bench/detection.py --quick         # a short smoke run (no docs written)
     python bench/detection.py --scenario ew1-tp-straggler --seeds 3 --no-write
 
@@ -287,6 +287,7 @@ def render(sc: dict[str, IdScore], extra: dict[str, Any], runs: Sequence[RunResu
                  f"**{fph}** | |")
     lines += ["", f"Healthy runs: {tot.fp_healthy} false finding(s) in {hours:.2f} node-hours "
               f"= {fpd} per node-day (target: at most 1); {tot.inc_fp_healthy} incident(s) published.", ""]
+    lines += _targets(tot, hours)
     hf = extra["healthy_fp_by_rule"]
     if hf:
         lines += ["### False findings on healthy runs, by rule", "", "| rule | findings |", "|---|---|"]
@@ -390,6 +391,29 @@ def render(sc: dict[str, IdScore], extra: dict[str, Any], runs: Sequence[RunResu
     return "\n".join(lines)
 
 
+#: the fault lab's targets (issue "Fault lab"): overall ratios at least 0.95, and at most one false
+#: finding per node-day on healthy runs
+TARGET_RATIO = 0.95
+TARGET_HEALTHY_PER_DAY = 1.0
+
+
+def _targets(tot: IdScore, hours: float) -> list[str]:
+    """The targets, each with its measure and whether it is met (ratios compared unrounded)."""
+    def row(name: str, a: int, b: int) -> str:
+        met = "yes" if b and a / b >= TARGET_RATIO else "**no**"
+        return f"| {name} | >= {TARGET_RATIO:.2f} | {_ratio(a, b)} | {met} |"
+
+    per_day = tot.fp_healthy / hours * 24 if hours else math.inf
+    return ["### Targets", "",
+            "| measure | target | measured | met |", "|---|---|---|---|",
+            row("recall", tot.detected, tot.faults),
+            row("precision (incidents: what a subscriber is shown)", tot.inc_tp, tot.inc_tp + tot.inc_fp),
+            row("precision (findings: every finding of every entity, symptoms included)", tot.tp, tot.tp + tot.fp),
+            row("localisation", tot.localised, tot.detected),
+            f"| false findings per node-day, healthy runs | <= {TARGET_HEALTHY_PER_DAY:g} | "
+            f"{per_day:.1f} | {'yes' if per_day <= TARGET_HEALTHY_PER_DAY else '**no**'} |", ""]
+
+
 def _having(sc: dict[str, IdScore], attr: str) -> list[tuple[str, IdScore]]:
     """(ID, score) in catalogue order, for the IDs whose ``attr`` is non-empty."""
     return [(pid, s) for pid, s in sorted(sc.items(), key=lambda kv: _order(kv[0])) if getattr(s, attr)]
@@ -421,8 +445,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     ap.add_argument("--scenario", action="append", default=[],
                     help="scenario name or file (repeatable; default: every shipped scenario)")
     ap.add_argument("--rules", action="append", default=[], help="rule files/dirs (default: rules/packs)")
-    ap.add_argument("--seeds", type=int, default=1, help="seeds per fault scenario (default 1)")
-    ap.add_argument("--healthy-seeds", type=int, default=1, help="seeds per healthy scenario (default 1)")
+    # three draws of every scenario: one draw per ID makes each ID's ratio 0 or 1 and the overall
+    # ratios hang on single runs (session 7: 0.946 on seed 1, 0.96 on seeds 2-3)
+    ap.add_argument("--seeds", type=int, help="seeds per fault scenario (default 3; --quick: 1)")
+    ap.add_argument("--healthy-seeds", type=int, help="seeds per healthy scenario (default 3; --quick: 1)")
     ap.add_argument("--seed-base", type=int, default=1)
     ap.add_argument("--eval-interval", type=float, default=5.0,
                     help="seconds between agent/controller evaluations (default 5; the agent's default is 1)")
@@ -437,7 +463,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     ap.add_argument("--out", default=str(DOC), help="markdown output (default docs/detection.md)")
     ap.add_argument("--no-write", action="store_true", help="print the table, do not write docs")
     ap.add_argument("--json", help="also write raw results as JSON here")
-    return ap.parse_args(argv)
+    a = ap.parse_args(argv)
+    for name in ("seeds", "healthy_seeds"):
+        if getattr(a, name) is None:
+            setattr(a, name, 1 if a.quick else 3)
+    return a
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -72,12 +72,23 @@ def test_scoring():
     assert "| EW-1 | TP straggler | 1.00 (1/1) | 0.50 (1/2) | 0.33 (1/3) | 0.00 (0/1) | 80s | 100s |" in text
     assert "1 false finding(s) in 1.00 node-hours = 24.0 per node-day (target: at most 1); 1 incident(s) published" in text
     assert "| GPU-8 | 1 | s1 (1) |" in text
+    # each target says whether it is met: recall 2/2, incidents 1/4, findings 1/6, localisation 0/2, healthy 24
+    assert "| recall | >= 0.95 | 1.00 (2/2) | yes |" in text
+    assert "| precision (incidents: what a subscriber is shown) | >= 0.95 | 0.25 (1/4) | **no** |" in text
+    assert "symptoms included) | >= 0.95 | 0.16 (1/6) | **no** |" in text
+    assert "| localisation | >= 0.95 | 0.00 (0/2) | **no** |" in text
+    assert "| false findings per node-day, healthy runs | <= 1 | 24.0 | **no** |" in text
 
 
 def test_ratios_are_rounded_down_so_a_missed_target_never_reads_as_met():
     b = _bench()
     assert b._ratio(35, 37) == "0.94 (35/37)"  # 0.946: under a 0.95 target, and it says so
     assert b._ratio(19, 20) == "0.95 (19/20)"
+    # a target is judged on the unrounded ratio: 0.9459 is not 0.95
+    tot = b.IdScore("all", faults=37, detected=35, localised=35, tp=1, fp=0, inc_tp=1)
+    rows = b._targets(tot, 1.0)
+    assert "| recall | >= 0.95 | 0.94 (35/37) | **no** |" in rows
+    assert "| localisation | >= 0.95 | 1.00 (35/35) | yes |" in rows
     assert b._ratio(2, 3) == "0.66 (2/3)"
     assert b._ratio(0, 0) == "-"
 
