@@ -59,6 +59,10 @@ CATALOGUE: list[SignalSpec] = [
        "vllm:gpu_prefix_cache_hits_total)."),
     _e("vllm_request_success_total", "counter", "requests",
        "Finished requests, all finished_reason values summed (vllm:request_success_total)."),
+    _e("vllm_iterations_total", "counter", "steps",
+       "Engine steps run (the observation count of vllm:iteration_tokens_total, which vLLM "
+       "observes once per engine step). Its rate is the engine's iteration rate: a slow kernel "
+       "launch path (PCIE-3) lowers it."),
     *_histogram_signals(),
     _e("vllm_prompt_tokens_per_second", "gauge", "tokens_per_second",
        "Prompt-token rate between the previous and the current scrape."),

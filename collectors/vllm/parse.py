@@ -24,7 +24,8 @@ GAUGES: dict[str, tuple[str, ...]] = {
 }
 
 #: counter quantity → sample names (newest first). Series with extra labels (finished_reason)
-#: are summed per engine.
+#: are summed per engine. A histogram's ``_count`` sample is a counter too: vLLM observes
+#: ``vllm:iteration_tokens_total`` once per engine step, so its count is the steps run.
 COUNTERS: dict[str, tuple[str, ...]] = {
     "preemptions": ("vllm:num_preemptions_total",),
     "prompt_tokens": ("vllm:prompt_tokens_total",),
@@ -32,6 +33,7 @@ COUNTERS: dict[str, tuple[str, ...]] = {
     "prefix_queries": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
     "prefix_hits": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
     "request_success": ("vllm:request_success_total",),
+    "iterations": ("vllm:iteration_tokens_total_count",),
 }
 
 #: histogram quantity → metric base names (newest first)
@@ -98,6 +100,16 @@ def _key(labels: Mapping[str, str]) -> tuple[str, str]:
     return labels.get("model_name", ""), labels.get("engine", "0")
 
 
+def _created_name(sample: str) -> str:
+    """The ``_created`` series of a counter sample: ``x_total`` → ``x_created``, but a histogram
+    count ``x_count`` → ``x_created`` of the histogram, whose own name may end in ``_total``
+    (``vllm:iteration_tokens_total_count`` → ``vllm:iteration_tokens_total_created``)."""
+    for suffix in ("_count", "_total"):
+        if sample.endswith(suffix):
+            return sample[: -len(suffix)] + "_created"
+    return sample + "_created"
+
+
 def parse_page(text: str) -> Page:
     """Parse Prometheus text exposition into per-engine quantities.
 
@@ -143,8 +155,7 @@ def parse_page(text: str) -> Page:
             n = first_present(names, k)
             if n is not None:
                 eng.counters[q] = sum(v for lb, v in samples[n] if _key(lb) == k)
-                created = n[: -len("_total")] + "_created"
-                vals = [v for lb, v in samples.get(created, ()) if _key(lb) == k]
+                vals = [v for lb, v in samples.get(_created_name(n), ()) if _key(lb) == k]
                 if vals:
                     eng.created[q] = min(vals)
         for q, names in HISTOGRAMS.items():
@@ -229,7 +240,8 @@ _COUNTER_SIGNALS = {"preemptions": "vllm_preemptions_total",
                     "generation_tokens": "vllm_generation_tokens_total",
                     "prefix_queries": "vllm_prefix_cache_queries_total",
                     "prefix_hits": "vllm_prefix_cache_hits_total",
-                    "request_success": "vllm_request_success_total"}
+                    "request_success": "vllm_request_success_total",
+                    "iterations": "vllm_iterations_total"}
 
 
 def derive(prev: Engine | None, cur: Engine, dt: float | None,

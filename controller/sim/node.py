@@ -844,6 +844,7 @@ class NodeSim:
             if not up:
                 self.prev_vllm.pop(ent, None)  # the restarted engine's counters start over
                 eng.c_prompt = eng.c_gen = eng.c_preempt = eng.c_success = eng.c_prefix_q = eng.c_prefix_h = 0.0
+                eng.c_steps = 0.0
                 for k in eng.hist_counts:
                     eng.hist_counts[k][:] = 0
                 continue
@@ -852,7 +853,8 @@ class NodeSim:
             o.one(t, ent, "vllm_kv_cache_usage_ratio", round(out.kv, 6))
             cnt = {"vllm_preemptions_total": eng.c_preempt, "vllm_prompt_tokens_total": eng.c_prompt,
                    "vllm_generation_tokens_total": eng.c_gen, "vllm_prefix_cache_queries_total": eng.c_prefix_q,
-                   "vllm_prefix_cache_hits_total": round(eng.c_prefix_h), "vllm_request_success_total": eng.c_success}
+                   "vllm_prefix_cache_hits_total": round(eng.c_prefix_h), "vllm_request_success_total": eng.c_success,
+                   "vllm_iterations_total": eng.c_steps}
             for k, v in cnt.items():
                 o.one(t, ent, k, float(v))
             prev = self.prev_vllm.get(ent)

@@ -163,6 +163,7 @@ class EngineSim:
         self.c_success = 0.0
         self.c_prefix_q = 0.0
         self.c_prefix_h = 0.0
+        self.c_steps = 0.0  # engine steps (vLLM: observations of vllm:iteration_tokens_total)
         self.hist_counts = {k: np.zeros(len(b)) for k, b in HISTS.items()}
         self.hist_sum = {k: 0.0 for k in HISTS}
         self.carry = 0.0
@@ -408,6 +409,7 @@ class EngineSim:
         self.c_prefix_q += float(np.sum(adm["prompt"][adm["gen"] == 0]))
         self.c_prefix_h += float(np.sum((adm["prompt"] * adm["hit"])[adm["gen"] == 0]))
         self.c_success += float(np.sum(finished))
+        self.c_steps += n_steps
         stay = keep & ~finished
         self.run = {k: allc[k][stay] for k in self.run}
         out.steps = StepTimeline(starts, durs, bps, pre)

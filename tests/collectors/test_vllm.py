@@ -57,6 +57,30 @@ def test_gauges_and_counters_of_every_release(release):
     assert sat["vllm_preemptions_total"] == 36  # 12 per step, 3 steps
 
 
+def test_engine_steps_are_the_observation_count_of_the_iteration_tokens_histogram():
+    # vLLM observes vllm:iteration_tokens_total once per engine step: the 0.33 pages ran three
+    text = page(V033 / "busy.prom")
+    assert 'vllm:iteration_tokens_total_count{engine="0",model_name="llama-3-70b"} 3.0' in text
+    for st in STATES:
+        assert parse.derive(None, engine(V033 / f"{st}.prom"), None)["vllm_iterations_total"] == 3
+    # the created timestamp is the histogram's (..._total_created), not a counter's x_total -> x_created
+    assert engine(V033 / "busy.prom").created["iterations"] == pytest.approx(1.7953264531289759e9)
+    assert parse._created_name("vllm:iteration_tokens_total_count") == "vllm:iteration_tokens_total_created"
+    assert parse._created_name("vllm:prompt_tokens_total") == "vllm:prompt_tokens_created"
+    # one engine process scraped through three states: the count keeps growing, three steps each
+    steps = [parse.derive(None, engine(V085 / f"run-{i + 1}-{st}.prom"), None)["vllm_iterations_total"]
+             for i, st in enumerate(STATES)]
+    assert steps == [3, 6, 9]
+
+
+def test_a_page_without_the_iteration_histogram_has_no_step_counter():
+    text = "\n".join(ln for ln in page(V033 / "busy.prom").splitlines()
+                     if not ln.startswith(("vllm:iteration_tokens_total", "# HELP vllm:iteration_tokens",
+                                           "# TYPE vllm:iteration_tokens")))
+    out = parse.derive(None, parse.parse_page(text + "\n")[KEY], None)
+    assert "vllm_iterations_total" not in out and out["vllm_requests_running"] == 64
+
+
 def test_old_names_only_page_feeds_the_same_signals():
     text = page(V085 / "busy.prom")
     assert "vllm:gpu_cache_usage_perc" in text and "vllm:kv_cache_usage_perc" not in text

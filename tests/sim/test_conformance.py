@@ -76,6 +76,50 @@ def test_units_and_counters(runs):
                 assert np.allclose(np.round(v * 100), v * 100), "USER_HZ ticks"
 
 
+def test_vllm_engine_steps_carry_one_token_per_running_request(runs):
+    # vllm_iterations_total counts the engine's steps (vLLM: observations of
+    # vllm:iteration_tokens_total); a decode step gives each running request one token, so the
+    # generation tokens per step are about the requests running
+    checked = 0
+    for shape, items in runs.items():
+        series = defaultdict(list)
+        for _, node, b in items:
+            for t, e, s, v in zip(b.t.tolist(), b.entity.tolist(), b.signal.tolist(), b.value.tolist()):
+                if s in ("vllm_iterations_total", "vllm_generation_tokens_total", "vllm_requests_running"):
+                    series[(node, e, s)].append(v)
+        for (node, e, s), steps in series.items():
+            if s != "vllm_iterations_total":
+                continue
+            gen = series[(node, e, "vllm_generation_tokens_total")]
+            running = float(np.mean(series[(node, e, "vllm_requests_running")][10:]))
+            assert steps[-1] > steps[10] > 0, f"{shape} {node} {e}: the engine never stepped"
+            if running < 5:
+                continue  # a prefill-only engine (disaggregated serving) decodes next to nothing
+            per_step = (gen[-1] - gen[10]) / (steps[-1] - steps[10])
+            assert 0.8 * running <= per_step <= 1.15 * running, f"{shape} {node} {e}: {per_step:.1f} vs {running:.1f}"
+            checked += 1
+    assert checked >= 10
+
+
+def test_vllm_engine_step_counter_starts_over_when_the_engine_restarts(tmp_path):
+    # an engine down for 15 s (GPU-1 idle_job) comes back as a new process: its step counter
+    # starts from zero, as its token counter does
+    sc = scenario(tmp_path, "name: rs\nshape: dp\nduration: 100s\nfaults:\n  - pathology: GPU-1\n"
+                            "    node: node1\n    variant: idle_job\n    onset: 60s\n    duration: 15s\n")
+    seen = defaultdict(list)
+    for _, node, b in simulate(sc, 3):
+        if node == "node1":
+            for s, v in zip(b.signal.tolist(), b.value.tolist()):
+                if s in ("vllm_up", "vllm_iterations_total", "vllm_generation_tokens_total"):
+                    seen[s].append(v)
+    up = seen["vllm_up"]
+    down = up.index(0.0)  # the counters are emitted only while up: v[down - 1] is the last value
+    assert 1.0 in up[down:]  # before the outage, v[down] the first after it
+    for s in ("vllm_iterations_total", "vllm_generation_tokens_total"):
+        v = seen[s]
+        assert len(v) == up.count(1.0) and 0 < v[down] < v[down - 1] / 10, s
+
+
 def test_vllm_quantiles_use_the_collectors_arithmetic():
     from skewd.collectors.vllm.parse import histogram_quantile
     from skewd.controller.sim.node import hist_quantiles
