@@ -81,6 +81,9 @@ SPECS: tuple[SummarySpec, ...] = (
                 "CPU cores busy (non-idle seconds per second)"),
     SummarySpec("summary_engine_phase", "vllm_phase", "last", "max", "enum",
                 "engine phase: 0 idle, 1 decode-heavy, 2 prefill-heavy"),
+    SummarySpec("summary_engine_steps_per_second", "vllm_iterations_total", "rate", "sum", "steps/s",
+                "engine steps per second, the node's engines summed (a slow launch path steps less often: "
+                "PCIE-3)"),
     SummarySpec("summary_burst_start_seconds", "pkt_burst_start_seconds", "last", "max", "seconds",
                 "start time of the node's latest collective burst (aggregate traffic of the capture port)"),
     SummarySpec("summary_burst_bytes", "pkt_burst_bytes", "last", "sum", "bytes",

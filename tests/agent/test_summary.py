@@ -126,6 +126,26 @@ def test_arrivals_per_second_count_admitted_and_finished_requests():
     assert values(st, 1.0, 4.0, ARRIVED)[1:] == [3.0, 3.0, 3.0]
 
 
+def test_engine_steps_per_second_sum_the_node_engines_and_survive_a_restart():
+    # vllm_iterations_total per engine, one collection a second: engine0 steps 30 times a second,
+    # engine1 20 times and restarts at t=7 (its counter starts over from 0)
+    STEPS = "summary_engine_steps_per_second"
+    st = WindowStore(Catalogue(VLLM).merge(summary_mod.CATALOGUE))
+    e1 = [200.0 + 20 * i for i in range(6)] + [20.0 * (i - 5) for i in range(6, 12)]
+    for i in range(12):
+        b = BatchBuilder("n1")
+        b.add(T0 + 1 + i, "engine0", "vllm_iterations_total", 1000.0 + 30 * i)
+        b.add(T0 + 1 + i, "engine1", "vllm_iterations_total", e1[i])
+        st.ingest(b.build())
+    assert summary_mod.compute(st, "n1", T0 + 5, 5.0)[STEPS] == 50
+    assert summary_mod.compute(st, "n1", T0 + 10, 5.0)[STEPS] == 50  # the restart counts from zero
+    spec = next(s for s in summary_mod.SPECS if s.name == STEPS)
+    assert (spec.source, spec.window, spec.reduce, spec.unit) == ("vllm_iterations_total", "rate", "sum", "steps/s")
+    # a node without a vLLM engine reports no step rate at all (not zero)
+    bare = WindowStore(Catalogue(VLLM).merge(summary_mod.CATALOGUE))
+    assert STEPS not in summary_mod.compute(bare, "n1", T0 + 5, 5.0)
+
+
 def test_the_benchmark_keeps_every_input_of_the_engine_queue_summaries():
     # the fault lab keeps only the signals a rule or a summary spec's source reads: the queue
     # step also reads running, tokens and finished requests, which must stay among them
@@ -138,3 +158,5 @@ def test_the_benchmark_keeps_every_input_of_the_engine_queue_summaries():
     packs = Path(__file__).resolve().parents[2] / "rules" / "packs"
     keep = needed_signals(load_rules_or_raise([packs], full_catalogue()))
     assert set(summary_mod.ENGINE_INPUTS) <= keep
+    assert {s.source for s in summary_mod.SPECS} <= keep  # engine steps (PCIE-3) included
+    assert "vllm_iterations_total" in keep
