@@ -32,6 +32,8 @@ class Topology:
     learned: dict[str, _Learned] = field(default_factory=dict)
     conflicts: dict[str, str] = field(default_factory=dict)
     version: int = 0
+    #: node → the labels its agent last sent (the rule engine's node labels, see node_labels)
+    reported: dict[str, dict[str, str]] = field(default_factory=dict)
     #: tp_groups() and a node → group index, for the (version, configured groups) they came from:
     #: rebuilding them per call made every tick quadratic in the number of nodes
     _cache: tuple | None = field(default=None, repr=False, compare=False)
@@ -57,6 +59,9 @@ class Topology:
         if seen is not None and seen[0] == cfg_group and seen[1] == labels:
             return False  # the same inputs as last time, which left learned/conflicts as they are
         self._seen[node] = (cfg_group, dict(labels))
+        if self.reported.get(node) != labels:
+            self.reported[node] = dict(labels)
+            self.version += 1  # the rule engine's peer groups (peers_by) follow every label
         new = _Learned(str(labels.get("tp_group", "")), _int(labels.get("tp_rank")), str(labels.get("pp_group", "")),
                        _int(labels.get("pp_stage")), str(labels.get("model", "")))
         if cfg_group and new.tp_group and new.tp_group != cfg_group:
@@ -122,9 +127,12 @@ class Topology:
         return self._groups()[1].get(node)
 
     def node_labels(self, node: str) -> dict[str, str]:
-        """Labels for the rule engine's group scopes (``tp_group``, ``cluster``)."""
+        """Labels for the rule engine's group scopes: the node's own, as its agent reports them
+        (a rule's ``peers_by`` splits its peers by them), with ``cluster`` and ``tp_group`` as
+        this topology decides (config over the agent's word)."""
+        out = {k: v for k, v in self.reported.get(node, {}).items() if k not in ("cluster", "tp_group")}
         g = self.group_of(node)
-        out = {"cluster": self.cluster}
+        out["cluster"] = self.cluster
         if g is not None:
             out["tp_group"] = g.name
         return out

@@ -125,6 +125,8 @@ def explain(rs: RuleSet, rule_id: str, catalogue: Catalogue, out: TextIO) -> int
     out.write(f"  scope {r.scope.value} · layer {r.layer.value} · severity {r.severity.value} · "
               f"maturity {r.maturity} · defined at {r.source}\n")
     out.write(f"  fires when: {' '.join(r.expr.split())}\n")
+    if r.peers_by:
+        out.write(f"  peers: the nodes of its {r.scope.value} with the same {', '.join(r.peers_by)}\n")
     if r.for_s:
         out.write(f"  for: {format_duration(r.for_s)}\n")
     if r.keep_firing_for_s:

@@ -48,6 +48,9 @@ class Rule:
     compiled: Compiled
     digest: str
     source: str = ""  # file:line
+    #: group scopes: node labels that split the group into peer groups (nodes lacking a label
+    #: share its empty value)
+    peers_by: tuple[str, ...] = ()
 
     @property
     def maturity(self) -> str:
@@ -386,17 +389,17 @@ class Engine:
         sigs = rule.compiled.signals
         key = self._frame_keys.get(rule.id)
         if key is None or key[0] is not rule:
-            key = self._frame_keys[rule.id] = (rule, (rule.scope, frozenset(sigs)))
+            key = self._frame_keys[rule.id] = (rule, (rule.scope, frozenset(sigs), rule.peers_by))
         key = key[1]
         reg = self.store.registry
         cached = self._frames.get(key)
         if cached and cached[0] == self.store.version and cached[1] == reg.version:
             return cached[2]
-        frame = self._build_frame(rule.scope, sigs)
+        frame = self._build_frame(rule.scope, sigs, rule.peers_by)
         self._frames[key] = (self.store.version, reg.version, frame)
         return frame
 
-    def _build_frame(self, scope: Scope, sigs: set[str]) -> _Frame:
+    def _build_frame(self, scope: Scope, sigs: set[str], peers_by: tuple[str, ...] = ()) -> _Frame:
         store = self.store
         reg = store.registry
         group_scope = scope in (Scope.TP_GROUP, Scope.CLUSTER)
@@ -414,9 +417,13 @@ class Engine:
             keep = np.array([v is not None for v in vals], dtype=bool)
             eids, nodes, names, node_eids = eids[keep], nodes[keep], names[keep], node_eids[keep]
             vals = [v for v in vals if v is not None]
+            group_labels = [{label: v} if v else {} for v in vals]
+            if peers_by:  # peers share the group label and every peers_by label (missing: "")
+                by = [tuple(reg.node_labels.get(n, {}).get(b, "") for b in peers_by) for n in nodes]
+                vals = [(v, *b) for v, b in zip(vals, by)]
+                group_labels = [{**g, **{k: x for k, x in zip(peers_by, b) if x}} for g, b in zip(group_labels, by)]
             codes = {v: i for i, v in enumerate(sorted(set(vals)))}
             groups = np.array([codes[v] for v in vals], dtype=np.int64)
-            group_labels = [{label: v} if v else {} for v in vals]
         elif scope == Scope.NODE:
             groups = np.zeros(len(eids), dtype=np.int64)
         else:

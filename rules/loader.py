@@ -30,7 +30,7 @@ from .yamlpos import PList, PMap, Pos, YamlError, load, scalar_offset_pos
 
 TOP_KEYS = {"required_engine_version", "rules", "macros", "lists"}
 RULE_KEYS = {"id", "pathology", "desc", "scope", "requires", "params", "expr", "for", "keep_firing_for",
-             "severity", "layer", "mitigation", "summary", "labels", "tags", "enabled", "override"}
+             "severity", "layer", "mitigation", "summary", "labels", "tags", "enabled", "override", "peers_by"}
 REQUIRED_RULE_KEYS = ("id", "pathology", "scope", "expr", "layer")
 MACRO_KEYS = {"name", "expr", "desc"}
 LIST_KEYS = {"name", "items", "desc"}
@@ -41,10 +41,11 @@ OVERRIDABLE = {
     "requires": ("append", "replace"), "labels": ("append", "replace"), "desc": ("append", "replace"),
     "mitigation": ("append", "replace"), "summary": ("append", "replace"), "for": ("replace",),
     "keep_firing_for": ("replace",), "severity": ("replace",), "enabled": ("replace",),
-    "layer": ("replace",), "pathology": ("replace",),
+    "layer": ("replace",), "pathology": ("replace",), "peers_by": ("replace",),
 }
 _ID = re.compile(r"^[A-Za-z][A-Za-z0-9_.:-]*$")
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_LABEL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # a Prometheus label name
 
 
 @dataclass
@@ -365,6 +366,7 @@ class Loader:
         for key in ("desc", "mitigation", "summary"):
             if key in d and not isinstance(d[key], str):
                 self.issue(Code.BAD_VALUE, f"{key} must be text", vp(key), rid)
+        peers_by = self._peers_by(d, scope, vp("peers_by"), rid)
         enabled = d.get("enabled", True)
         if not isinstance(enabled, bool):
             self.issue(Code.BAD_VALUE, "enabled must be true or false", vp("enabled"), rid)
@@ -405,6 +407,8 @@ class Loader:
             return None
         req = list(dict.fromkeys(list(requires) + sorted(compiled.signals)))
         definition = {k: d.get(k) for k in sorted(RULE_KEYS - {"override"})}
+        if not peers_by:  # the digests of rules written before peers_by existed stay as they were
+            definition.pop("peers_by")
         digest = hashlib.sha256(json.dumps(definition, sort_keys=True, default=str).encode()).hexdigest()[:16]
         return Rule(
             id=rid, pathology=str(path), desc=str(d.get("desc", "")), scope=scope, requires=req,
@@ -412,8 +416,22 @@ class Loader:
             keep_firing_for_s=durations.get("keep_firing_for", 0.0), severity=severity, layer=layer,
             mitigation=str(d.get("mitigation", "")).strip(), labels={str(k): str(v) for k, v in (d.get("labels") or {}).items()},
             tags=tags, enabled=bool(enabled), summary=str(d.get("summary", "")), compiled=compiled, digest=digest,
-            source=str(rd.pos),
+            source=str(rd.pos), peers_by=peers_by,
         )
+
+    def _peers_by(self, d: dict, scope: Scope | None, pos: Pos, rid: str) -> tuple[str, ...]:
+        """``peers_by``: node labels that split a group scope's peers (like PromQL's ``by``)."""
+        v = d.get("peers_by")
+        if v is None:
+            return ()
+        if not isinstance(v, list) or not v or not all(isinstance(x, str) and _LABEL.match(x) for x in v):
+            self.issue(Code.BAD_VALUE, "peers_by must be a list of node label names (e.g. [model, role])", pos, rid)
+            return ()
+        if scope is not None and scope not in (Scope.TP_GROUP, Scope.CLUSTER):
+            self.issue(Code.BAD_VALUE, f"peers_by splits the nodes of a group scope (tp_group, cluster); scope "
+                                       f"{scope.value} compares the entities of one node", pos, rid)
+            return ()
+        return tuple(dict.fromkeys(v))
 
     def _expr_pos(self, rd: _RuleDef, offset: int) -> Pos:
         """Map an offset in the (possibly override-combined) expr back to its file position."""

@@ -152,6 +152,14 @@ def test_topology_from_agent_labels_and_conflicts() -> None:
     topo.observe("p0", {"pp_group": "pp", "pp_stage": "0", "tp_group": "tpX"})
     topo.observe("p1", {"pp_group": "pp", "pp_stage": "1"})
     assert topo.pp_groups()["pp"].stages == ("tpX", "p1")
+    # the rule engine sees every label the agent sent (peers_by splits groups by them), with the
+    # group scopes' labels as the topology decided them: n2's claimed group loses to the config
+    assert topo.node_labels("n2") == {"cluster": topo.cluster, "tp_group": "tp0"}
+    v = topo.version
+    topo.observe("n2", {"tp_group": "elsewhere", "role": "prefill"})  # no topology change, a new label
+    assert topo.version > v
+    assert topo.node_labels("n2") == {"cluster": topo.cluster, "tp_group": "tp0", "role": "prefill"}
+    assert topo.node_labels("p1") == {"cluster": topo.cluster, "pp_group": "pp", "pp_stage": "1"}
 
 
 def test_fabric_congestion_on_many_nodes_is_one_incident_that_inhibits_their_network_findings() -> None:

@@ -161,6 +161,29 @@ def test_tp_group_scope_groups_nodes_by_label(cat, tmp_path):
     assert [(x.node, x.labels) for x in fs] == [("b", {"tp_group": "tp0"})]
 
 
+def test_peers_by_compares_a_node_only_with_nodes_of_the_same_labels(cat, tmp_path):
+    # a disaggregated cluster: prefill nodes hold little KV by design, decode nodes a lot. Across
+    # the whole cluster the prefill nodes are "far below their peers"; within their role, only
+    # the prefill node that really is (p2) stands out
+    rule = ("required_engine_version: 1\nrules:\n  - id: LOW\n    pathology: GPU-7\n    scope: cluster\n"
+            "    layer: gpu\n{by}    expr: summary_burst_start_seconds < 0.5 * peer_median(summary_burst_start_seconds)\n")
+    kv = {"p0": 0.20, "p1": 0.22, "p2": 0.05, "d0": 0.90, "d1": 0.92, "d2": 0.88}
+    found = {}
+    for by in ("", "    peers_by: [role]\n"):
+        f = tmp_path / "r.yaml"
+        f.write_text(rule.format(by=by))
+        store = WindowStore(cat)
+        eng = Engine(load_rules([f], cat).ruleset, store)
+        for n, v in kv.items():
+            store.registry.set_node_labels(n, {"role": "prefill" if n[0] == "p" else "decode"})
+            b = BatchBuilder(n)
+            b.add(1.0, "", "summary_burst_start_seconds", v)  # (the test catalogue's node signal)
+            store.ingest(b.build())
+        found[by] = [(x.node, x.labels) for x in eng.evaluate(1.0)]
+    assert sorted(n for n, _ in found[""]) == ["p0", "p1", "p2"]
+    assert found["    peers_by: [role]\n"] == [("p2", {"role": "prefill"})]  # the finding names its peer group
+
+
 def test_store_drops_out_of_order_and_compacts_beyond_horizon(cat):
     store = WindowStore(cat, horizon=10.0, initial_cap=4)
     for t in range(100):
