@@ -189,6 +189,11 @@ def _state(title: str, truth: str, elapsed: float, pipes, findings, suggestions)
                 v = blk.values[0, blk.n - 1]
                 if not np.isnan(v):
                     signals[name] = signals.get(name, 0.0) + float(v) / len(pipes)
-    return ViewState(title=title, collectors=[], rules_active=0, rules_inactive=0, signals=signals,
+    # the node-scope rules the agents run: active where a node has their signals (the group
+    # scopes run in the controller)
+    node_rules = [r.id for p in list(pipes.values())[:1] for r in p.engine.rules.rules if p.engine.evaluates(r)]
+    active = sum(1 for rid in node_rules if any(rid not in p.engine.inactive for p in pipes.values()))
+    return ViewState(title=title, collectors=[], rules_active=active, rules_inactive=len(node_rules) - active,
+                     signals=signals,
                      findings=list(findings), suggestions=list(suggestions),
                      notes=[f"simulated time +{elapsed:.0f}s · injected: {truth}"])

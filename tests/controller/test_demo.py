@@ -2,6 +2,7 @@
 the controller naming the injected straggler."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -26,3 +27,6 @@ def test_demo_names_the_straggler_and_ends_by_itself():
     assert f"culprit named: {culprit}" in last
     assert any("firing" in line and "EW-1-tp-straggler" in line and f" {culprit} " in line
                for line in p.stdout.splitlines())
+    # the header says how many of the agents' rules run (it used to print 0 active, 0 inactive)
+    counts = re.search(r"rules: (\d+) active, (\d+) inactive", p.stdout)
+    assert counts and int(counts[1]) >= 30
