@@ -179,7 +179,9 @@ async def subscribe(nc_or_url: Any, cluster: str, kinds: Iterable[str] = ("remap
 
 def _left_in_inbox(subs: list[Any]) -> list[Any]:
     """Stream messages that reached a pull subscription's inbox but no fetch took (status
-    messages, which carry no reply subject to acknowledge, are left out)."""
+    messages, which carry no reply subject to acknowledge, are left out). nats-py has no public
+    call for them: this reads its subscription's pending queue, and finds nothing - they wait
+    out ack_wait, as before - if that ever moves (tests/controller/test_client.py checks it)."""
     left = []
     for s in subs:
         inner = getattr(s, "_sub", None)

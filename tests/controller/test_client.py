@@ -103,6 +103,33 @@ async def test_durable_subscription_resumes_where_it_left_off(nats_server) -> No
         await nc.close()
 
 
+async def test_a_message_that_reached_the_pull_inbox_unfetched_is_found_to_hand_back(nats_server) -> None:
+    # what a puller's lingering pull request delivers after the puller was cancelled sits in the
+    # subscription's inbox: subscribe() hands it back on close instead of leaving it to ack_wait
+    nc = await nats.connect(nats_server.url)
+    js = nc.jetstream()
+    await _streams(js)
+    try:
+        await _publish_sug(js, _sug("inbox", "i1"))
+        psub = await js.pull_subscribe(wire.remap_subject("inbox"), durable="inbox-remap",
+                                       stream=wire.REMAPS_STREAM.name)
+        assert client._left_in_inbox([psub]) == []
+        # a pull request of our own, answered into the subscription's inbox, never fetched
+        await nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{wire.REMAPS_STREAM.name}.inbox-remap", b'{"batch": 1}',
+                         reply=psub._deliver)
+        for _ in range(100):
+            left = client._left_in_inbox([psub])
+            if left:
+                break
+            await asyncio.sleep(0.05)
+        assert len(left) == 1 and M.decode(left[0].data).key == "i1"
+        await left[0].nak()
+        (again,) = await psub.fetch(1, timeout=5)  # handed back: at once, not after ack_wait
+        assert again.metadata.num_delivered == 2
+    finally:
+        await nc.close()
+
+
 async def test_reply_without_a_controller_raises_a_clear_error(nats_server) -> None:
     with pytest.raises(client.ReplyError, match="no skewd controller for cluster 'nobody'"):
         await client.ack(nats_server.url, "k", consumer="me", cluster="nobody", timeout=0.5)
