@@ -191,8 +191,9 @@ def _state(title: str, truth: str, elapsed: float, pipes, findings, suggestions)
                     signals[name] = signals.get(name, 0.0) + float(v) / len(pipes)
     # the node-scope rules the agents run: active where a node has their signals (the group
     # scopes run in the controller)
-    node_rules = [r.id for p in list(pipes.values())[:1] for r in p.engine.rules.rules if p.engine.evaluates(r)]
-    active = sum(1 for rid in node_rules if any(rid not in p.engine.inactive for p in pipes.values()))
+    engines = [p.engine for p in pipes.values()]
+    node_rules = [r.id for r in engines[0].rules.rules if engines[0].evaluates(r)] if engines else []
+    active = sum(1 for rid in node_rules if any(rid not in e.inactive for e in engines))
     return ViewState(title=title, collectors=[], rules_active=active, rules_inactive=len(node_rules) - active,
                      signals=signals,
                      findings=list(findings), suggestions=list(suggestions),

@@ -113,8 +113,10 @@ def test_vllm_engine_step_counter_starts_over_when_the_engine_restarts(tmp_path)
                 if s in ("vllm_up", "vllm_iterations_total", "vllm_generation_tokens_total"):
                     seen[s].append(v)
     up = seen["vllm_up"]
-    down = up.index(0.0)  # the counters are emitted only while up: v[down - 1] is the last value
-    assert 1.0 in up[down:]  # before the outage, v[down] the first after it
+    down = up.index(0.0)
+    assert 1.0 in up[down:], "the engine must come back within the run for a restart to be seen"
+    # counters are emitted only while up, so in their lists v[down - 1] is the last value before
+    # the outage and v[down] the first after it
     for s in ("vllm_iterations_total", "vllm_generation_tokens_total"):
         v = seen[s]
         assert len(v) == up.count(1.0) and 0 < v[down] < v[down - 1] / 10, s
