@@ -3,7 +3,7 @@
 ``rules`` or ``agent`` in a user's site-packages (a vLLM venv, for instance)."""
 from setuptools import find_packages, setup
 
-LAYOUT = ("agent", "collectors", "rules", "controller")
+LAYOUT = ("agent", "collectors", "rules", "controller", "lab")
 
 packages = ["skewd"] + [f"skewd.{p}" for p in find_packages(include=[f"{d}*" for d in LAYOUT])]
 packages += [f"skewd.{p}" for p in find_packages(where="skewd")]
@@ -13,6 +13,7 @@ setup(
     packages=packages,
     package_dir=package_dir,
     package_data={"skewd.rules": ["packs/*.yaml", "tests/*.yaml"],
-                  "skewd.collectors": ["*/*.yaml", "*/*.csv", "exporter/mappings/*.yaml"]},
+                  "skewd.collectors": ["*/*.yaml", "*/*.csv", "exporter/mappings/*.yaml"],
+                  "skewd.lab": ["sim/scenarios/*.yaml"]},
     include_package_data=True,
 )

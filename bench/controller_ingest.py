@@ -353,7 +353,7 @@ def offline(nodes: int, rate: float, seconds: float, warm: float, profile: str |
 
     from skewd.controller.config import load_config
     from skewd.controller.service import Controller
-    from skewd.controller.sim.harness import CaptureJetStream, MemoryState
+    from skewd.lab.harness import CaptureJetStream, MemoryState
 
     cfg = load_config(None, env={}, overrides={"cluster": CLUSTER, "log": {"level": "error"}})
     ctl = Controller(cfg, wall_clock=lambda: 0.0)

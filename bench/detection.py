@@ -4,8 +4,8 @@
     python bench/detection.py --quick         # a short smoke run (no docs written)
     python bench/detection.py --scenario ew1-tp-straggler --seeds 3 --no-write
 
-Each run simulates a cluster (:mod:`skewd.controller.sim`) and feeds it through skewd itself
-(:class:`skewd.controller.sim.harness.Harness`): one agent pipeline per node with the node
+Each run simulates a cluster (:mod:`skewd.lab.sim`) and feeds it through skewd itself
+(:class:`skewd.lab.harness.Harness`): one agent pipeline per node with the node
 scopes, the controller's group evaluation, correlator and planner over the node summaries.
 Findings are scored against the injected ground truth:
 
@@ -77,9 +77,9 @@ def _init_worker(rules: list[str], opts: dict[str, Any]) -> None:
 
 
 def _run_one(job: tuple[str, int]) -> RunResult:
-    from skewd.controller.sim.harness import Harness
-    from skewd.controller.sim.scenario import load_scenario
-    from skewd.controller.sim.simulator import Simulation
+    from skewd.lab.harness import Harness
+    from skewd.lab.sim.scenario import load_scenario
+    from skewd.lab.sim.simulator import Simulation
 
     path, seed = job
     o = _W["opts"]
@@ -331,7 +331,7 @@ def render(sc: dict[str, IdScore], extra: dict[str, Any], runs: Sequence[RunResu
     if errs:
         lines += ["### Runs that failed", ""] + [f"- {r.scenario} seed {r.seed}: {r.error}" for r in errs] + [""]
     lines += ["## The fault lab", "",
-              "`skewd.controller.sim` simulates a cluster interval by interval (1 s, the collectors' default): "
+              "`skewd.lab.sim` simulates a cluster interval by interval (1 s, the collectors' default): "
               "per replica a vLLM-V1-like engine (FCFS admission on 16-token KV blocks, chunked prefill mixed into "
               "decode steps, recompute preemption, step cost from batch, context and prefill tokens), heavy-tailed "
               "lognormal prompt/output lengths, Poisson arrivals around an Ornstein-Uhlenbeck rate, prefix-cache hits; "
@@ -367,7 +367,7 @@ def render(sc: dict[str, IdScore], extra: dict[str, Any], runs: Sequence[RunResu
               "flow-scope peer groups mix TCP client flows with RDMA flows.",
               "",
               "## How this is measured", "",
-              "- Every scenario (`controller/sim/scenarios/*.yaml`) models one pathology as the runbooks describe "
+              "- Every scenario (`lab/sim/scenarios/*.yaml`) models one pathology as the runbooks describe "
               "it, with its natural variability: onset, duration, severity, culprit and cause are drawn from the seed "
               "within the ranges the file gives. Scenarios are not tuned to the rules; mild cases are included and may "
               "be missed.",
@@ -471,8 +471,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from skewd.controller.sim.faults import INJECTORS
-    from skewd.controller.sim.scenario import SCENARIO_DIR, ScenarioError, list_scenarios, load_scenario
+    from skewd.lab.sim.faults import INJECTORS
+    from skewd.lab.sim.scenario import SCENARIO_DIR, ScenarioError, list_scenarios, load_scenario
 
     argv = list(sys.argv[1:] if argv is None else argv)
     a = parse_args(argv)

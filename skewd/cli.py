@@ -42,7 +42,7 @@ DELEGATED = (
         ("record", "skewd.agent.record", "record a capture bundle from this host's collectors"),
         ("replay", "skewd.agent.replay", "replay capture bundles through the rules"),
         ("controller", "skewd.controller.main", "run the controller"),
-        ("demo", "skewd.controller.demo", "a simulated 4-node cluster, live"),
+        ("demo", "skewd.lab.demo", "a simulated 4-node cluster, live"),
 )
 
 

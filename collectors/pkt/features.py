@@ -984,7 +984,7 @@ def split_bursts(t: np.ndarray, nbytes: np.ndarray, new: np.ndarray, carried: tu
     next one starts and is stamped with that start. ``carried``: (start, bytes so far) of a burst
     still open before the first piece, which the pieces before the first start continue.
     Returns the ended bursts' (stamps, starts, bytes) and (start, bytes) of the one left open.
-    The pkt collector and the fault lab's mirror of it (controller/sim/pktfeat.py) both list
+    The pkt collector and the fault lab's mirror of it (lab/sim/pktfeat.py) both list
     ended bursts with it."""
     si = np.flatnonzero(new)
     cs = np.cumsum(nbytes, dtype=np.int64 if nbytes.dtype.kind in "iub" else np.float64)

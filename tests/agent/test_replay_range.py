@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from skewd.agent.replay import Replayer, finding_json, open_segments, replay_catalogue
-from skewd.controller.sim import simulate
-from skewd.controller.sim.bundle import write_bundle
+from skewd.lab.sim import simulate
+from skewd.lab.bundle import write_bundle
 from skewd.rules.cli import PACKS
 
 from ..sim.helpers import scenario

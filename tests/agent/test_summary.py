@@ -150,7 +150,7 @@ def test_the_benchmark_keeps_every_input_of_the_engine_queue_summaries():
     from pathlib import Path
 
     from skewd.catalogue import full_catalogue
-    from skewd.controller.sim.harness import needed_signals
+    from skewd.lab.harness import needed_signals
     from skewd.rules.loader import load_rules_or_raise
 
     packs = Path(__file__).resolve().parents[2] / "rules" / "packs"

@@ -13,7 +13,7 @@ import json
 from skewd.controller import messages as M
 from skewd.controller.config import load_config
 from skewd.controller.service import Controller
-from skewd.controller.sim.harness import CaptureJetStream, MemoryState
+from skewd.lab.harness import CaptureJetStream, MemoryState
 from skewd.model import Finding, Layer, Scope, State
 
 from .helpers import RULES

@@ -9,7 +9,7 @@ import numpy as np
 from skewd import wire
 from skewd.controller.config import load_config
 from skewd.controller.service import Controller
-from skewd.controller.sim.harness import CaptureJetStream, MemoryState
+from skewd.lab.harness import CaptureJetStream, MemoryState
 
 from .helpers import RULES
 

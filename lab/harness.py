@@ -1,0 +1,326 @@
+"""Run a simulated cluster through skewd itself: one agent pipeline per node, the controller's
+group evaluation over their summaries - no NATS, same code paths.
+
+Per node this does what ``agent/runner.py`` does at each tick (ingest the collectors' batches,
+evaluate node-scope rules at the tick time, every summary interval compute the summary with
+:func:`skewd.agent.summary.make_summary` and feed it back into the node's own store); the
+summaries go to the controller service itself (``Controller.ingest_summary``, then
+``Controller.tick`` at every group interval: topology from labels, the burst aligner's
+``ctl_*`` signals, the group-scope rule engine, the correlator and the planner), with its NATS
+and KV sinks replaced by in-memory ones. Node findings reach its correlator as they would
+through JetStream.
+
+Clocks: summaries report the node's clock error bound (``clock_report="sim"``), as the agent
+does from the kernel (``adjtimex`` maxerror, kept by chrony/ntpd: ``agent/clock.py``);
+``clock_report="none"`` sends no bound, as from a node whose time daemon keeps none: the
+controller then assumes ``unsynced_clock_error`` (50 ms) and no millisecond straggler can be
+told from clock error.
+
+Collective bursts: the summary carries every collective burst start the node saw in the
+interval (``collective_burst_starts``/``collective_burst_bytes``, the controller's contract),
+taken from the simulator's RDMA timeline (``bursts="every"``), or what the agent sends: every
+burst its pkt collector listed as ended on the port with the most burst bytes (``bursts="agent"``,
+agent/bursts.py; the simulator lists the bursts as collectors/pkt does, lab/sim/pktfeat.py).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from skewd import wire
+from skewd.agent import bursts as bursts_mod
+from skewd.agent import summary as summary_mod
+from skewd.controller import messages as M
+from skewd.agent.pipeline import Pipeline
+from skewd.model import NODE_SCOPES, Catalogue, Finding
+from skewd.rules.engine import RuleSet
+
+from .sim.simulator import Simulation
+
+#: collectors a simulated node runs (the exporter only where the cluster has DPUs)
+SIM_COLLECTORS = ("gpu", "pcie", "netdev", "rdma", "host", "vllm", "pkt")
+
+
+@dataclass
+class Suggestion:
+    t: float
+    incident: str
+    key: str
+    nodes: list[str]
+    actions: list[str]
+    summary: str
+
+
+@dataclass
+class HarnessResult:
+    findings: list[Finding]  # every transition, node and controller, in time order
+    suggestions: list[Suggestion]
+    incidents: list = field(default_factory=list)
+    #: every incident the controller published during the run, as first published (what a
+    #: subscriber to skew events was shown: incidents held ``correlation.group_wait`` and then
+    #: resolved or taken over by their cause's incident were never shown and are not here), in
+    #: publication order
+    opened: list[dict] = field(default_factory=list)
+    node_evaluations: int = 0
+    group_evaluations: int = 0
+    samples: int = 0
+
+
+def needed_signals(ruleset: RuleSet) -> set[str]:
+    """Signals any rule or the node summary reads: the rest never influences a finding."""
+    out: set[str] = set()
+    for r in ruleset.rules:
+        out |= set(r.compiled.signals)
+    out |= {s.source for s in summary_mod.SPECS}
+    out.add("pkt_burst_start_seconds")
+    # what the summary's collective bursts are made of (agent/bursts.py)
+    out |= {bursts_mod.ENDED_START, bursts_mod.ENDED_BYTES, bursts_mod.COLLECTIONS}
+    # what the summary's engine-queue steps and arrival rate read (NS-1), whether a rule does or not
+    out |= set(summary_mod.ENGINE_INPUTS)
+    return out
+
+
+def node_available(catalogue: Catalogue, sim: Simulation, node: str) -> set[str]:
+    """What this node's agent would declare available: the catalogued signals of the collectors
+    it runs (no rdma collector without RDMA ports, the exporter only with a DPU), plus its own
+    summary signals."""
+    n = sim.cluster.node(node)
+    cols = set(SIM_COLLECTORS)
+    if not n.rdma_ports:
+        cols.discard("rdma")
+    own = {s.name for s in catalogue.values() if s.collector in cols or s.collector == "agent"}
+    if sim.cluster.dpu:
+        own |= set(DPU_SIGNALS)
+    return own
+
+
+DPU_SIGNALS = ("dpu_pcie_inbound_bytes_per_second", "dpu_pcie_inbound_tlps_per_second")
+
+
+class Harness:
+    def __init__(self, sim: Simulation, ruleset: RuleSet, catalogue: Catalogue, *, eval_interval: float = 1.0,
+                 summary_interval: float = 1.0, group_interval: float = 1.0, lookback: float = 60.0,
+                 horizon: float = 600.0, bursts: str = "every", filter_signals: bool = True,
+                 controller: bool = True, clock_report: str = "sim") -> None:
+        self.sim = sim
+        self.ruleset = ruleset
+        self.cat = catalogue
+        self.eval_interval = eval_interval
+        self.summary_interval = summary_interval
+        self.group_interval = group_interval
+        self.bursts = bursts
+        self.clock_report = clock_report
+        self.cluster = sim.cluster.name
+        self.keep = needed_signals(ruleset) if filter_signals else None
+        if self.keep is not None and sim.only is None:
+            sim.only = frozenset(self.keep)
+        self.labels = sim.node_labels()
+        self.pipes: dict[str, Pipeline] = {}
+        for n in sim.node_names:
+            p = Pipeline(catalogue, ruleset, node=n, cluster=self.cluster, labels=self.labels[n],
+                         lookback=lookback, horizon=horizon)
+            p.engine.scopes = set(NODE_SCOPES)
+            p.engine.set_available_signals(node_available(catalogue, sim, n))
+            self.pipes[n] = p
+        self.ctl = None
+        self._opened_ids: set[str] = set()
+        if controller:
+            self._make_controller(lookback, horizon)
+
+    # -- the controller, offline -------------------------------------------------------------------
+    def _make_controller(self, lookback: float, horizon: float) -> None:
+        """The controller service itself, its NATS/KV sinks replaced by in-memory ones: its own
+        ``ingest_summary`` and ``tick`` run unchanged."""
+        import asyncio
+
+        from skewd.controller.config import load_config
+        from skewd.controller.service import Controller
+
+        cfg = load_config(None, env={}, overrides={"cluster": self.cluster, "controller_id": "sim",
+                                                   "evaluation_interval": f"{self.group_interval:g}s"})
+        self.ctl = Controller(cfg, catalogue=self.cat, ruleset=self.ruleset, wall_clock=lambda: self._now)
+        self.cfg = cfg
+        self._mem = MemoryState(cfg.cluster)
+        self.ctl.state = self._mem
+        self.ctl.js = CaptureJetStream()
+        self._loop = asyncio.new_event_loop()
+        self._now = self.sim.start
+
+    def _ctl_tick(self, t: float, sugg: list[Suggestion]) -> list[Finding]:
+        """``Controller.tick(t)``; returns the controller's own transitions."""
+        self._now = t
+        n0 = len(self._mem.findings)
+        s0 = len(self._mem.remaps_created)
+        self._loop.run_until_complete(self.ctl.tick(t))
+        for d in self._mem.remaps_created[s0:]:
+            sg = d.get("suggestion") or {}
+            acts = [a for a in sg.get("actions", []) if isinstance(a, dict)]
+            nodes = sorted({str((a.get("target") or {}).get("node", "")) for a in acts} - {""})
+            cul = (sg.get("culprit") or {}).get("node")
+            if cul and cul not in nodes:
+                nodes.insert(0, str(cul))
+            sugg.append(Suggestion(t, str(sg.get("incident", "")), str(sg.get("key", "")), nodes,
+                                   [str(a.get("type", "")) for a in acts], str(sg.get("summary", ""))))
+        return self._mem.findings[n0:]
+
+    # -- the run ----------------------------------------------------------------------------------
+    def run(self, on_step: Callable[[float, list[Finding]], None] | None = None) -> HarnessResult:
+        sim = self.sim
+        res = HarnessResult([], [])
+        next_eval = sim.start + self.eval_interval
+        next_sum = sim.start + self.summary_interval
+        next_group = sim.start + self.group_interval
+        last_sum = {n: sim.start for n in sim.node_names}
+        while sim.t + 1.0 <= sim.end + 1e-9:
+            batch = sim.step()
+            t = sim.t  # the interval's end: every collector has reported by now
+            for _, node, b in batch:
+                if self.keep is not None and sim.only != self.keep:
+                    b = b.select(np.fromiter((s in self.keep for s in b.signal), bool, len(b)))
+                res.samples += len(b)
+                self.pipes[node].ingest(b)
+            step_found: list[Finding] = []
+            if t >= next_eval - 1e-9:
+                next_eval += self.eval_interval
+                for node, p in self.pipes.items():
+                    f = p.evaluate(t)
+                    res.node_evaluations += 1
+                    step_found += f
+                    if self.ctl is not None:
+                        for x in f:  # what the controller's findings consumer does with each
+                            self.ctl.correlator.observe(x)
+            if t >= next_sum - 1e-9:
+                next_sum += self.summary_interval
+                for node, p in self.pipes.items():
+                    self._summary(node, p, t, t - last_sum[node])
+                    last_sum[node] = t
+            if self.ctl is not None and t >= next_group - 1e-9:
+                next_group += self.group_interval
+                step_found += self._ctl_tick(t, res.suggestions)
+                res.group_evaluations += 1
+                self._log_opened(res, t)
+            res.findings += step_found
+            if on_step is not None:
+                on_step(t, step_found)
+        if self.ctl is not None:
+            res.incidents = list(self.ctl.correlator.open_incidents())
+            self._loop.close()
+        return res
+
+    def _log_opened(self, res: HarnessResult, t: float) -> None:
+        """The incidents published on the incident subject since the last call (what the
+        controller's JetStream publish was handed), each counted at its first publication."""
+        seen = self._opened_ids
+        js = self.ctl.js
+        new, js.incidents = js.incidents, []
+        for inc in new:
+            if inc.id in seen or inc.state != "open":
+                continue
+            seen.add(inc.id)
+            nodes = [inc.culprit.node] if inc.culprit is not None and inc.culprit.node else list(inc.victims)
+            res.opened.append({"id": inc.id, "pathology": inc.pathology, "rule": inc.rule_id, "nodes": nodes,
+                               "entity": inc.culprit.entity if inc.culprit is not None else "",
+                               "opened_at": inc.opened_at, "published_at": t, "findings": len(inc.findings)})
+
+    def _summary(self, node: str, p: Pipeline, t: float, interval: float) -> None:
+        # "sim": the node reports its time daemon's error bound (the agent reads it with adjtimex);
+        # "none": no bound (the controller assumes its worst case)
+        err = self.sim.clock_error[node] if self.clock_report == "sim" else None
+        msg = summary_mod.make_summary(p.store, node, self.cluster, t, interval, clock_error=err)
+        vals = {k: v[""] for k, v in msg.signals.items() if "" in v}
+        p.ingest(summary_mod.to_batch(node, t, vals))  # as the agent does: node rules read summaries
+        if self.ctl is None:
+            return
+        if self.bursts == "every":
+            bs = self.sim.collective_bursts(node, t - interval, t)
+            msg.signals.pop("collective_burst_starts", None)
+            msg.signals.pop("collective_burst_bytes", None)
+            if bs:
+                msg.signals["collective_burst_starts"] = {str(k): s for k, (s, _) in enumerate(bs)}
+                msg.signals["collective_burst_bytes"] = {str(k): b for k, (_, b) in enumerate(bs)}
+        self.ctl.ingest_summary(msg, self.labels.get(node, {}))
+
+
+class MemoryState:
+    """The controller's KV state (``controller/state.py``) kept in dicts: same methods, same
+    compare-and-set semantics, no NATS. It also records what was stored, in order."""
+
+    def __init__(self, cluster: str) -> None:
+        self.prefix = f"skewd.{cluster}"
+        self.findings: list[Finding] = []
+        self.remaps: dict[str, dict] = {}
+        self.remaps_created: list[dict] = []
+        self.incidents: dict[str, tuple[str, float]] = {}
+        self.published: set[str] = set()  # incident ids stored as published (no longer held)
+        self.held_from: dict[str, float] = {}  # incident id → hold start stored with it
+        self.writes = 0
+
+    async def load(self) -> dict:
+        return {}
+
+    async def put_finding(self, f: Finding) -> None:
+        self.findings.append(f)
+
+    async def delete_finding(self, fingerprint: str) -> None:
+        pass
+
+    async def put_incident_id(self, group_key: str, incident_id: str, opened_at: float, published: bool = True,
+                              held_from: float | None = None) -> None:
+        self.incidents[group_key] = (incident_id, opened_at)
+        self.held_from[incident_id] = opened_at if held_from is None else held_from
+        if published:
+            self.published.add(incident_id)
+
+    async def delete_incident_id(self, group_key: str) -> None:
+        self.incidents.pop(group_key, None)
+
+    async def put_engine(self, engine, t: float) -> None:
+        pass
+
+    async def create_remap(self, key: str, record: dict) -> bool:
+        if key in self.remaps:
+            return False
+        self.remaps[key] = json.loads(json.dumps(record))
+        self.remaps_created.append(self.remaps[key])
+        return True
+
+    async def update_remap(self, key: str, fn, attempts: int = 20) -> dict | None:
+        cur = self.remaps.get(key)
+        if cur is None:
+            return None
+        new = fn(json.loads(json.dumps(cur)))
+        if new is None:
+            return cur
+        self.remaps[key] = new
+        return new
+
+    async def get_remap(self, key: str) -> dict | None:
+        return self.remaps.get(key)
+
+
+class CaptureJetStream:
+    """Stands in for the JetStream publish of controller findings, incidents and suggestions:
+    accepts and counts them (findings' and suggestions' content is captured by
+    :class:`MemoryState`); incidents are decoded and kept, since what was published is what a
+    subscriber saw (held incidents never reach this)."""
+
+    def __init__(self) -> None:
+        self.published: list[str] = []
+        self.incidents: list = []  # decoded Incident messages not yet taken by the harness
+
+    async def publish(self, subject: str, payload: bytes = b"", headers: dict | None = None, timeout: float = 0.0,
+                      **kw) -> "_Ack":
+        self.published.append(subject)
+        if (headers or {}).get(wire.HDR_KIND) == M.Kind.INCIDENT.value:
+            self.incidents.append(M.decode(payload, M.Kind.INCIDENT))
+        return _Ack(len(self.published))
+
+
+@dataclass
+class _Ack:
+    seq: int
+    duplicate: bool = False
+    stream: str = "sim"
