@@ -49,8 +49,7 @@ CATALOGUE: list[SignalSpec] = [
        "Bursts started by this flow; a burst is a run of packets separated by idle gaps shorter than "
        "the burst_gap parameter."),
     _f("pkt_flow_burst_start_seconds", "gauge", "seconds",
-       "Unix time of the start of the flow's most recent burst (one per collection; every burst of "
-       "the port's sent traffic is in pkt_burst_ended_start_seconds)."),
+       "Unix time of the start of the flow's most recent burst (one per collection)."),
     _f("pkt_flow_burst_bytes", "gauge", "bytes", "Wire bytes of the flow's most recent burst so far."),
     _f("pkt_flow_burst_duration_seconds", "gauge", "seconds",
        "First to last packet of the flow's most recent burst so far."),
@@ -101,21 +100,25 @@ CATALOGUE: list[SignalSpec] = [
        "Bursts of the port's aggregate IP traffic (idle gaps of at least burst_gap separate them)."),
     _p("pkt_burst_start_seconds", "gauge", "seconds",
        "Unix time the port's most recent aggregate burst started (one per collection: decode steps "
-       "come every 20-60 ms, so step alignment (EW-1) reads pkt_burst_ended_start_seconds)."),
+       "come every 20-60 ms, so step timing (EW-1) reads pkt_collective_silence_seconds)."),
     _p("pkt_burst_bytes", "gauge", "bytes", "Wire bytes of the port's most recent aggregate burst so far."),
     _p("pkt_inter_burst_gap_seconds", "gauge", "seconds",
        "Idle gap before the port's most recent aggregate burst (EW-2 pipeline bubble growth)."),
-    _p("pkt_burst_ended_start_seconds", "gauge", "seconds",
-       "Unix time an aggregate burst of the port started: one sample per burst, each sent once, "
-       "when it ended (stamped with the first packet after it, or with the collection that found "
-       "the port idle since), so every collective step reaches the node summary, not only the "
-       "latest per collection (EW-1/EW-9 step alignment across TP peers)."),
-    _p("pkt_burst_ended_bytes", "gauge", "bytes",
-       "Wire bytes of the aggregate burst whose start pkt_burst_ended_start_seconds reports at the "
-       "same time (all of them, wherever the collection boundaries fell)."),
-    _p("pkt_bursts_unlisted_total", "counter", "bursts",
-       "Ended bursts left out of pkt_burst_ended_* because a collection reached max_listed_bursts "
-       "(a port whose bursts are token packets rather than collectives)."),
+    _p("pkt_collective_silence_seconds", "gauge", "seconds",
+       "A silence of the port's collective traffic: at least burst_gap without a payload byte sent or a "
+       "data segment (>= 256 bytes) received on the port's collective connections (those carrying at "
+       "least a tenth of the heaviest connection's payload, decayed over 10 s). One sample per silence, "
+       "stamped with the packet that ended it (EW-1 straggler timing on the node's own clock, agent/steps.py)."),
+    _p("pkt_collective_silence_by_send", "gauge", "bool",
+       "1 when the node ended the silence by sending (it entered a collective: compute gap), 0 when a "
+       "peer's data ended it (it was waiting); same stamps as pkt_collective_silence_seconds."),
+    _p("pkt_collective_sent_bytes", "gauge", "bytes",
+       "Payload bytes the node sent on its collective connections between the previous listed silence and "
+       "this one; same stamps as pkt_collective_silence_seconds."),
+    _p("pkt_collective_connections", "gauge", "connections",
+       "Connections (both directions of a 5-tuple) currently counted as the port's collective traffic."),
+    _p("pkt_collective_silences_unlisted_total", "counter", "silences",
+       "Silences left out of pkt_collective_silence_* because a collection reached the listing cap."),
     _p("pkt_flow_end_spread_seconds", "gauge", "seconds",
        "Spread (max - min) of the end times of TCP flows that closed in the interval; "
        "needs two closing flows (NS-8 early completion skew)."),

@@ -158,10 +158,14 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 print(json.dumps(row, sort_keys=True), file=out)
             for p in iv.ports:
                 row = {"type": "port", "interval_start": iv.t0, "interval_end": iv.t1}
-                row.update({k: _num(v) for k, v in vars(p).items() if not k.startswith("ended_")})
-                # every burst of what the port sent that ended in the interval
-                row["ended_bursts"] = [{"start": a / 1e9, "bytes": b, "ended": c / 1e9} for a, b, c in
-                                       zip(p.ended_start.tolist(), p.ended_bytes.tolist(), p.ended_stamp.tolist())]
+                row.update({k: _num(v) for k, v in vars(p).items() if k != "silences"})
+                # every silence of the port's collective traffic that ended in the interval
+                sl = p.silences
+                row["collective_connections"] = sl.connections
+                row["collective_silences"] = [
+                    {"end": e / 1e9, "seconds": n / 1e9, "by_send": bool(k), "sent_bytes": int(b)}
+                    for e, n, k, b in zip(sl.end_ns.tolist(), sl.length_ns.tolist(), sl.by_send.tolist(),
+                                          sl.sent_bytes.tolist())]
                 print(json.dumps(row, sort_keys=True), file=out)
         summary = {"type": "capture", "file": args.file, "format": cap.format, **c,
                    "unsupported_linktypes": {str(k): v for k, v in cap.unsupported.items()},

@@ -48,8 +48,6 @@ DEFAULT_BLOCKS = 16
 #: rate at which 256 KiB blocks of header-only frames fill before the 10 ms block timeout,
 #: so traffic that ramps up within a second still finds the small ring at full tolerance
 GROW_PPS = 30_000
-#: quiet time (beyond burst_gap) after which a collection lists a port's open burst as ended
-BURST_SETTLE = 0.1
 
 
 def _size(v: Any, key: str) -> int:
@@ -72,7 +70,7 @@ class PktCollector(Collector):
     default_interval = 1.0
     config_keys = frozenset({"interface", "filter", "filter_program", "snaplen", "ring_block_size", "ring_blocks",
                              "block_timeout", "burst_gap", "flow_timeout", "max_flows", "max_pending_packets",
-                             "netns", "max_listed_bursts"})
+                             "netns", "max_listed_silences"})
 
     def __init__(self, node: str, config: Mapping[str, Any] | None = None,
                  sys_root: str | Path = "/sys", proc_root: str | Path = "/proc") -> None:
@@ -113,15 +111,15 @@ class PktCollector(Collector):
             "flow_timeout": parse_duration(c.get("flow_timeout", "60s")),
             "max_flows": int(c.get("max_flows", 100_000)),
             "max_pending": int(c.get("max_pending_packets", 500_000)),
-            "max_listed_bursts": int(c.get("max_listed_bursts", 256)),
+            "max_listed_silences": int(c.get("max_listed_silences", 256)),
             "netns": c.get("netns") or None,
             "filter": c.get("filter") or None,
             "filter_program": c.get("filter_program") or None,
         }
         if out["burst_gap"] <= 0:
             raise ValueError("burst_gap must be longer than 0s")
-        if out["max_listed_bursts"] < 1:
-            raise ValueError("max_listed_bursts must be at least 1")
+        if out["max_listed_silences"] < 1:
+            raise ValueError("max_listed_silences must be at least 1")
         if out["blocks"] < 2:
             raise ValueError("ring_blocks must be at least 2")
         if out["filter"] and out["filter_program"]:
@@ -230,10 +228,7 @@ class PktCollector(Collector):
         self._base_packets = self._base_drops = self._discarded_before = 0
         self._last_stats = (0, 0)
         self._adaptive = s["adaptive"]
-        # a burst is listed as ended at a quiet collection only once frames that were still in
-        # the ring's open block (handed over up to block_timeout late) can no longer extend it
-        settle = max(BURST_SETTLE, 5 * s["block_timeout_ms"] / 1000)
-        self._tracker = FlowTracker(s["burst_gap"], s["flow_timeout"], s["max_flows"], s["max_listed_bursts"], settle)
+        self._tracker = FlowTracker(s["burst_gap"], s["flow_timeout"], s["max_flows"], s["max_listed_silences"])
         self._last_t = time.time()
         self.started = True
 

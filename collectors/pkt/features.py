@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .collective import CollectiveTracker, Silences, connection_hash
 from .frames import DIR_IN, DIR_OUT
 from .parse import TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, Packets
 
@@ -41,11 +42,6 @@ _NONE = np.int64(-(1 << 62))
 _PROTO = {1: "icmp", 2: "igmp", 6: "tcp", 17: "udp", 47: "gre", 50: "esp", 58: "icmp6", 132: "sctp"}
 _ROCE_NO_PSN = (17, 18, 0x81)  # ACK, atomic ACK, CNP: not part of the request PSN sequence
 _M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
-#: ns an ended-burst stamp moves on at least (clock steps, late frames): stamps of one port
-#: stay distinct as float Unix seconds (resolution ~0.24 us), so the store keeps each
-STAMP_STEP = 1000
-
-
 def _mix(x: np.ndarray, scratch: np.ndarray | None = None) -> np.ndarray:
     """Avalanche mix of a uint64 array. With ``scratch`` (a uint64 array of the same shape) it
     works in place on ``x`` (which it returns), without full-size temporaries."""
@@ -278,13 +274,8 @@ class PortFeatures:
     burst_bytes: float = math.nan
     inter_burst_gap: float = math.nan
     end_spread: float = math.nan
-    #: every burst of the port's aggregate traffic that ended in the interval, in time order:
-    #: (when it was known to have ended, its start, its wire bytes), ns / bytes (int64 arrays).
-    #: At most ``FlowTracker.max_listed_bursts`` per interval; the rest are counted below.
-    ended_stamp: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    ended_start: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    ended_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    bursts_unlisted_total: int = 0
+    #: silences of the port's collective traffic that ended in the interval (collective.py)
+    silences: Silences = field(default_factory=Silences)
 
 
 @dataclass
@@ -327,12 +318,6 @@ class _Port:
         self.b_start = -1
         self.b_bytes = 0
         self.b_gap = math.nan
-        self.open = False  # the latest burst has not been listed as ended yet
-        self.o_start = -1  # its start (ns) and bytes so far
-        self.o_bytes = 0
-        self.stamp = -1  # the latest ended-burst stamp (ns): stamps never go back
-        self.e_last_ns = -1  # the latest sent packet (ns)
-        self.unlisted = 0
 
 
 class FlowTracker:
@@ -351,18 +336,12 @@ class FlowTracker:
              "tcp", "roce", "port", "irtt", "adv")
 
     def __init__(self, burst_gap: float = 0.001, flow_timeout: float = 60.0, max_flows: int = 100_000,
-                 max_listed_bursts: int = 256, burst_settle: float = 0.0) -> None:
+                 max_listed_silences: int = 256) -> None:
         if burst_gap <= 0:
             raise ValueError("burst_gap must be > 0")
-        if max_listed_bursts < 1:
-            raise ValueError("max_listed_bursts must be >= 1")
+        if max_listed_silences < 1:
+            raise ValueError("max_listed_silences must be >= 1")
         self.burst_gap_ns = int(round(burst_gap * NS))
-        #: ended bursts listed per port and interval (PortFeatures.ended_*); more are counted
-        self.max_listed_bursts = int(max_listed_bursts)
-        #: a port's open burst is listed as ended at an interval end only once no packet came
-        #: for burst_gap + this long (live: frames reach the collector up to a ring block
-        #: timeout late; offline buckets hold every packet before their end, so 0)
-        self.burst_settle_ns = int(round(burst_settle * NS))
         self.flow_timeout = flow_timeout
         self.max_flows = max_flows
         self.slots: dict[bytes, int] = {}
@@ -375,6 +354,8 @@ class FlowTracker:
         self.psn: dict[tuple[int, int], tuple[int, int, int]] = {}
         self.ports: dict[int, _Port] = {}
         self.evicted = 0
+        #: silences of each port's collective traffic (step timing without synced clocks)
+        self.collective = CollectiveTracker(min_silence=burst_gap, max_listed=max_listed_silences)
         self._grow(1024)
 
     # -- slots -------------------------------------------------------------------------------
@@ -855,7 +836,6 @@ class FlowTracker:
                cols: dict[str, np.ndarray], newly_closed: np.ndarray, names: list[str],
                drops: dict[int, int], rtx_g: np.ndarray, port_g: np.ndarray) -> list[PortFeatures]:
         dur = t1 - t0
-        t1_ns = int(round(t1 * NS))
         out = []
         ifs = [int(pk.iface[0])] if len(pk) and pk.iface.min() == pk.iface.max() else np.unique(pk.iface).tolist()
         ids = set(ifs) | set(self.ports) | set(drops)
@@ -914,17 +894,11 @@ class FlowTracker:
                 else:
                     ps.b_bytes += int(wip.sum())
                 ps.last_ns = max(ps.last_ns, int(tip[-1]))
-            # every ended burst of what the host sent (packets not known to be received): a
-            # straggler's receive side starts with its peers' sends, only its own sends are late
-            sent = ip_sel & (dirs != DIR_IN)
-            if sent.any():
-                self._ended_bursts(ps, f, ts[sent], wl[sent])
-            if ps.open and t1_ns - ps.e_last_ns >= self.burst_gap_ns + self.burst_settle_ns:
-                # quiet since: the open burst has ended (stamped with the interval end)
-                self._list_ended(ps, f, np.array([max(t1_ns, ps.stamp + STAMP_STEP)], np.int64),
-                                 np.array([ps.o_start], np.int64), np.array([ps.o_bytes], np.int64))
-                ps.open = False
-            f.bursts_unlisted_total = ps.unlisted
+            if known:
+                conn = connection_hash(pk.src_hi[sel], pk.src_lo[sel], pk.dst_hi[sel], pk.dst_lo[sel],
+                                       pk.sport[sel], pk.dport[sel], pk.proto[sel])
+                f.silences = self.collective.update(p, ts[ip_sel], dirs[ip_sel], pk.payload[sel][ip_sel],
+                                                    conn[ip_sel], pk.bth_opcode[sel][ip_sel], dur)
             f.bursts_total = ps.bursts
             if ps.b_start >= 0:
                 f.burst_start, f.burst_bytes, f.inter_burst_gap = ps.b_start / NS, float(ps.b_bytes), ps.b_gap
@@ -933,70 +907,6 @@ class FlowTracker:
                 f.end_spread = float(ends.max() - ends.min())
             out.append(f)
         return out
-
-    def _ended_bursts(self, ps: _Port, f: PortFeatures, tip: np.ndarray, wip: np.ndarray) -> None:
-        """List the bursts that ended in this interval's sent packets ``tip`` (``wip`` bytes):
-        a burst starts after an idle gap of at least burst_gap (or at the first packet ever),
-        ends where the next one starts, and is stamped with that packet's time. A burst is
-        listed once, with all its bytes, wherever the interval boundaries fall; the one still
-        open at the end is kept for later. Packets before the first start continue the open
-        burst; with none open (it was listed at a quiet interval end and a late frame still
-        came within burst_gap) they belong to no listed burst."""
-        g = np.empty(len(tip), np.int64)
-        np.subtract(tip[1:], tip[:-1], out=g[1:])
-        g[0] = tip[0] - ps.e_last_ns
-        start = g >= self.burst_gap_ns
-        if ps.e_last_ns < 0:
-            start[0] = True
-        ps.e_last_ns = max(ps.e_last_ns, int(tip[-1]))
-        if not start.any():
-            if ps.open:
-                ps.o_bytes += int(wip.sum())
-            return
-        stamp, begun, nbytes, (o_start, o_bytes) = split_bursts(
-            tip, wip, start, (ps.o_start, ps.o_bytes) if ps.open else None)
-        if len(stamp):
-            self._list_ended(ps, f, np.maximum.accumulate(np.maximum(stamp, ps.stamp + STAMP_STEP)), begun, nbytes)
-        ps.open, ps.o_start, ps.o_bytes = True, int(o_start), int(o_bytes)
-
-    def _list_ended(self, ps: _Port, f: PortFeatures, stamp: np.ndarray, start: np.ndarray,
-                    nbytes: np.ndarray) -> None:
-        """Append ended bursts to the interval's list, up to the cap (the rest are counted)."""
-        room = self.max_listed_bursts - len(f.ended_stamp)
-        if len(stamp) > room:
-            ps.unlisted += len(stamp) - room
-            stamp, start, nbytes = stamp[:room], start[:room], nbytes[:room]
-        if not len(stamp):
-            return
-        ps.stamp = int(stamp[-1])
-        if len(f.ended_stamp):
-            f.ended_stamp = np.r_[f.ended_stamp, stamp]
-            f.ended_start = np.r_[f.ended_start, start]
-            f.ended_bytes = np.r_[f.ended_bytes, nbytes]
-        else:
-            f.ended_stamp, f.ended_start, f.ended_bytes = stamp, start, nbytes
-
-
-def split_bursts(t: np.ndarray, nbytes: np.ndarray, new: np.ndarray, carried: tuple[float, float] | None
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[float, float]]:
-    """Cut time-ordered pieces of a port's traffic (``t`` their times, ``nbytes`` their bytes,
-    ``new``: the piece starts a burst; at least one does) into bursts. Each burst ends where the
-    next one starts and is stamped with that start. ``carried``: (start, bytes so far) of a burst
-    still open before the first piece, which the pieces before the first start continue.
-    Returns the ended bursts' (stamps, starts, bytes) and (start, bytes) of the one left open.
-    The pkt collector and the fault lab's mirror of it (lab/sim/pktfeat.py) both list
-    ended bursts with it."""
-    si = np.flatnonzero(new)
-    cs = np.cumsum(nbytes, dtype=np.int64 if nbytes.dtype.kind in "iub" else np.float64)
-    before = np.where(si > 0, cs[np.maximum(si - 1, 0)], 0)  # bytes before each start
-    seg = np.r_[before[1:], cs[-1]] - before  # bytes from each start to the next (or the end)
-    stamp, start, size = t[si[1:]], t[si[:-1]], seg[:-1]
-    if carried is not None:
-        stamp = np.r_[t[si[0]], stamp]
-        start = np.r_[carried[0], start]
-        size = np.r_[carried[1] + before[0], size]
-    return stamp, start, size, (t[si[-1]], seg[-1])
-
 
 def analyze(pk: Packets, interval: float | None = None, burst_gap: float = 0.001,
             port_names: list[str] | None = None, drops: dict[int, int] | None = None,

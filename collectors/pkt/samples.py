@@ -54,13 +54,13 @@ PORT_SIGNALS = {
     "inter_burst_gap": "pkt_inter_burst_gap_seconds",
     "end_spread": "pkt_flow_end_spread_seconds",
     "tcp_retransmits_total": "pkt_tcp_retransmits_total",
-    "bursts_unlisted_total": "pkt_bursts_unlisted_total",
 }
 
-#: one sample per ended burst of a port's aggregate traffic, stamped with the time it was known
-#: to have ended (PortFeatures.ended_*): every burst, not only the latest (EW-1 step alignment)
-ENDED_START = "pkt_burst_ended_start_seconds"
-ENDED_BYTES = "pkt_burst_ended_bytes"
+#: one sample per silence of a port's collective traffic, stamped with the packet that ended it
+#: (PortFeatures.silences): step timing on the node's own clock (EW-1, agent/steps.py)
+SILENCE = "pkt_collective_silence_seconds"
+SILENCE_BY_SEND = "pkt_collective_silence_by_send"
+SILENCE_SENT = "pkt_collective_sent_bytes"
 
 
 #: what a tracked flow without packets in the interval still reports (it is silent: its rate
@@ -96,21 +96,26 @@ def to_batch(f: IntervalFeatures, node: str, t: float) -> SampleBatch:
             e_parts.append(np.array([p.name], dtype=object))
             s_parts.append(np.array([sig], dtype=object))
             v_parts.append(np.array([float(v)]))
+        if p.silences.connections or p.silences.unlisted_total:
+            e_parts.append(np.array([p.name, p.name], dtype=object))
+            s_parts.append(np.array(["pkt_collective_connections", "pkt_collective_silences_unlisted_total"],
+                                    dtype=object))
+            v_parts.append(np.array([float(p.silences.connections), float(p.silences.unlisted_total)]))
     t_parts = [np.full(sum(len(v) for v in v_parts), float(t))]
     for p in f.ports:
-        k = len(p.ended_stamp)
+        sl = p.silences
+        k = len(sl)
         if not k:
             continue
-        st = p.ended_stamp / NS
-        t_parts += [st, st]
-        e = np.empty(2 * k, dtype=object)
+        st = sl.end_ns / NS
+        t_parts += [st, st, st]
+        e = np.empty(3 * k, dtype=object)
         e[:] = p.name
         e_parts.append(e)
-        sg = np.empty(2 * k, dtype=object)
-        sg[:k] = ENDED_START
-        sg[k:] = ENDED_BYTES
+        sg = np.empty(3 * k, dtype=object)
+        sg[:k], sg[k:2 * k], sg[2 * k:] = SILENCE, SILENCE_BY_SEND, SILENCE_SENT
         s_parts.append(sg)
-        v_parts.append(np.r_[p.ended_start / NS, p.ended_bytes.astype(np.float64)])
+        v_parts.append(np.r_[sl.length_ns / NS, sl.by_send.astype(np.float64), sl.sent_bytes.astype(np.float64)])
     if not v_parts:
         return SampleBatch.empty()
     value = np.concatenate(v_parts)
