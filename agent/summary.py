@@ -20,6 +20,8 @@ from skewd.rules.store import WindowStore
 
 from skewd import __version__
 
+from . import steps as steps_mod
+
 
 @dataclass(frozen=True)
 class SummarySpec:
@@ -94,7 +96,8 @@ SPECS: tuple[SummarySpec, ...] = (
                 "p99 gap between received packets (NS-2)"),
 )
 
-CATALOGUE = [signal(s.name, "gauge", s.unit, "node", s.desc, "agent") for s in SPECS]
+CATALOGUE = [signal(s.name, "gauge", s.unit, "node", s.desc, "agent") for s in SPECS] + [
+    signal(name, "gauge", unit, "node", desc, "agent") for name, (unit, desc) in steps_mod.SUMMARY_SIGNALS.items()]
 
 _REDUCE: dict[str, Callable[[np.ndarray], float]] = {
     "sum": np.nansum, "mean": np.nanmean, "max": np.nanmax, "min": np.nanmin, "median": np.nanmedian,
@@ -218,13 +221,9 @@ def compute(store: WindowStore, node: str, t: float, interval: float, lookback: 
 
 
 def burst_starts(store: WindowStore, node: str, t: float, interval: float) -> list[float]:
-    """Every collective-burst start of the interval, in time order: the controller aligns these
-    across TP peers step by step (EW-1). The pkt collector lists each burst once, when it ends
-    (``pkt_burst_ended_*``); :func:`skewd.agent.bursts.collective_bursts` picks the
-    collective port's and the bursts the interval's collections listed."""
-    from .bursts import collective_bursts
-
-    return collective_bursts(store, node, t, interval)[0].tolist()
+    """The collective step entries a summary at ``t`` reports (see :func:`make_summary`)."""
+    st = steps_mod.node_steps(store, node, t)
+    return [] if st is None else steps_mod.settled_steps(st, t, interval)[0].tolist()
 
 
 def to_batch(node: str, t: float, values: dict[str, float]) -> SampleBatch:
@@ -240,14 +239,18 @@ def make_summary(store: WindowStore, node: str, cluster: str, t: float, interval
     """The wire message for one interval (signals keyed by entity ``""``)."""
     from skewd import wire
 
-    from .bursts import collective_bursts
-
     values = compute(store, node, t, interval)
+    # the node's collective steps, on its own clock: local durations for clock-free straggler
+    # detection, and the step entries for cross-node alignment where clocks are good
+    st = steps_mod.node_steps(store, node, t)
+    if st is not None:
+        values.update(steps_mod.summary_values(st))
     signals: dict[str, dict[str, float | None]] = {k: {"": v} for k, v in values.items()}
-    starts, nbytes = collective_bursts(store, node, t, interval)
-    if len(starts):
-        signals["collective_burst_starts"] = {str(k): v for k, v in enumerate(starts.tolist())}
-        signals["collective_burst_bytes"] = {str(k): (None if v != v else v) for k, v in enumerate(nbytes.tolist())}
+    if st is not None:
+        starts, nbytes = steps_mod.settled_steps(st, t, interval)
+        if len(starts):
+            signals["collective_burst_starts"] = {str(k): v for k, v in enumerate(starts.tolist())}
+            signals["collective_burst_bytes"] = {str(k): (None if v != v else v) for k, v in enumerate(nbytes.tolist())}
     return wire.Summary(node=node, cluster=cluster, t=t, interval=interval, signals=signals,
                         clock_sync=wire.ClockSync(synced=clock_synced, max_error_s=clock_error),
                         agent_version=__version__, labels=dict(labels or {}))

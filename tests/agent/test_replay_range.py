@@ -14,7 +14,7 @@ from skewd.lab.sim import simulate
 from skewd.lab.bundle import write_bundle
 from skewd.rules.cli import PACKS
 
-from ..sim.helpers import scenario
+from ..lab.helpers import scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,0 +1,97 @@
+"""Straggler detection on real traffic, from the pkt collector's recorded output: the real-traffic
+lab's gloo all_reduce over TCP (tests/fixtures/pkt/reallab-gloo/export.py says how it was
+recorded). Each node's silences go through the agent's step analysis into its summaries, the
+summaries into the controller's group evaluation of the shipped EW-1 rule: the straggler is
+named and only it, in a group of four and in a pair; healthy traffic and a shaped (slow) link
+name nobody. No clock is shared between nodes here: only each node's own durations are used."""
+from __future__ import annotations
+
+import csv
+import gzip
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from skewd.agent import steps as steps_mod
+from skewd.agent import summary as summary_mod
+from skewd.catalogue import full_catalogue
+from skewd.model import BatchBuilder, Scope
+from skewd.rules.cli import PACKS
+from skewd.rules.engine import Engine
+from skewd.rules.loader import load_rules_or_raise
+from skewd.rules.store import WindowStore
+
+FIX = Path(__file__).parents[1] / "fixtures" / "pkt" / "reallab-gloo"
+
+
+def recorded(run: str) -> dict[str, tuple[np.ndarray, ...]]:
+    rows = list(csv.DictReader(gzip.open(FIX / f"{run}.csv.gz", "rt")))
+    out = {}
+    for node in sorted({r["node"] for r in rows}):
+        mine = [r for r in rows if r["node"] == node]
+        out[node] = tuple(np.array([float(r[k]) for r in mine]) for k in ("t", "seconds", "by_send", "sent_bytes"))
+    return out
+
+
+def node_summaries(run: str) -> tuple[dict[str, list[dict[str, float]]], float]:
+    """Each node's summary values once a second, from its recorded silences (the agent's code)."""
+    rec = recorded(run)
+    lo = max(v[0][0] for v in rec.values()) + steps_mod.LOOKBACK
+    hi = min(v[0][-1] for v in rec.values())
+    out: dict[str, list[dict[str, float]]] = {}
+    for node, (t, L, k, b) in rec.items():
+        out[node] = []
+        for now in np.arange(lo, hi, 1.0):
+            sel = (t > now - steps_mod.LOOKBACK) & (t <= now)
+            st = steps_mod.analyse(t[sel], L[sel], k[sel], b[sel], now - steps_mod.LOOKBACK, now)
+            out[node].append(steps_mod.summary_values(st) if st else {})
+    return out, lo
+
+
+def ew1_findings(run: str) -> set[str]:
+    """Nodes the shipped EW-1-tp-straggler names after 90 s of these summaries (the recorded
+    seconds repeated: step statistics of a steady run)."""
+    sums, _ = node_summaries(run)
+    cat = full_catalogue()
+    rs = load_rules_or_raise([PACKS], cat)
+    rs.rules = [r for r in rs.rules if r.id == "EW-1-tp-straggler"]
+    store = WindowStore(cat)
+    for node in sums:
+        store.registry.set_node_labels(node, {"tp_group": "tp0"})
+    eng = Engine(rs, store, scopes={Scope.TP_GROUP})
+    named: set[str] = set()
+    t0 = 1_800_000_000.0
+    for i in range(90):
+        for node, vals in sums.items():
+            b = BatchBuilder(node)
+            for name, v in vals[i % len(vals)].items():
+                b.add(t0 + i, "", name, v)
+            store.ingest(b.build())
+        for f in eng.evaluate(t0 + i):
+            if f.state.value == "firing":
+                named.add(f.node)
+    return named
+
+
+@pytest.mark.parametrize("run,straggler", [("strag20", "n2"), ("strag10", "n1"), ("pairstrag", "n1")])
+def test_the_real_straggler_is_named_and_only_it(run: str, straggler: str) -> None:
+    assert ew1_findings(run) == {straggler}
+
+
+@pytest.mark.parametrize("run", ["healthy", "pair", "tbf"])
+def test_healthy_traffic_and_a_shaped_link_name_nobody(run: str) -> None:
+    assert ew1_findings(run) == set()
+
+
+def test_the_straggler_computes_longer_and_its_peers_wait_in_the_recording() -> None:
+    sums, _ = node_summaries("strag20")
+    med = {n: {k: float(np.median([v[k] for v in vs if k in v])) for k in
+               ("summary_collective_compute_seconds", "summary_collective_wait_seconds",
+                "summary_collective_period_seconds")} for n, vs in sums.items()}
+    peers = [med[n]["summary_collective_compute_seconds"] for n in ("n0", "n1", "n3")]
+    assert med["n2"]["summary_collective_compute_seconds"] - np.median(peers) == pytest.approx(0.02, abs=0.004)
+    assert med["n2"]["summary_collective_wait_seconds"] < 0.005
+    assert all(med[n]["summary_collective_wait_seconds"] > 0.012 for n in ("n0", "n1", "n3"))
+    periods = [m["summary_collective_period_seconds"] for m in med.values()]
+    assert max(periods) / min(periods) < 1.1  # lock step: every node measures the same period
