@@ -10,6 +10,9 @@ late. Alignment groups the peers' bursts into steps and measures, per step, the 
 Clocks differ: a node whose clock is 5 ms ahead looks 5 ms late. Each node reports its clock
 uncertainty (``Summary.clock_sync.max_error_s``); a lag only counts beyond the summed
 uncertainty of the two nodes compared, so a badly synced node is never blamed for its clock.
+Where two members' clocks may disagree by more than the step matching window (unsynced hosts:
+``alignment.unsynced_clock_error``), steps are not matched at all and the group's report says
+why: the agents' own step timing (``summary_collective_*``, agent/steps.py) needs no clocks.
 
 Pure functions over numpy arrays; the controller calls :meth:`Aligner.derive` at each
 evaluation with its evaluation time. Nothing here reads the clock.
@@ -51,6 +54,8 @@ class GroupReport:
     last_share: dict[str, float] = field(default_factory=dict)
     missing_share: dict[str, float] = field(default_factory=dict)
     period_s: float = float("nan")
+    #: why the group's steps were not matched across its nodes ("" = they were)
+    unaligned: str = ""
 
 
 def estimate_period(events: Mapping[str, np.ndarray]) -> float:
@@ -486,6 +491,27 @@ class Aligner:
                 ev[n], by[n] = log.window(settled - self.window, settled) if log else (np.empty(0), np.empty(0))
             period = estimate_period(ev)
             w = self.max_skew if period != period else min(self.max_skew, 0.5 * period)
+            rates = bytes_rates(by, self.window)
+            if rates:
+                group_rates[name] = (len(nodes), rates)
+            errs = sorted((self.clocks[n].clock_error for n in live), reverse=True)
+            pair_err = errs[0] + (errs[1] if len(errs) > 1 else 0.0)
+            if len(live) >= 2 and pair_err >= w:
+                # two members' clocks may disagree by more than the matching window: a step
+                # lands in the wrong step on the other, every member looks as if it skipped
+                # steps (EW-9) or moved odd bytes (EW-3), and no lag means anything. Say so
+                # instead of measuring; the clock-free step timing (summary_collective_*) still
+                # names stragglers (EW-1-tp-straggler).
+                rep = GroupReport(group=name, watermark=settled, steps=0, spread_median_s=float("nan"),
+                                  period_s=period, unaligned=(
+                                      f"clock error up to {pair_err * 1e3:.1f} ms between two members is not "
+                                      f"below the step matching window {w * 1e3:.1f} ms"))
+                self.reports[name] = rep
+                for n in live:
+                    out.setdefault(n, {}).update(ctl_aligned_steps=0.0,
+                                                 ctl_clock_error_seconds=self.clocks[n].clock_error)
+                yield name
+                continue
             al = align_arrays(live, [ev[n] for n in live], [by[n] for n in live], w)
             vals, rep = aligned_metrics(al, {n: self.clocks[n].clock_error for n in live}, self.min_fraction)
             rep.group, rep.watermark, rep.period_s = name, settled, period
@@ -494,9 +520,6 @@ class Aligner:
                 out.setdefault(n, {}).update(v)
             if al.nsteps:
                 stage_steps[name] = al.firsts(max(1, len(live) // 2))
-            rates = bytes_rates(by, self.window)
-            if rates:
-                group_rates[name] = (len(nodes), rates)
             yield name
         for n, r in reference_ratios(group_rates).items():
             out.setdefault(n, {})["ctl_collective_bytes_ref_ratio"] = r

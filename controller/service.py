@@ -879,4 +879,6 @@ class Controller:
                                    for i in self.correlator.open_incidents()],
                 "suggestions": {k: r.get("status") for k, r in self.remaps.items()},
                 "topology_conflicts": dict(self.topology.conflicts),
+                # TP groups whose steps are not matched across nodes, and why (unsynced clocks)
+                "unaligned_groups": {g: r.unaligned for g, r in self.aligner.reports.items() if r.unaligned},
                 "eval_errors": dict(self.engine.last_eval_errors)}

@@ -247,6 +247,7 @@ _PEER = {
     "peer_count": lambda x, g: F.peer_reduce(x, g, "count"),
     "peer_zscore": F.peer_zscore,
     "peer_dev": F.peer_dev,
+    "peer_others": F.peer_others,
     "spread": F.spread,
     "rank": F.rank,
 }
@@ -277,6 +278,7 @@ FUNCTION_DOCS = {
     "peer_count": "peer_count(v): members with a value",
     "peer_zscore": "peer_zscore(v): (v - group mean) / group stddev",
     "peer_dev": "peer_dev(v): (v - median of the other members) / that median",
+    "peer_others": "peer_others(v): median of v over the other members of the group",
     "spread": "spread(v): group max - group min",
     "rank": "rank(v): 1 = largest in the group",
     "abs": "abs(v)", "greatest": "greatest(a, b, ...)", "least": "least(a, b, ...)",

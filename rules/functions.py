@@ -430,10 +430,10 @@ def peer_zscore(x: np.ndarray, groups: np.ndarray) -> np.ndarray:
 
 
 @_quiet
-def peer_dev(x: np.ndarray, groups: np.ndarray) -> np.ndarray:
-    """Robust deviation from peers: (x − median of the OTHER members) / that median.
-    0.5 means 50 % above the others; the natural "one GPU much lower/higher than its peers"
-    measure, stable with small groups where a z-score saturates."""
+def peer_others(x: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """Median of x over the OTHER members of each member's group (NaN where no other member has
+    a value): what a member is compared with when it may be the odd one out - in a pair, the
+    partner; in a larger group, a median its own value cannot move."""
     out = np.full(len(x), _NAN)
     for idx in _groups(groups):
         v = x[idx]
@@ -455,11 +455,18 @@ def peer_dev(x: np.ndarray, groups: np.ndarray) -> np.ndarray:
         lo, hi = (c - 1) // 2, c // 2
         a = s[lo + (lo >= rank)]
         b = s[hi + (hi >= rank)]
-        med = 0.0 + a if c % 2 else ((0.0 + a) + b) / 2.0  # as np.nanmedian (see _median_of_sorted)
-        good = (med != 0) & ~np.isnan(med)
-        res = np.where(good, (vals - med) / np.abs(med), _NAN)
-        out[idx[ok]] = res
+        out[idx[ok]] = 0.0 + a if c % 2 else ((0.0 + a) + b) / 2.0  # as np.nanmedian (see _median_of_sorted)
     return out
+
+
+@_quiet
+def peer_dev(x: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """Robust deviation from peers: (x − median of the OTHER members) / that median.
+    0.5 means 50 % above the others; the natural "one GPU much lower/higher than its peers"
+    measure, stable with small groups where a z-score saturates."""
+    med = peer_others(x, groups)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where((med != 0) & ~np.isnan(med), (x - med) / np.abs(med), _NAN)
 
 
 def rank(x: np.ndarray, groups: np.ndarray) -> np.ndarray:

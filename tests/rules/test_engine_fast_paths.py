@@ -37,7 +37,7 @@ dur = st.sampled_from(["2s", "3s", "5s", "8s"])
 gauge = st.sampled_from(["g_val", "k_val"])
 wfn = st.sampled_from(["avg", "max", "min", "last", "sum", "count", "p50", "delta", "stddev", "changes",
                        "absent", "present", "burstiness"])
-peer = st.sampled_from(["peer_median", "peer_dev", "peer_mean", "rank", "peer_count", "spread"])
+peer = st.sampled_from(["peer_median", "peer_dev", "peer_others", "peer_mean", "rank", "peer_count", "spread"])
 op = st.sampled_from(OPS)
 
 value = st.one_of(

@@ -221,10 +221,12 @@ def ref_peer(xs, fn):
             out.append((x - statistics.fmean(ok)) / s if ok and s > 0 and not math.isnan(x) else math.nan)
         elif fn == "peer_count":
             out.append(float(len(ok)))
-        elif fn == "peer_dev":
+        elif fn in ("peer_dev", "peer_others"):
             others = [y for j, y in enumerate(xs) if j != len(out) and not math.isnan(y)]
             if len(xs) < 2 or not others or math.isnan(x):
                 out.append(math.nan)
+            elif fn == "peer_others":
+                out.append(statistics.median(others))
             else:
                 m = statistics.median(others)
                 out.append((x - m) / abs(m) if m != 0 else math.nan)
@@ -234,7 +236,8 @@ def ref_peer(xs, fn):
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(nodes=st.lists(st.lists(st.one_of(st.floats(-1e3, 1e3, allow_nan=False), st.just(math.nan)),
                                min_size=1, max_size=6), min_size=1, max_size=3),
-       fn=st.sampled_from(["peer_median", "peer_mean", "spread", "rank", "peer_zscore", "peer_count", "peer_dev"]))
+       fn=st.sampled_from(["peer_median", "peer_mean", "spread", "rank", "peer_zscore", "peer_count", "peer_dev",
+                           "peer_others"]))
 def test_peer_functions_match_reference_per_node_group(nodes, fn):
     """GPU-scope peers are the GPUs of the same node: each node is its own group."""
     store = WindowStore(CAT, horizon=1e6)
