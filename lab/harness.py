@@ -16,11 +16,12 @@ does from the kernel (``adjtimex`` maxerror, kept by chrony/ntpd: ``agent/clock.
 controller then assumes ``unsynced_clock_error`` (50 ms) and no millisecond straggler can be
 told from clock error.
 
-Collective bursts: the summary carries every collective burst start the node saw in the
-interval (``collective_burst_starts``/``collective_burst_bytes``, the controller's contract),
-taken from the simulator's RDMA timeline (``bursts="every"``), or what the agent sends: every
-burst its pkt collector listed as ended on the port with the most burst bytes (``bursts="agent"``,
-agent/bursts.py; the simulator lists the bursts as collectors/pkt does, lab/sim/pktfeat.py).
+Collective steps: the summary carries the node's step timing on its own clock
+(``summary_collective_*``) and the step entries for cross-node alignment
+(``collective_burst_starts``/``collective_burst_bytes``, the controller's contract), both from the
+silences its pkt collector listed (agent/steps.py; the simulator lists them as collectors/pkt
+does, lab/sim/steps.py) - ``bursts="agent"``; or, for alignment, the simulator's true step
+starts from its RDMA timeline (``bursts="every"``).
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from typing import Callable
 import numpy as np
 
 from skewd import wire
-from skewd.agent import bursts as bursts_mod
+from skewd.agent import steps as steps_mod
 from skewd.agent import summary as summary_mod
 from skewd.controller import messages as M
 from skewd.agent.pipeline import Pipeline
@@ -76,8 +77,8 @@ def needed_signals(ruleset: RuleSet) -> set[str]:
         out |= set(r.compiled.signals)
     out |= {s.source for s in summary_mod.SPECS}
     out.add("pkt_burst_start_seconds")
-    # what the summary's collective bursts are made of (agent/bursts.py)
-    out |= {bursts_mod.ENDED_START, bursts_mod.ENDED_BYTES, bursts_mod.COLLECTIONS}
+    # what the summary's collective steps are made of (agent/steps.py)
+    out |= {steps_mod.SILENCE, steps_mod.BY_SEND, steps_mod.SENT}
     # what the summary's engine-queue steps and arrival rate read (NS-1), whether a rule does or not
     out |= set(summary_mod.ENGINE_INPUTS)
     return out

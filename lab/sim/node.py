@@ -15,6 +15,7 @@ import copy
 import math
 import zlib
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -120,6 +121,8 @@ class NodeState:
     roce_ecn: dict[int, float]
     # collective bursts of this node (what the controller aligns): (start, bytes)
     bursts: list[tuple[float, float]] = field(default_factory=list)
+    # silences of its collective traffic that ended in the interval (lab/sim/steps.py)
+    silences: Any = None
     bulk: list[dict] = field(default_factory=list)  # bulk TCP transfers on the front end (name, egress, bytes, packets)
     notes: dict[str, float] = field(default_factory=dict)
 
@@ -925,7 +928,6 @@ class NodeSim:
                                                             f.get("pkt_flow_gap_p99_seconds", 1.0))
             for k, v in pf.items():
                 o.one(t, n.front, k, v)
-            self._emit_ended(o, t, n.front, self.front_port)
         if ports in ("all", "rdma") and n.rdma_ports:
             self._emit_roce(o, st, t)
 
@@ -1025,23 +1027,26 @@ class NodeSim:
                     agg.b_bytes = (0.0 if math.isnan(agg.b_bytes) else agg.b_bytes) + float(b_sorted.sum())
                 if len(run_end):
                     agg.last_ns = int(run_end[-1] * P.NS)
-            # every ended burst of what the port sent (the pkt collector lists those)
-            sent = [st.roce[fi] for fi in mine if self.roce_flows[fi].egress]
-            s0 = np.concatenate([x[0] for x in sent]) if sent else np.zeros(0)
-            P.ended_from_intervals(agg, s0, s0 + np.concatenate([x[1] for x in sent]) if sent else s0,
-                                   np.concatenate([x[2] for x in sent]) if sent else s0, st.t1)
-            P.ended_quiet(agg, st.t1)
             out.update(P._burst_out(agg))
-            self._emit_ended(o, t, dev, agg)
+            self._emit_silences(o, st, t, dev, 1.0 / len(n.rdma_ports))
             for k, v in out.items():
                 o.one(t, dev, k, float(v))
 
-    def _emit_ended(self, o: _Out, t: float, dev: str, agg: P.PortAgg) -> None:
-        """The port's ended bursts of the interval, stamped and valued on the node's clock."""
-        stamp, start, nbytes = P.take_ended(agg)
-        off = getattr(self, "clock_offset", 0.0)
-        o.at(t, stamp + off, dev, "pkt_burst_ended_start_seconds", start + off)
-        o.at(t, stamp + off, dev, "pkt_burst_ended_bytes", nbytes)
+    def _emit_silences(self, o: _Out, st: NodeState, t: float, dev: str, share: float) -> None:
+        """The silences of the node's collective traffic on one of its ports (every RDMA port
+        carries its share of every collective at the same times), stamped on the node's clock."""
+        sl = st.silences
+        if sl is None or not len(sl.end):
+            return
+        # the connections the collectives use on this port: one per TP peer and channel
+        port = self.n.rdma_netdevs.index(dev) if dev in self.n.rdma_netdevs else -1
+        conns = sum(1 for f in self.roce_flows if f.egress and f.port == port and f.kind == "tp")
+        if conns:
+            o.one(t, dev, "pkt_collective_connections", float(conns))
+        end = sl.end + getattr(self, "clock_offset", 0.0)
+        o.at(t, end, dev, "pkt_collective_silence_seconds", sl.length)
+        o.at(t, end, dev, "pkt_collective_silence_by_send", sl.by_send.astype(np.float64))
+        o.at(t, end, dev, "pkt_collective_sent_bytes", sl.sent * share)
 
     def _roce_index_by_name(self, name: str) -> int:
         if not hasattr(self, "_rname") or len(self._rname) != len(self.roce_flows):

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from skewd.collectors.pkt.features import STAMP_STEP, split_bursts
 
 NS = 1_000_000_000
 #: flow signals a flow without packets in the interval still reports (collectors/pkt/samples.py)
@@ -31,7 +30,6 @@ IDLE_SIGNALS = frozenset({"pkt_flow_packets_total", "pkt_flow_bytes_total", "pkt
                           "pkt_flow_bytes_per_second", "pkt_flow_idle_seconds", "pkt_flow_start_seconds",
                           "pkt_flow_end_seconds", "pkt_flow_closed"})
 BURST_GAP = 0.001  # the pkt collector's default burst_gap
-MAX_LISTED_BURSTS = 256  # the pkt collector's default max_listed_bursts
 FLOW_TIMEOUT = 60.0
 
 
@@ -73,17 +71,6 @@ class PortAgg:
     b_start: float = math.nan
     b_bytes: float = math.nan
     b_gap: float = math.nan
-    # every ended burst of what the port sent (collectors/pkt/features.py ``_ended_bursts``)
-    e_last_ns: int = -1
-    open: bool = False
-    o_start: int = -1
-    o_bytes: float = 0.0
-    stamp: int = -1
-    unlisted: int = 0
-    #: this interval's ended bursts: (stamp ns, start ns, bytes)
-    ended: list = field(default_factory=list)
-    #: sent pieces that start after the interval they were simulated in (start s, end s, bytes)
-    later: tuple = (np.zeros(0), np.zeros(0), np.zeros(0))
 
 
 @dataclass
@@ -288,8 +275,6 @@ def port_features(agg: PortAgg, ts_ns: np.ndarray, wl: np.ndarray, ingress: np.n
     if len(tin):
         agg.last_in_ns = int(tin[-1])
     _aggregate_bursts(agg, ts, wl)
-    ended_from_packets(agg, ts[~ingress], wl[~ingress])
-    ended_quiet(agg, t1)
     out.update(_burst_out(agg))
     if len(end_times_closed) >= 2:
         out["pkt_flow_end_spread_seconds"] = float(end_times_closed.max() - end_times_closed.min())
@@ -314,87 +299,8 @@ def _aggregate_bursts(agg: PortAgg, ts: np.ndarray, wl: np.ndarray) -> None:
     agg.last_ns = int(ts[-1])
 
 
-def _list_ended(agg: PortAgg, stamp: np.ndarray, start: np.ndarray, nbytes: np.ndarray) -> None:
-    room = MAX_LISTED_BURSTS - len(agg.ended)
-    if len(stamp) > room:
-        agg.unlisted += len(stamp) - room
-        stamp, start, nbytes = stamp[:room], start[:room], nbytes[:room]
-    if len(stamp):
-        agg.stamp = int(stamp[-1])
-        agg.ended.extend(zip(stamp.tolist(), start.tolist(), nbytes.tolist()))
-
-
-def _ended(agg: PortAgg, sstart: np.ndarray, send: np.ndarray, sbytes: np.ndarray, new: np.ndarray) -> None:
-    """Ended bursts from time-ordered pieces of sent traffic (``sstart``/``send`` first/last
-    packet ns, ``sbytes``; ``new``: the piece starts a burst): each burst ends where the next
-    one starts and is stamped with that start; the one open at the end is kept."""
-    if not len(sstart):
-        return
-    agg.e_last_ns = max(agg.e_last_ns, int(send.max()))
-    if not new.any():
-        if agg.open:
-            agg.o_bytes += float(sbytes.sum())
-        return
-    stamp, start, nbytes, (o_start, o_bytes) = split_bursts(
-        sstart, sbytes, new, (agg.o_start, agg.o_bytes) if agg.open else None)
-    if len(stamp):
-        _list_ended(agg, np.maximum.accumulate(np.maximum(stamp.astype(np.int64), agg.stamp + STAMP_STEP)),
-                    start.astype(np.int64), nbytes.astype(float))
-    agg.open, agg.o_start, agg.o_bytes = True, int(o_start), float(o_bytes)
-
-
-def ended_from_packets(agg: PortAgg, ts: np.ndarray, wl: np.ndarray) -> None:
-    """Every ended burst of the packets the port sent (explicit-packet path, time order)."""
-    if not len(ts):
-        return
-    prev = np.r_[agg.e_last_ns, ts[:-1]]
-    new = (ts - prev) >= int(BURST_GAP * NS)
-    new[0] |= agg.e_last_ns < 0
-    _ended(agg, ts, ts, wl.astype(float), new)
-
-
-def ended_from_intervals(agg: PortAgg, starts: np.ndarray, ends: np.ndarray, nbytes: np.ndarray,
-                         t1: float) -> None:
-    """Every ended burst of the port's sent flows given as (start s, end s, bytes) pieces (burst
-    classes: a flow's packets fill its piece back to back); pieces overlapping or closer than
-    burst_gap form one burst, as their packets would. A capture at ``t1`` has not seen pieces
-    starting after it (a pipeline hand-off at the end of a long step): they wait for a later
-    interval."""
-    ls, le, lb = agg.later
-    starts, ends, nbytes = (np.r_[ls, np.asarray(starts, float)], np.r_[le, np.asarray(ends, float)],
-                            np.r_[lb, np.asarray(nbytes, float)])
-    now = starts <= t1
-    agg.later = (starts[~now], ends[~now], nbytes[~now])
-    starts, ends, nbytes = starts[now], ends[now], nbytes[now]
-    if not len(starts):
-        return
-    o = np.argsort(starts, kind="stable")
-    s_ns = np.round(np.asarray(starts)[o] * NS).astype(np.int64)
-    e_ns = np.round(np.asarray(ends)[o] * NS).astype(np.int64)
-    run_end = np.maximum.accumulate(e_ns)
-    prev_end = np.r_[agg.e_last_ns, run_end[:-1]]
-    new = (s_ns - prev_end) >= int(BURST_GAP * NS)
-    new[0] |= agg.e_last_ns < 0
-    _ended(agg, s_ns, run_end, np.asarray(nbytes, float)[o], new)
-
-
-def ended_quiet(agg: PortAgg, t1: float) -> None:
-    """At an interval end: a port quiet for burst_gap has ended its open burst (stamped t1)."""
-    t1_ns = int(round(t1 * NS))
-    if agg.open and t1_ns - agg.e_last_ns >= int(BURST_GAP * NS):
-        _list_ended(agg, np.array([max(t1_ns, agg.stamp + STAMP_STEP)]), np.array([agg.o_start]), np.array([agg.o_bytes]))
-        agg.open = False
-
-
-def take_ended(agg: PortAgg) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The interval's ended bursts (stamp s, start s, bytes), emptied for the next interval."""
-    e = np.array(agg.ended, dtype=float).reshape(-1, 3)
-    agg.ended = []
-    return e[:, 0] / NS, e[:, 1] / NS, e[:, 2]
-
-
 def _burst_out(agg: PortAgg) -> dict[str, float]:
-    out = {"pkt_bursts_total": float(agg.bursts), "pkt_bursts_unlisted_total": float(agg.unlisted)}
+    out = {"pkt_bursts_total": float(agg.bursts)}
     if not math.isnan(agg.b_start):
         out["pkt_burst_start_seconds"] = agg.b_start
         out["pkt_burst_bytes"] = agg.b_bytes

@@ -73,7 +73,7 @@ CLUSTER_DEFAULTS: dict[str, Any] = {
     "nodes": 4, "gpus_per_node": 8, "gpu": "h100-sxm", "model": "dense-405b-fp8", "tp": 8, "pp": 1,
     "rdma_nics": 4, "rdma_speed": "400Gb", "front_speed": "100Gb", "cpus": 96, "kv_offload": True,
     "gpu_memory_utilization": 0.9, "max_num_seqs": 128, "disaggregated": False, "pkt_ports": "all", "dpu": False,
-    "clock": "ptp",
+    "clock": "ptp", "collective_transport": "roce",
 }
 LOAD_DEFAULTS: dict[str, Any] = {
     "rate": 1.0, "variation": 0.12, "prompt_tokens": {"median": 2000, "sigma": 0.9, "max": 32000},
@@ -312,6 +312,10 @@ def _cluster_value(k: str, v: Any) -> Any:
         if v not in ("ptp", "ntp"):
             raise ValueError("one of ptp, ntp")
         return v
+    if k == "collective_transport":
+        if v not in ("roce", "tcp"):
+            raise ValueError("one of roce, tcp")
+        return v
     if k == "pkt_ports":
         if v not in ("all", "front", "rdma"):
             raise ValueError("one of all, front, rdma")
@@ -329,7 +333,8 @@ def build_from(cluster: dict[str, Any], name: str):
                          tp=c["tp"], pp=c["pp"], rdma_nics=c["rdma_nics"], rdma_speed=c["rdma_speed"],
                          front_speed=c["front_speed"], cpus=c["cpus"], kv_offload=c["kv_offload"],
                          gpu_memory_utilization=c["gpu_memory_utilization"], max_num_seqs=c["max_num_seqs"],
-                         disaggregated=c["disaggregated"], pkt_ports=c["pkt_ports"], dpu=c["dpu"], clock=c["clock"])
+                         disaggregated=c["disaggregated"], pkt_ports=c["pkt_ports"], dpu=c["dpu"], clock=c["clock"],
+                         collective_transport=c["collective_transport"])
 
 
 def _range(v: Any, pos: Pos, what: str, errors: list[str], dur: bool) -> Range | None:

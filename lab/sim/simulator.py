@@ -24,6 +24,7 @@ import numpy as np
 from skewd.model import SampleBatch
 
 from .node import NodeSim
+from .steps import StepSilences, step_silences
 from .scenario import Scenario, build_from
 from .topology import Cluster
 from .workload import EngineSim, Effects, LoadSpec, TickOut
@@ -119,7 +120,12 @@ class Simulation:
             inj.sim = self  # injectors that react to the cluster's state read it through this
         self.truth: list[GroundTruth] = [inj.truth for inj in self.injectors]
         self.traffic_rng = self._rng("traffic", 0)
+        self.silence_rng = self._rng("silences", 0)  # its own stream: every other draw stays as it was
         self.bursts: dict[str, list[tuple[float, float]]] = {n.name: [] for n in c.nodes}
+        #: per node index: the silences of its collective traffic not yet listed by its capture,
+        #: and its last collective packet so far (lab/sim/steps.py)
+        self.silences: dict[int, list[StepSilences]] = {n.index: [] for n in c.nodes}
+        self._coll_last: dict[int, float] = {n.index: float("nan") for n in c.nodes}
         self.handoff: list[tuple[int, float, float, float]] = []  # (decode replica, t, prompt, out)
         self._rr = 0
         self.t = self.start
@@ -152,6 +158,22 @@ class Simulation:
     def prune_bursts(self, before: float) -> None:
         for k, v in self.bursts.items():
             self.bursts[k] = [b for b in v if b[0] >= before]
+
+    def _take_silences(self, nd: int, t1: float) -> StepSilences | None:
+        """The node's collective silences that ended by ``t1`` (the rest wait for the next
+        interval, as a capture lists a silence only once a packet ends it)."""
+        parts = self.silences[nd]
+        if not parts:
+            return None
+        cat = StepSilences(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("end", "length", "by_send", "sent")))
+        now = cat.end <= t1
+        rest = ~now
+        self.silences[nd] = [StepSilences(cat.end[rest], cat.length[rest], cat.by_send[rest], cat.sent[rest])] \
+            if rest.any() else []
+        if not now.any():
+            return None
+        o = np.argsort(cat.end[now], kind="stable")
+        return StepSilences(cat.end[now][o], cat.length[now][o], cat.by_send[now][o], cat.sent[now][o])
 
     # -- one interval ---------------------------------------------------------------------------
     def step(self) -> list[tuple[float, str, SampleBatch]]:
@@ -188,6 +210,7 @@ class Simulation:
             engines = {rid: (outs[rid], self.engines[rid]) for rid in n.replicas}
             self._apply_node_traffic(ns, node_tr[n.index], roce[n.index])
             st = ns.baseline(t0, t1, engines, roce[n.index], bursts[n.index])
+            st.silences = self._take_silences(n.index, t1)
             self._port_marks(ns, node_tr[n.index], st)
             for inj in active:
                 inj.on_node(t0, t1, n.index, st, self)
@@ -242,6 +265,10 @@ class Simulation:
                     if tr.skip.get(nd, 0.0) > 0:
                         send = rng.random(ns) >= tr.skip[nd]
                     bursts[nd].extend(zip(start[send].tolist(), B[send].tolist()))
+                    sil, self._coll_last[nd] = step_silences(
+                        self.silence_rng, self._coll_last[nd], start[send], (base + latest)[send], (base + end)[send],
+                        B[send], c.collective_transport)
+                    self.silences[nd].append(sil)
                     peers = [q for q in members if q != nd]
                     share = 1.0 / (P * len(peers) * 2)
                     # every flow of this node carries the same share of each burst: one array set

@@ -148,6 +148,9 @@ class Cluster:
     pkt_ports: str  # "all" | "front" | "rdma"
     dpu: bool = False  # BlueField DPUs with DOCA Telemetry Service scraped by the exporter collector
     clock: str = "ptp"  # node clock discipline: ptp (ConnectX PHC, ~us) or ntp (~ms)
+    #: how the TP collectives travel: roce (NCCL over RDMA) or tcp (gloo / NCCL sockets): their
+    #: pauses inside a collective differ (lab/sim/steps.py)
+    collective_transport: str = "roce"
 
     def node(self, name: str) -> Node:
         for n in self.nodes:
@@ -174,7 +177,8 @@ class Cluster:
 def build_cluster(*, name: str, nodes: int, gpus_per_node: int, gpu: str, model: str, tp: int, pp: int,
                   rdma_nics: int, rdma_speed: float, front_speed: float, cpus: int, kv_offload: bool,
                   gpu_memory_utilization: float, max_num_seqs: int, disaggregated: bool = False,
-                  pkt_ports: str = "all", dpu: bool = False, clock: str = "ptp") -> Cluster:
+                  pkt_ports: str = "all", dpu: bool = False, clock: str = "ptp",
+                  collective_transport: str = "roce") -> Cluster:
     """Lay out replicas over nodes: a replica needs ``tp * pp`` GPUs; when that exceeds a node,
     each PP stage spans ``tp / gpus_per_node`` nodes (cross-node TP), stages on further nodes."""
     g = GPUS[gpu]
@@ -262,4 +266,4 @@ def build_cluster(*, name: str, nodes: int, gpus_per_node: int, gpu: str, model:
     per_gpu_kv = max(1.0, g.mem_total * gpu_memory_utilization - m.weights_gb * 1e9 / per_replica - 2.5e9)
     kv_tokens = int(per_gpu_kv * per_replica / m.kv_bytes_per_token)
     return Cluster(name, g, m, node_objs, replicas, tp, pp, gpus_per_node, rdma_speed, front_speed, kv_offload,
-                   gpu_memory_utilization, max_num_seqs, kv_tokens, pkt_ports, dpu, clock)
+                   gpu_memory_utilization, max_num_seqs, kv_tokens, pkt_ports, dpu, clock, collective_transport)

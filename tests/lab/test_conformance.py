@@ -48,7 +48,9 @@ def test_most_of_the_catalogue_is_exercised(runs):
     own = {s for s, spec in cat.items() if spec.collector in ("gpu", "pcie", "netdev", "rdma", "host", "vllm", "pkt")}
     missing = own - seen
     # only these need a fault or a capture detail a healthy minute does not produce
-    assert missing <= {"pkt_flow_end_spread_seconds", "pkt_flow_roce_retransmits_total"}, sorted(missing)
+    # (the listing cap is not reached by healthy collectives)
+    assert missing <= {"pkt_flow_end_spread_seconds", "pkt_flow_roce_retransmits_total",
+                       "pkt_collective_silences_unlisted_total"}, sorted(missing)
 
 
 def test_units_and_counters(runs):
@@ -149,7 +151,7 @@ def test_front_end_packet_features_match_the_real_pkt_collector(tmp_path):
     ns = sim.nodes[0]
     tracker = FlowTracker(0.001, 60.0)
     seq: dict[int, int] = {}
-    compared = ended = 0
+    compared = 0
     for k in range(25):
         items = sim.step()
         flow, ts, wl, rtx, fin, t0, t1 = ns.last_packets
@@ -192,68 +194,68 @@ def test_front_end_packet_features_match_the_real_pkt_collector(tmp_path):
             for e in w:
                 assert g[e] == pytest.approx(w[e], rel=1e-6, abs=1e-9), f"{key} {e} at interval {k}"
                 compared += 1
-        # every ended burst of what the front-end port sent: same stamps, starts and bytes (the
-        # simulator stamps them on the node's clock, the packets here are on true time)
-        off = ns.clock_offset
-        for key in ("pkt_burst_ended_start_seconds", "pkt_burst_ended_bytes"):
-            w = sorted((float(tt), float(v)) for tt, sg, v in zip(ref.t, ref.signal, ref.value) if sg == key)
-            d = off if key == "pkt_burst_ended_start_seconds" else 0.0
-            g = sorted((float(tt) - off, float(v) - d) for b in mine
-                       for tt, e, sg, v in zip(b.t, b.entity, b.signal, b.value) if sg == key and e == "eth0")
-            assert len(w) == len(g) and len(w) > 0, f"{key} at interval {k}"
-            for (wt, wv), (gt, gv) in zip(w, g):
-                assert gt == pytest.approx(wt, abs=1e-6) and gv == pytest.approx(wv, rel=1e-9), f"{key} at {k}"
-                ended += 1
-    assert compared > 1000 and ended > 1000
+    assert compared > 1000
 
 
-def test_roce_port_ended_bursts_match_the_real_pkt_collector():
-    """The RoCE ports' bursts are simulated as pieces (start, duration, bytes per flow and step),
-    not packets: fill each piece with back-to-back packets, hand them to collectors/pkt's
-    FlowTracker interval by interval, and compare its ended-burst list with the simulator's."""
+def test_collective_silences_match_the_real_pkt_collector():
+    """The simulator lists a node's collective silences from its step timeline
+    (lab/sim/steps.py), not from packets: realise the same timeline as packets - the node's
+    sends in its active stretches, its peers' data arriving where a wait ends, nothing during a
+    silence - hand them to collectors/pkt's FlowTracker interval by interval, and compare its
+    silences (ends, lengths, how they ended, bytes) with the simulator's."""
     from skewd.collectors.pkt.features import NS, FlowTracker
     from skewd.collectors.pkt.frames import DIR_IN, DIR_OUT
-    from skewd.lab.sim import pktfeat as P
+    from skewd.lab.sim import steps as S
     from tests.pkt_packets import udp_packets
 
     rng = np.random.default_rng(11)
     T = 1_700_000_000.0
-    agg = P.PortAgg("eth1")
-    tracker = FlowTracker(P.BURST_GAP, 60.0)
-    got_sim, got_real = [], []
-    step_t = T + 0.01
-    for k in range(8):
-        t0, t1 = T + k, T + k + 1
-        pieces = []  # (flow, start, dur, bytes, egress)
-        while step_t < t1:
-            n = int(rng.integers(1, 4))  # flows of this step, sent and received, slightly apart
-            for f in range(n):
-                eg = bool(f < 2)
-                pieces.append((f, step_t + rng.uniform(0, 2e-4), rng.uniform(2e-3, 8e-3),
-                               int(rng.integers(20, 80)) * 4154, eg))
-            step_t += rng.choice([rng.uniform(0.2e-3, 0.9e-3) + 8e-3, rng.uniform(15e-3, 45e-3)])
-        mine = [p for p in pieces if p[1] < t1]
-        sent = [p for p in mine if p[4]]
-        if sent:
-            P.ended_from_intervals(agg, np.array([p[1] for p in sent]), np.array([p[1] + p[2] for p in sent]),
-                                   np.array([float(p[3]) for p in sent]), t1)
-        P.ended_quiet(agg, t1)
-        st, s0, b = P.take_ended(agg)
-        got_sim += list(zip(st.tolist(), s0.tolist(), b.tolist()))
-        # the same pieces as packets: 4154-byte frames spread evenly over each piece
-        ts, wl, fl, dr = [], [], [], []
-        for f, s, d, nb, eg in mine:
-            m = nb // 4154
-            ts.append(np.round((s + np.linspace(0, d, m)) * NS).astype(np.int64))
-            wl.append(np.full(m, 4154))
-            fl.append(np.full(m, f))
-            dr.append(np.full(m, DIR_OUT if eg else DIR_IN))
-        ts, wl, fl, dr = (np.concatenate(x) if x else np.zeros(0, np.int64) for x in (ts, wl, fl, dr))
-        o = np.argsort(ts, kind="stable")
-        pk = udp_packets(ts[o], wl[o], dst=2 + fl[o], direction=dr[o])
-        p = tracker.update(pk, t0, t1, ["eth1"]).ports[0]
-        got_real += list(zip((p.ended_stamp / NS).tolist(), (p.ended_start / NS).tolist(),
-                             p.ended_bytes.astype(float).tolist()))
-    assert len(got_real) > 100 and len(got_sim) == len(got_real)
-    for (a, b, c), (x, y, z) in zip(got_sim, got_real):
-        assert a == pytest.approx(x, abs=2e-6) and b == pytest.approx(y, abs=2e-6) and c == z
+    k = 300
+    step = 0.03 + rng.uniform(0, 0.01, k)
+    entry = T + 0.5 + np.cumsum(step)
+    latest = entry + rng.choice([0.0, 0.0, 0.004, 0.012], k)
+    end = np.maximum(entry + 0.02, latest + 0.008)
+    entry[1:] = np.maximum(entry[1:], end[:-1] + 0.002)  # a step starts after the previous one ended
+    latest = np.maximum(latest, entry)
+    end = np.maximum(end, latest + 0.006)
+    sil, _ = S.step_silences(np.random.default_rng(3), float("nan"), entry, latest, end,
+                             np.full(k, 4_000_000.0), "tcp")
+    # realise it: one 60 kB send every 0.2 ms in each active stretch (the silences are the gaps
+    # between stretches), the stretch after a wait starting with a peer's data segment
+    starts = np.r_[entry[0], sil.end]
+    stops = np.r_[sil.end - sil.length, end[-1]]
+    ts, d = [], []
+    for a, b, by_send in zip(starts.tolist(), stops.tolist(), np.r_[1, sil.by_send].tolist()):
+        t = np.unique(np.r_[np.arange(a, b, 0.0002), b])
+        dd = np.full(len(t), DIR_OUT)
+        if not by_send:
+            dd[0] = DIR_IN  # the wait (or pause) ended with a peer's data
+        ts.append(t)
+        d.append(dd)
+    ts, d = np.concatenate(ts), np.concatenate(d)
+    pay = np.full(len(ts), 60_000)
+    out = d == DIR_OUT
+    pk = udp_packets(np.round(ts * NS).astype(np.int64), pay + 66, dst=np.where(out, 2, 1),
+                     sport=np.where(out, 5000, 6000), dport=np.where(out, 6000, 5000), direction=d, payload=pay)
+    pk.src_lo[:] = np.where(out, 1, 2)
+    tr = FlowTracker(S.MIN_SILENCE, 60.0)
+    got_e, got_l, got_k = [], [], []
+    t0 = T
+    while t0 < ts[-1] + 1:
+        sel = np.flatnonzero((pk.ts_ns > t0 * NS) & (pk.ts_ns <= (t0 + 1) * NS))
+        f = tr.update(pk.take(sel), t0, t0 + 1, ["eth1"])
+        if f.ports:
+            s_ = f.ports[0].silences
+            got_e += (s_.end_ns / NS).tolist()
+            got_l += (s_.length_ns / NS).tolist()
+            got_k += s_.by_send.tolist()
+        t0 += 1
+    # a silence within a few ns of the 1 ms threshold may fall either side once its packets'
+    # times are rounded to ns: compare the rest
+    keep_s = sil.length >= S.MIN_SILENCE + 5e-6
+    keep_r = np.array(got_l) >= S.MIN_SILENCE + 5e-6
+    got_e, got_l, got_k = (np.array(x)[keep_r] for x in (got_e, got_l, got_k))
+    sil = S.StepSilences(sil.end[keep_s], sil.length[keep_s], sil.by_send[keep_s], sil.sent[keep_s])
+    assert len(sil.end) > 500 and len(got_e) == len(sil.end)
+    assert np.allclose(got_e, sil.end, atol=2e-6) and np.allclose(got_l, sil.length, atol=4e-6)
+    assert got_k.tolist() == sil.by_send.tolist()
