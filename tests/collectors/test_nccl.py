@@ -528,3 +528,45 @@ def test_agent_check_lists_the_collector_inactive_with_its_reason(tmp_path):
     run_check(load_config(str(p), env={}, collector_keys=collector_config_keys()), out)
     line = next(x for x in out.getvalue().splitlines() if " nccl " in x)
     assert "INACTIVE" in line and "nor does its parent" in line
+
+
+# -- the shipped rule on the collector's own output ----------------------------------------------------
+def _second(lines: list[bytes], k: int) -> bytes:
+    """The fixture's collectives replayed as second ``k``: sequence numbers and timestamps moved on."""
+    n = 24  # collectives per fixture file (make_fixtures.py N_COLL)
+
+    def shift(m: re.Match) -> bytes:
+        return str(int(m.group(0)) + k * 1_000_000).encode()
+
+    out = []
+    for line in lines:
+        line = re.sub(rb'"coll_sn":(\d+)', lambda m: b'"coll_sn":%d' % (int(m.group(1)) + k * n), line)
+        out.append(re.sub(rb"\b1764\d{12}\b", shift, line))
+    return b"".join(out)
+
+
+@pytest.mark.parametrize("d, named", [(STRAGGLER_V, [ent(5)]), (STRAGGLER, [ent(5)]), (HEALTHY_V, [])],
+                         ids=["straggler-verbose", "straggler-plain", "healthy"])
+def test_the_shipped_rule_names_the_straggler_from_the_collectors_output(tmp_path, d, named):
+    from skewd.catalogue import full_catalogue
+    from skewd.rules.cli import PACKS
+    from skewd.rules.engine import Engine
+    from skewd.rules.loader import load_rules
+    from skewd.rules.store import WindowStore
+
+    cat = full_catalogue()
+    store = WindowStore(cat)
+    engine = Engine(load_rules([PACKS], cat).ruleset, store)
+    c = collector(tmp_path)
+    files = fixture_lines(d)
+    firing: set[str] = set()
+    for k in range(100):
+        for name, lines in files.items():
+            append(tmp_path / name, _second(lines, k))
+        t = 1_764_147_600.0 + k
+        store.ingest(c.collect(t))
+        for f in engine.evaluate(t):
+            if f.rule_id == "EW-1-nccl-rank-straggler" and f.state.value == "firing":
+                firing.add(f.entity)
+    assert sorted(firing) == named
+    assert c.stats.errors == {}
