@@ -88,7 +88,7 @@ class NcclCollector(Collector):
         self._problem_counts: dict[str, int] = {}
         self._foreign: set[str] = set()
         self._aggregated_warned = False
-        #: the latest problem, for whoever asks why nothing comes (``skewd agent --check``)
+        #: the latest problem (also logged): why records are missing, for ``unavailable_reason``
         self.last_problem = ""
 
     def _problem(self, file: str, where: str, msg: str, stage: str = "parse") -> None:

@@ -453,11 +453,12 @@ def test_textfile_mode_reads_each_rewrite_once(tmp_path):
     assert c.stats.errors == {}
 
 
-def test_textfile_with_v5_aggregated_series_says_to_use_json_mode(tmp_path):
+def test_textfile_with_v5_aggregated_series_says_to_use_json_mode(tmp_path, caplog):
     shutil.copyfile(FIX / "inspector-prom-v5.1-aggregated" / "nccl_inspector_metrics_GPU0.prom",
                     tmp_path / "nccl_inspector_metrics_GPU0.prom")
     c = NcclCollector("n1", {"textfile": str(tmp_path), "hostname": "*"})
     assert values(c.collect(1.0)) == {}
+    assert "use JSON mode (collectors.nccl.dump_dir)" in caplog.text
     assert "JSON mode" in c.unavailable_reason("nccl_collective_wait_p50_seconds")
 
 
