@@ -8,7 +8,7 @@ from skewd.model import Catalogue
 
 from .base import Collector
 
-NAMES = ("netdev", "pkt", "rdma", "pcie", "gpu", "host", "vllm", "exporter")
+NAMES = ("netdev", "pkt", "rdma", "pcie", "gpu", "host", "vllm", "exporter", "nccl")
 
 
 def collector_class(name: str) -> type[Collector]:

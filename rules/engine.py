@@ -426,6 +426,12 @@ class Engine:
             groups = np.array([codes[v] for v in vals], dtype=np.int64)
         elif scope == Scope.NODE:
             groups = np.zeros(len(eids), dtype=np.int64)
+        elif scope == Scope.RANK:
+            # a rank's peers are its communicator's other ranks on the node (``<comm>/r<rank>``):
+            # the ranks of another communicator run other collectives, sizes and timings
+            comms = [(int(ne), str(nm).rpartition("/")[0]) for ne, nm in zip(node_eids, names)]
+            codes = {c: i for i, c in enumerate(sorted(set(comms)))}
+            groups = np.array([codes[c] for c in comms], dtype=np.int64)
         else:
             groups = node_eids.copy()
         # the node eids may have been created just now: a later frame build sees them cached

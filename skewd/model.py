@@ -39,6 +39,9 @@ class Scope(str, Enum):
     PCI_DEVICE = "pci_device"
     ENGINE = "engine"
     CPU = "cpu"
+    #: a rank of an NCCL communicator, ``<comm_id>/r<rank>``; peers: the same communicator's
+    #: ranks on the same node
+    RANK = "rank"
     TP_GROUP = "tp_group"
     CLUSTER = "cluster"
 

@@ -142,6 +142,26 @@ def test_peer_groups_are_per_node_for_gpu_scope(cat, tmp_path):
     assert [(x.node, x.entity) for x in eng.evaluate(0.0)] == [("a", "gpu2")]
 
 
+def test_rank_scope_peers_are_the_same_communicators_ranks_on_the_node(tmp_path):
+    # a rank's peers are its communicator's ranks: node b's ranks and the other communicator's
+    # ranks on node a (which run other collectives) are not compared with it
+    from skewd.model import Catalogue, signal
+
+    cat = Catalogue([signal("nccl_wait_seconds", "gauge", "seconds", "rank", "wait", "nccl")])
+    f = tmp_path / "r.yaml"
+    f.write_text("required_engine_version: 1\nrules:\n  - id: QUICK\n    pathology: EW-1\n    scope: rank\n"
+                 "    layer: gpu\n    expr: peer_median(nccl_wait_seconds) - nccl_wait_seconds > 0.001\n")
+    store = WindowStore(cat)
+    eng = Engine(load_rules([f], cat).ruleset, store)
+    for node, vals in (("a", {"0xaa/r0": 0.003, "0xaa/r1": 0.0, "0xbb/r0": 0.0, "0xbb/r1": 0.0, "0xbb/r2": 0.0}),
+                       ("b", {"0xaa/r2": 0.0, "0xaa/r3": 0.003, "0xaa/r4": 0.003})):
+        b = BatchBuilder(node)
+        for ent, v in vals.items():
+            b.add(1.0, ent, "nccl_wait_seconds", v)
+        store.ingest(b.build())
+    assert sorted((x.node, x.entity) for x in eng.evaluate(1.0)) == [("a", "0xaa/r1"), ("b", "0xaa/r2")]
+
+
 def test_tp_group_scope_groups_nodes_by_label(cat, tmp_path):
     f = tmp_path / "r.yaml"
     f.write_text("required_engine_version: 1\nrules:\n  - id: LATE\n    pathology: EW-1\n    scope: tp_group\n"
