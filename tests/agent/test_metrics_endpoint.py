@@ -42,7 +42,9 @@ async def test_metrics_endpoint_serves_what_the_dashboard_needs(nats_server, tmp
         for target in panel["targets"]:
             wanted |= {m for m in re.findall(r"\b(skewd_[a-z_]+)", target["expr"])}
     assert wanted and wanted <= exposed, sorted(wanted - exposed)
-    assert 'skewd_collector_up{collector="gpu",state="absent"} 0.0' in text
+    gpu = next(sl for sl in agent.slots if sl.name == "gpu")  # as this host's probe saw it
+    assert (f'skewd_collector_up{{collector="gpu",state="{gpu.status.availability.value}"}} '
+            f'{1.0 if gpu.active else 0.0}') in text
     assert 'skewd_collector_up{collector="netdev",state="active"} 1.0' in text
     samples = float(re.search(r'^skewd_collector_samples_total\{collector="netdev"\} (\S+)', text, re.M).group(1))
     assert samples > 0
