@@ -87,6 +87,8 @@ def _run_one(job: tuple[str, int]) -> RunResult:
     sc = load_scenario(path)
     if o.get("duration_scale", 1.0) != 1.0:
         sc.duration = max(120.0, sc.duration * o["duration_scale"])
+    if o.get("clocks"):
+        sc.cluster["clock"] = o["clocks"]
     sim = Simulation(sc, seed)
     h = Harness(sim, _W["rules"], _W["cat"], eval_interval=o["eval_interval"], summary_interval=o["eval_interval"],
                 group_interval=o["eval_interval"], bursts=o["bursts"], clock_report=o.get("clock_report", "sim"))
@@ -257,7 +259,8 @@ def render(sc: dict[str, IdScore], extra: dict[str, Any], runs: Sequence[RunResu
              if not meta.get("tuned_seeds_in_table") else
              f"- NOT an evaluation: seeds {meta['tuned_seeds_in_table']} were used for tuning",
              f"- agent evaluation every {meta['eval_interval']:g}s (summaries and controller too), collectors every 1s; "
-             f"collective bursts in summaries: {meta['bursts']}, clock error in summaries: {meta['clock_report']}",
+             f"collective bursts in summaries: {meta['bursts']}, clock error in summaries: {meta['clock_report']}, "
+             f"clocks: {meta.get('clocks', 'ptp')}",
              f"- wall time {meta['wall']:.0f}s on {meta['machine']} with {meta['jobs']} worker(s)", "",
              "How to read it: see the end of this page. Latencies are medians over detected runs.", "",
              "| ID | pathology | recall | precision (incidents) | precision (findings) | localisation "
@@ -470,6 +473,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     ap.add_argument("--clock-report", choices=("sim", "none"), default="sim",
                     help="clock error bound in summaries: the simulated node's (as the agent reports the kernel's "
                          "adjtimex maxerror) or none (a node whose time daemon keeps no bound)")
+    ap.add_argument("--clocks", choices=("ptp", "ntp", "none"),
+                    help="every node's clock discipline, overriding the scenarios' (none: unsynchronised hosts, "
+                         "offsets of up to 2 s, no error bound - the controller's default unsynced error applies)")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--quick", action="store_true", help="short smoke run: a few scenarios, shortened, no docs")
     ap.add_argument("--out", default=str(DOC), help="markdown output (default docs/detection.md)")
@@ -534,7 +540,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("skewd bench: --tuning runs are not written to docs (add --no-write)", file=sys.stderr)
         return 2
     opts = {"eval_interval": a.eval_interval, "bursts": a.bursts, "clock_report": a.clock_report,
-            "duration_scale": 0.6 if a.quick else 1.0}
+            "duration_scale": 0.6 if a.quick else 1.0, "clocks": a.clocks}
     try:
         _init_worker(rules, opts)
     except SystemExit as e:
@@ -568,6 +574,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "rules": len(_W["rules"].rules), "seeds": f"{a.seed_base}..{a.seed_base + max(a.seeds, a.healthy_seeds) - 1}",
             "tuning_seeds": seed_ledger()["tuning"], "tuned_seeds_in_table": seen,
             "eval_interval": a.eval_interval, "bursts": a.bursts, "clock_report": a.clock_report, "wall": wall,
+            "clocks": a.clocks or "as each scenario says (ptp unless stated)",
             "jobs": a.jobs,
             "machine": f"{platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}"}
     text = render(sc, extra, runs, meta)

@@ -230,7 +230,9 @@ class Harness:
         # "sim": the node reports its time daemon's error bound (the agent reads it with adjtimex);
         # "none": no bound (the controller assumes its worst case)
         err = self.sim.clock_error[node] if self.clock_report == "sim" else None
-        msg = summary_mod.make_summary(p.store, node, self.cluster, t, interval, clock_error=err)
+        synced = self.sim.cluster.clock != "none"  # an undisciplined clock: the kernel says unsynchronised
+        msg = summary_mod.make_summary(p.store, node, self.cluster, t, interval, clock_synced=synced,
+                                       clock_error=err)
         vals = {k: v[""] for k, v in msg.signals.items() if "" in v}
         p.ingest(summary_mod.to_batch(node, t, vals))  # as the agent does: node rules read summaries
         if self.ctl is None:

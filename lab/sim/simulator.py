@@ -110,9 +110,16 @@ class Simulation:
         if c.clock == "ptp":
             self.clock_offset = {n.name: float(crng.normal(0, 2e-6)) for n in c.nodes}
             self.clock_error = {n.name: float(crng.uniform(5e-6, 2e-5)) for n in c.nodes}
-        else:
+        elif c.clock == "ntp":
             self.clock_offset = {n.name: float(crng.normal(0, 4e-4)) for n in c.nodes}
             self.clock_error = {n.name: float(crng.uniform(1e-3, 4e-3)) for n in c.nodes}
+        else:
+            # no time daemon: the kernel reports the clock unsynchronised and keeps no bound
+            # (adjtimex STA_UNSYNC, as on the real-traffic lab's VM: maxerror 16 s). Without
+            # discipline a clock set once at boot drifts by tens of ppm: tens of ms to seconds
+            # between hosts after days; offsets here are drawn from +-2 s.
+            self.clock_offset = {n.name: float(crng.uniform(-2.0, 2.0)) for n in c.nodes}
+            self.clock_error = {n.name: None for n in c.nodes}
         for ns in self.nodes:  # its packet capture timestamps with the node's clock
             ns.clock_offset = self.clock_offset[ns.n.name]
         self.injectors = make_injectors(scenario, c, self._rng("faults", 0), self.start)
