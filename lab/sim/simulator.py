@@ -274,7 +274,7 @@ class Simulation:
                     bursts[nd].extend(zip(start[send].tolist(), B[send].tolist()))
                     sil, self._coll_last[nd] = step_silences(
                         self.silence_rng, self._coll_last[nd], start[send], (base + latest)[send], (base + end)[send],
-                        B[send], c.collective_transport)
+                        B[send], c.collective_transport, len(members))
                     self.silences[nd].append(sil)
                     peers = [q for q in members if q != nd]
                     share = 1.0 / (P * len(peers) * 2)
