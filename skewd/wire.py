@@ -465,16 +465,20 @@ def _reject_constant(name: str) -> Any:
     raise WireError(f"payload holds {name}, which JSON does not allow (numbers must be finite)")
 
 
+#: one decoder for every payload (json.loads with an argument would build one per call)
+_JSON = json.JSONDecoder(parse_constant=_reject_constant)
+
+
 def json_depth_exceeds(raw: bytes, max_depth: int) -> bool:
     """Whether the JSON text ``raw`` nests arrays/objects deeper than ``max_depth`` (or its
     brackets do not balance), found without building anything and in C-speed passes: strings
-    are set aside, brackets kept, and innermost pairs removed once per level. About 15 µs for
-    a 6 kB summary; a 1 MiB bracket bomb stops after ``max_depth`` passes."""
-    if raw.count(b"[") + raw.count(b"{") <= max_depth:
-        return False
+    are set aside, brackets kept, and innermost pairs removed once per level. About 8 µs for
+    a 2 kB summary; a 1 MiB bracket bomb stops after ``max_depth`` passes."""
     if b"\\" in raw:  # escaped quotes: blank every string exactly (slower, and rare)
         raw = _JSON_STRING.sub(b'""', raw)
     small = raw.translate(_PARENS, _NOT_STRUCTURE)  # only '"', '(' and ')' left
+    if small.count(b"(") <= max_depth:
+        return False
     rest = small.replace(b'""', b"")
     if b'"' in rest:  # a string held brackets: drop every string's content exactly
         rest = b"".join(small.split(b'"')[0::2])
@@ -495,7 +499,7 @@ def load_json(data: bytes | str, *, max_bytes: int = MAX_PAYLOAD_BYTES, max_dept
     if json_depth_exceeds(raw, max_depth):
         raise WireError(f"payload nests deeper than {max_depth} levels (or its brackets do not balance)")
     try:
-        return json.loads(raw, parse_constant=_reject_constant)
+        return _JSON.decode(raw.decode("utf-8"))
     except WireError:
         raise
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
