@@ -55,7 +55,7 @@ from .catalogue import NAMES as CTL_SIGNALS
 from .config import ControllerConfig
 from .correlator import Correlator
 from .planner import Planner, semantic_key, suggestion_key
-from .state import StateStore, restore_engine
+from .state import STATE_VALUE_BYTES, StateStore, restore_engine
 from .timeline import Timelines
 from .topology import Topology
 
@@ -338,17 +338,30 @@ class Controller:
         saved = await self.state.load()
         for d in saved.get("finding", {}).values():
             try:
-                self.correlator.observe(Finding.from_dict(d))
-            except (KeyError, TypeError, ValueError) as e:
+                self.correlator.observe(wire.finding_from_dict(d))
+            except wire.WireError as e:
                 log.warning("state: unreadable finding skipped: %s", e)
-        kept = [v for v in saved.get("incident", {}).values() if "group_key" in v]
-        self.correlator.restore_ids({v["group_key"]: (v["id"], float(v["opened_at"])) for v in kept},
-                                    published=[v["id"] for v in kept if v.get("published", True)],
-                                    held_from={v["id"]: float(v["held_from"]) for v in kept if "held_from" in v})
+        ids: dict[str, tuple[str, float]] = {}
+        published: list[str] = []
+        held_from: dict[str, float] = {}
+        for v in saved.get("incident", {}).values():
+            try:  # KV is ours, but a damaged record must cost itself, not the start
+                ids[str(v["group_key"])] = (str(v["id"]), float(v["opened_at"]))
+                if v.get("published", True):
+                    published.append(str(v["id"]))
+                if "held_from" in v:
+                    held_from[str(v["id"])] = float(v["held_from"])
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
+                log.warning("state: unreadable incident record skipped: %r (%s)", v, e)
+        self.correlator.restore_ids(ids, published=published, held_from=held_from)
         self._open_keys = set(self.correlator.ids)
-        self.remaps = dict(saved.get("remap", {}))
+        self.remaps = {k: v for k, v in saved.get("remap", {}).items() if isinstance(v, dict)}
         eng = saved.get("engine", {}).get("engine")
-        n = restore_engine(self.engine, eng) if eng else 0
+        try:
+            n = restore_engine(self.engine, eng) if isinstance(eng, dict) else 0
+        except Exception as e:  # noqa: BLE001 - alert states are rebuilt from the summaries then
+            log.warning("state: engine snapshot not restored: %s: %s", type(e).__name__, e)
+            n = 0
         # nodes with open findings: alive or not, this process has not heard them yet. Their
         # silence is timed from now (the controller was not listening before), and until they
         # are heard their incidents are not re-announced
@@ -726,8 +739,9 @@ class Controller:
                     if e is None or not e.value:
                         continue
                     try:
-                        f = Finding.from_dict(json.loads(e.value))
-                    except (KeyError, TypeError, ValueError):
+                        f = wire.finding_from_dict(wire.load_json(e.value, max_bytes=STATE_VALUE_BYTES))
+                    except wire.WireError as err:
+                        log.warning("KV finding %s unreadable, skipped: %s", e.key, err)
                         continue
                     async with self._lock:
                         self.correlator.observe(f)

@@ -46,6 +46,8 @@ def _dumps(d: Any) -> bytes:
     return json.dumps(d, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
+#: a KV value is bounded by the server's max_payload; this only caps what one parse may take
+STATE_VALUE_BYTES = 64 << 20
 #: watch passes over the bucket before missing keys are read one by one (see load)
 LOAD_WATCH_ATTEMPTS = 3
 #: how long one watch pass may wait for its "initial values done" marker
@@ -131,9 +133,9 @@ class StateStore:
             rest = key[len(self.prefix) + 1:]
             section, _, name = rest.partition(".")
             try:
-                out.setdefault(section, {})[name or section] = json.loads(raw)
-            except ValueError:
-                log.warning("ignoring unreadable state key %s", key)
+                out.setdefault(section, {})[name or section] = wire.load_json(raw, max_bytes=STATE_VALUE_BYTES)
+            except wire.WireError as e:
+                log.warning("ignoring unreadable state key %s: %s", key, e)
         return out
 
     async def _watch_into(self, values: dict[str, bytes], deleted: set[str]) -> None:

@@ -5,6 +5,7 @@ watcher may signal "initial values done" before delivering them (nats-io/nats.py
 from __future__ import annotations
 
 import asyncio
+import json
 
 import nats
 import pytest
@@ -13,7 +14,7 @@ from skewd.controller.service import Controller
 from skewd.controller.state import StateStore
 from skewd.model import Layer, Scope, State
 
-from .helpers import config
+from .helpers import config, wait_for
 from .sim import finding
 
 pytestmark = pytest.mark.timeout(240)
@@ -97,3 +98,40 @@ async def test_keys_a_watch_missed_are_found_from_the_server_s_key_list(nats_ser
         assert saved2 == saved and st2.load_report["read_singly"] == st2.load_report["missed_by_watch"] == 300
     finally:
         await nc.close()
+
+
+async def test_damaged_state_values_cost_themselves_not_the_start(nats_server) -> None:
+    """KV is the controller's own, but a damaged or foreign value (50,000 levels of JSON, a
+    finding with labels [1, 2], an incident record without its id) is skipped with a warning,
+    at start and by the watch that follows other replicas' findings."""
+    url, cluster = nats_server.url, "damaged"
+    st = await _fill(url, cluster)
+    nc = await nats.connect(url)
+    try:
+        kv = await nc.jetstream().key_value("SKEWD_CONTROLLER")
+        good = finding("n1", "R-good", "GPU-2", Layer.ENGINE, 1_800_000_000.0, cluster=cluster, entity="engine0",
+                       scope=Scope.ENGINE).to_dict()
+        bad = dict(good, labels=[1, 2])
+        await kv.put(st.key("finding", "deep"), b"[" * 50_000 + b"]" * 50_000)
+        await kv.put(st.key("finding", "labels"), json.dumps(bad).encode())
+        await kv.put(st.key("incident", "noid"), b'{"group_key": "x"}')
+        ctl = Controller(config(url, cluster))
+        await asyncio.wait_for(ctl.start(), 30)
+        try:
+            assert len(ctl.correlator.findings) == FINDINGS - DELETED
+            assert len(ctl.correlator.ids) == INCIDENTS
+            await kv.put(st.key("finding", "deep2"), b"{" * 50_000)  # while it runs: the KV watch
+            late = finding("n1", "R-late", "GPU-2", Layer.ENGINE, 1_800_000_000.0, cluster=cluster,
+                           entity="engine0", scope=Scope.ENGINE)
+            await kv.put(st.key("finding", late.fingerprint), json.dumps(late.to_dict()).encode())
+            await wait_for(lambda: _true(late.fingerprint in ctl.correlator.findings), 10,
+                           "the watch to take the finding stored after the damaged one")
+            assert ctl.status()["loops"]["kvwatch"]["restarts"] == 0
+        finally:
+            await ctl.stop()
+    finally:
+        await nc.close()
+
+
+async def _true(v: bool) -> bool:
+    return v
