@@ -313,3 +313,49 @@ async def test_shutdown_with_the_broker_gone_takes_at_most_two_seconds(nats_serv
         if not nc.is_closed:
             await nc.close()
         proc.stop()
+
+
+def _offline_controller() -> Controller:
+    from skewd.controller.config import load_config
+    from skewd.lab.harness import CaptureJetStream, MemoryState
+
+    cfg = load_config(None, env={}, overrides={"cluster": "sched", "rules": [RULES], "warmup": "1s"})
+    ctl = Controller(cfg, wall_clock=lambda: 0.0)
+    ctl.state = MemoryState(cfg.cluster)
+    ctl.js = CaptureJetStream()
+    return ctl
+
+
+def _summary(t: float) -> wire.Summary:
+    return wire.Summary(node="n0", cluster="sched", t=t, interval=1.0, signals={"summary_gpu_util_mean_ratio": {"": 0.5}},
+                        clock_sync=wire.ClockSync(True, 0.001), agent_version="test")
+
+
+def test_evaluation_scheduling_cannot_spin_on_a_huge_time() -> None:
+    """ingest_summary is public (replay, the lab): even a time where t + 1 == t (1e17) passes
+    the scheduler once, and the next grid time is later than it."""
+    ctl = _offline_controller()
+    ctl.ingest_summary(_summary(1e17))
+    ctl._wake.clear()  # the evaluation loop's wake-up, taken
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(asyncio.wait_for(ctl.evaluate_due(), 10))
+    finally:
+        loop.close()
+    assert ctl.now == 1e17 and ctl.next_eval > 1e17 and not ctl._wake.is_set()
+
+
+def test_a_catch_up_evaluates_at_most_ten_grid_times_per_wake_up() -> None:
+    ctl = _offline_controller()
+    t0 = 1_800_000_000.0
+    ctl.ingest_summary(_summary(t0))
+    ctl.ingest_summary(_summary(t0 + 10.0))  # 11 grid times due: t0 .. t0 + 10 (not 10 behind: all evaluated)
+    ctl._wake.clear()
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(ctl.evaluate_due())
+        assert ctl.now == t0 + 9 and ctl._wake.is_set() and ctl.stats.evaluations_deferred == 1
+        loop.run_until_complete(ctl.evaluate_due())  # the next wake-up finishes the catch-up
+        assert ctl.now == t0 + 10 and ctl.next_eval == t0 + 11
+    finally:
+        loop.close()
