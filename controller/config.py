@@ -92,6 +92,18 @@ DEFAULTS: dict[str, Any] = {
     "remap": {"ttl": "10m", "min_confidence": 0.3, "concurrency_factor": 0.75, "reroute_weight": 0.5},
     "consumer": {"durable": "", "queue": "", "ack_wait": "10s", "batch": 64},  # default names: skewd-controller-<cluster>
     "state": {"bucket": "SKEWD_CONTROLLER", "max_age": "7d"},
+    # what the controller accepts from agents (docs/controller.md, "What the controller trusts"):
+    # max_clock_skew: a summary whose t, or a finding whose times, lie further than this from
+    #   the controller's clock (a finding: ahead of it) is rejected; 0s turns the check off (a
+    #   lab replaying recorded time through NATS). 5m is far beyond NTP/chrony error (ms) and a
+    #   summary's transit (ms), and short enough that one bad clock cannot move evaluation far.
+    # silent_intervals: a node heard from neither by summary nor by finding for this many of its
+    #   summary intervals (at least evaluation_interval each) is silent: its agents' open findings
+    #   are resolved ("node silent") and its per-node state is forgotten. 30 x 1 s rides out an
+    #   agent restart (a few seconds) and a NATS reconnect.
+    # max_nodes: nodes heard from at once; messages from further new nodes are rejected (and
+    #   counted) until silent nodes make room (about 18 kB of state per node; 10000 nodes ~ 200 MB)
+    "ingest": {"max_clock_skew": "5m", "silent_intervals": 30, "max_nodes": 10000},
     "topology": {"tp_groups": {}, "pp_groups": {}, "models": {}},
     "log": {"level": "info"},
 }
@@ -161,6 +173,10 @@ class ControllerConfig:
     batch: int
     bucket: str
     state_max_age: float
+    #: ingest.max_clock_skew in seconds; 0 = no clock check
+    max_clock_skew: float = 300.0
+    silent_intervals: float = 30.0
+    max_nodes: int = 10000
     tp_groups: dict[str, TPGroup] = field(default_factory=dict)
     pp_groups: dict[str, PPGroup] = field(default_factory=dict)
     models: dict[str, ModelSpec] = field(default_factory=dict)
@@ -351,7 +367,8 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         return tuple(value)
 
     d = {k: dur(merged[k], k, k) for k in ("evaluation_interval", "lookback", "horizon", "warmup", "stale_after")}
-    al, co, rm, cons, st = (merged[s] for s in ("alignment", "correlation", "remap", "consumer", "state"))
+    al, co, rm, cons, st, ing = (merged[s] for s in ("alignment", "correlation", "remap", "consumer", "state",
+                                                      "ingest"))
     cluster = str(merged.get("cluster") or "")
     if not cluster or any(c in cluster for c in " .*>\t"):
         problems.append(f"{pos('cluster')}: cluster {cluster!r} must be non-empty without spaces, dots, '*' or '>'")
@@ -401,6 +418,11 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         ack_wait=dur(cons.get("ack_wait"), "consumer.ack_wait", "consumer", "ack_wait"),
         batch=int(num(cons.get("batch"), "consumer.batch", 1, 4096, "consumer", "batch")),
         bucket=bucket, state_max_age=dur(st.get("max_age"), "state.max_age", "state", "max_age"),
+        max_clock_skew=dur(ing.get("max_clock_skew"), "ingest.max_clock_skew", "ingest", "max_clock_skew",
+                           positive=False),
+        silent_intervals=num(ing.get("silent_intervals"), "ingest.silent_intervals", 2, 1e6,
+                             "ingest", "silent_intervals"),
+        max_nodes=int(num(ing.get("max_nodes"), "ingest.max_nodes", 1, 10_000_000, "ingest", "max_nodes")),
         tp_groups=tp, pp_groups=pp, models=models, log_level=level, source=where,
     )
     if cfg.warmup > cfg.horizon:

@@ -100,9 +100,11 @@ if __name__ == "__main__":
 
 async def run_embedded(*, url: str, cluster: str, state_dir, stop: asyncio.Event,
                        topology: dict | None = None, rules: list[str] | None = None, ready: asyncio.Event | None = None,
-                       on_start=None) -> None:
+                       on_start=None, recorded_time: bool = False) -> None:
     """Run a controller inside another program's event loop (``skewd up``, ``skewd demo``)
-    until ``stop`` is set. State lives in the NATS server's JetStream, as in production."""
+    until ``stop`` is set. State lives in the NATS server's JetStream, as in production.
+    ``recorded_time``: the agents send simulated or recorded times (``skewd demo``), so the
+    clock check against this machine's clock (``ingest.max_clock_skew``) is off."""
     from .config import load_config
     from .service import Controller
 
@@ -111,6 +113,8 @@ async def run_embedded(*, url: str, cluster: str, state_dir, stop: asyncio.Event
         over["topology"] = topology
     if rules:
         over["rules"] = rules
+    if recorded_time:
+        over["ingest"] = {"max_clock_skew": "0s"}
     cfg = load_config(None, env={}, overrides=over)
     ctl = Controller(cfg)
     await ctl.start()

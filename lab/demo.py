@@ -90,7 +90,7 @@ async def run(scenario, args, out=None) -> int:
     ctl_holder: list = []
     ready = asyncio.Event()
     ctl_task = asyncio.create_task(run_embedded(url=server.url, cluster=cluster, state_dir=state / "ctl", stop=stop,
-                                                ready=ready, on_start=ctl_holder.append))
+                                                ready=ready, on_start=ctl_holder.append, recorded_time=True))
     await asyncio.wait_for(ready.wait(), 30)
     nc = await connect(NatsConfig.from_dict({"url": server.url}), initial_timeout=10)
     findings: list[Finding] = []

@@ -227,11 +227,11 @@ def test_unknown_schema_version_is_a_clear_error(msg) -> None:
 def test_missing_and_mistyped_fields_are_named() -> None:
     with pytest.raises(wire.WireError, match="summary: missing field 'node'"):
         wire.decode(_mutated(_summary(), node=...))
-    with pytest.raises(wire.WireError, match=r"summary: field 't' must be a number"):
+    with pytest.raises(wire.WireError, match=r"summary: field 't' must be a finite number"):
         wire.decode(_mutated(_summary(), t="now"))
     with pytest.raises(wire.WireError, match=r"health.rules: field 'active' must be an integer"):
         wire.decode(_mutated(_health(), rules={"active": True, "inactive": {}}))
-    with pytest.raises(wire.WireError, match=r"summary.signals.x: field 'gpu0' must be a number"):
+    with pytest.raises(wire.WireError, match=r"summary.signals.x: field 'gpu0' must be a finite number"):
         wire.decode(_mutated(_summary(), signals={"x": {"gpu0": "hot"}}))
     with pytest.raises(wire.WireError, match="finding: field 'node' must be a string"):
         wire.decode(_mutated(_finding(), node=7))

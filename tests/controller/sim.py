@@ -1,6 +1,8 @@
 """Scripted agents for controller tests: one TP group whose nodes publish real wire summaries
 (with ``collective_burst_starts``) and findings, and a vLLM front end publishing phase records.
 
+Time starts at the test's own start (``t0``, whole seconds): the controller refuses summaries
+further than ``ingest.max_clock_skew`` from its clock, as it would a node with a broken clock.
 All values are invented for tests (NOTE: not measured on hardware): a 10 Hz collective step,
 ±0.3 ms jitter, one node starting its bursts 8 ms late from ``late_from`` on, per-node summary
 ticks at different phases of the second, and PCIe/NIC rates in a plausible range.
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 import zlib
 from dataclasses import dataclass, field
 
@@ -30,7 +33,7 @@ class ScriptedGroup:
     jitter: float = 0.0003
     clock_error: float = 0.0005
     seed: int = 7
-    t0: float = T0
+    t0: float = field(default_factory=lambda: float(int(time.time())))
     labels: bool = False  # put topology labels in the summaries (agent-declared topology)
     tick_phase: dict[str, float] = field(default_factory=dict)
 

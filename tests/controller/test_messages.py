@@ -63,8 +63,8 @@ def test_incident_digest_ignores_drifting_numbers_but_not_membership() -> None:
 @pytest.mark.parametrize("mutate,error", [
     (lambda d: d.pop("key"), "remap: missing field 'key'"),
     (lambda d: d["actions"][0].update(type="teleport"), "field 'type' is 'teleport', not one of"),
-    (lambda d: d["actions"][0].update(confidence="high"), "field 'confidence' must be a number"),
-    (lambda d: d["actions"][0]["params"].update(x=[1]), "must be a number or a string"),
+    (lambda d: d["actions"][0].update(confidence="high"), "field 'confidence' must be a finite number"),
+    (lambda d: d["actions"][0]["params"].update(x=[1]), "must be a finite number or a string"),
     (lambda d: d.update(evidence="f1"), "field 'evidence' must be a list"),
     (lambda d: d.update(kind="incident"), "expected a remap message"),
 ])
