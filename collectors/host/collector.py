@@ -1,8 +1,9 @@
 """host collector: CPU time per core and per node, NET_RX/NET_TX softirqs, TCP/UDP counters.
 
-Reads ``<proc_root>/stat``, ``softirqs``, ``net/snmp`` and ``loadavg``. ``net/snmp`` belongs to
-the reading process's network namespace: in a container, mount the host's /proc and point
-``proc_root`` at it (``/host/proc``) to see the node's TCP counters.
+Reads ``<proc_root>/stat``, ``softirqs``, ``net/snmp``, ``net/netstat`` and ``loadavg``.
+``net/snmp`` and ``net/netstat`` belong to the reading process's network namespace: in a
+container, mount the host's /proc and point ``proc_root`` at it (``/host/proc``) to see the
+node's TCP counters; ``/proc/<pid>/net/...`` of a process in another namespace reads that one.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from .catalogue import CATALOGUE
 _OPTIONAL: dict[str, Callable[[str], list[parse.Sample]]] = {
     "softirqs": parse.parse_softirqs,
     "net/snmp": parse.parse_snmp,
+    "net/netstat": parse.parse_netstat,
     "loadavg": parse.parse_loadavg,
 }
 
@@ -59,7 +61,7 @@ class HostCollector(Collector):
         if missing:
             return Status(Availability.ACTIVE,
                           f"reading {stat}; not readable: {', '.join(str(self.proc_root / m) for m in missing)}")
-        return Status(Availability.ACTIVE, f"reading {self.proc_root}/stat, softirqs, net/snmp")
+        return Status(Availability.ACTIVE, f"reading {self.proc_root}/stat, softirqs, net/snmp, net/netstat")
 
     def stop(self) -> None:
         self._last.clear()
