@@ -246,3 +246,56 @@ def test_tcp_segments_sent_over_loopback_are_counted() -> None:
     # both ends are on this host: >= n data segments out and in, plus handshake/ACKs
     assert after[("", "host_tcp_out_segs_total")] - before[("", "host_tcp_out_segs_total")] >= n
     assert after[("", "host_tcp_in_segs_total")] - before[("", "host_tcp_in_segs_total")] >= n
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="creating a network namespace needs root")
+@pytest.mark.skipif(shutil.which("ip") is None, reason="needs iproute2's ip to create the namespace")
+def test_net_counters_come_from_the_configured_namespace() -> None:
+    """With ``netns`` the TCP counters are the namespace's own: traffic inside it shows there
+    and not in this process's namespace, which the collector without ``netns`` keeps reading."""
+    import subprocess
+    from skewd.collectors.netdev.netns import run_in_netns
+
+    ns = f"skt-host-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", ns], check=True, timeout=10)
+    try:
+        subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True, timeout=10)
+        inside, outside = Host("n", {"netns": ns}), Host("n")
+        assert inside.probe().availability is Availability.ACTIVE and ns in inside.probe().reason
+        assert values(inside.collect(0.0))[("", "host_tcp_out_segs_total")] == 0  # a fresh namespace: nothing sent
+
+        def talk() -> None:
+            srv = socket.socket()
+            srv.bind(("127.0.0.1", 0))
+            srv.listen(1)
+            cli = socket.create_connection(srv.getsockname())
+            peer, _ = srv.accept()
+            for _ in range(200):
+                cli.sendall(b"x" * 100)
+                peer.recv(100)
+            for s in (cli, peer, srv):
+                s.close()
+
+        run_in_netns(ns, talk)
+        a_in, a_out = values(inside.collect(1.0)), values(outside.collect(1.0))
+        assert a_in[("", "host_tcp_out_segs_total")] >= 200
+        # exactly what a process started in the namespace reads (nothing else runs there)
+        ref = subprocess.run(["ip", "netns", "exec", ns, "cat", "/proc/net/snmp", "/proc/net/netstat"],
+                             capture_output=True, text=True, check=True, timeout=10).stdout
+        from skewd.collectors.host import parse
+        want = {s.signal: s.value for s in parse.parse_snmp(ref) + parse.parse_netstat(ref)}
+        assert want["host_tcp_orig_data_sent_total"] >= 200
+        assert {sig: a_in[("", sig)] for sig in want} == want
+        # the collector without netns reads this process's namespace, which did not see it
+        assert a_out[("", "host_tcp_out_segs_total")] != a_in[("", "host_tcp_out_segs_total")]
+        # the CPU signals stay machine-wide
+        assert a_in[("", "host_cpus_online")] == os.cpu_count()
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], timeout=10)
+    gone = Host("n", {"netns": ns})
+    st = gone.probe()
+    assert st.availability is Availability.NEEDS_OPERATOR and "not found" in st.reason
+    assert "host_tcp_out_segs_total" not in gone.collect(2.0).signals()
+    with pytest.raises(ValueError, match="netns"):
+        Host("n", {"netns": 3})
