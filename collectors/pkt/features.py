@@ -469,6 +469,25 @@ class FlowTracker:
         self._rtx_open = tuple(a[keep] for a in self._rtx_open)  # type: ignore[assignment]
         self.evicted += len(dead)
 
+    def forget(self, keys: np.ndarray) -> int:
+        """Stop tracking the flows with these 5-word keys (rows of :func:`flow_key_columns`), as
+        if they had timed out: they leave the output now, and count from zero if they come back.
+        Returns how many were tracked. (The pkt collector drops the agent's own connection this
+        way once it learns its ends.)"""
+        gone = []
+        for kb in np.ascontiguousarray(keys, np.uint64).view(np.dtype((np.void, 40))).ravel().tolist():
+            s = self.slots.pop(kb, None)
+            if s is not None:
+                self.keys[s] = None
+                self.entities[s] = None
+                self.free.append(s)
+                gone.append(s)
+        if gone:
+            self.psn = {k: v for k, v in self.psn.items() if k[0] not in gone}
+            keep = ~np.isin(self._rtx_open[0], gone)
+            self._rtx_open = tuple(a[keep] for a in self._rtx_open)  # type: ignore[assignment]
+        return len(gone)
+
     # -- one interval ------------------------------------------------------------------------
     def update(self, pk: Packets, t0: float, t1: float, port_names: list[str] | None = None,
                drops: dict[int, int] | None = None) -> IntervalFeatures:
