@@ -21,6 +21,9 @@ Definitions (also in README.md):
   are ignored, fast retransmissions (answering >= 2 duplicate ACKs) count, segments arriving
   within the handshake RTT (or 3 ms) of the last forward progress are reordering and do not.
   Sequence numbers are unwrapped, so flows crossing 2**32 are handled.
+- spurious TCP retransmission: a retransmission whose bytes a D-SACK block (RFC 2883) in the
+  reverse flow's ACKs covers, in the same or the next interval: the receiver had them already
+  (a tail-loss probe answered by a D-SACK, a fast retransmission caused by reordering).
 - RoCE retransmission: a request packet whose PSN (unwrapped modulo 2**24) is not above the
   highest PSN already seen for the same destination QP in the flow (ACK/CNP packets excluded).
 - Packets are taken in capture order (as tshark does); a clock stepping back reads as a 0 gap.
