@@ -815,8 +815,10 @@ class FlowTracker:
         flow's spurious count never exceeds its retransmission count."""
         st = self.s
         c_slot, c_lo, c_hi = self._rtx_open
-        cand_slot, cand_lo, cand_hi = np.r_[c_slot, r_slot], np.r_[c_lo, r_lo], np.r_[c_hi, r_hi]
         self._spurious_new = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+        if not len(c_slot) and not len(r_slot):  # no resend to judge (the usual interval)
+            return
+        cand_slot, cand_lo, cand_hi = np.r_[c_slot, r_slot], np.r_[c_lo, r_lo], np.r_[c_hi, r_hi]
         d_slot = d_lo = d_hi = np.zeros(0, np.int64)
         dl = pk.tcp_dsack_lo[pr]
         has = np.flatnonzero(dl >= 0)
