@@ -241,6 +241,7 @@ class Agent:
             spool = Spool(spool_dir, max_bytes=int(self.cfg.spool.get("max_bytes", 256 << 20)),
                           max_messages=self.cfg.spool.get("max_messages", 100_000))
             self.publisher = Publisher(NatsConfig.from_dict(nats), spool, cluster=self.cfg.cluster)
+            self.publisher.add_connect_listener(self._leave_out_own_connection)
             await self.publisher.start()
         if self.cfg.record.get("dir"):
             from .record import Recorder
@@ -249,6 +250,13 @@ class Agent:
             # replay must leave inactive the rules this host could not evaluate
             self.recorder.set_available_signals(self.pipeline.engine.available)
             self.pipeline.add_sink(self.recorder)
+
+    def _leave_out_own_connection(self, conn: Any) -> None:
+        """The agent's NATS connection is the agent's traffic, not the node's: every collector
+        that sees connections (packet capture) leaves it out, so it is never a finding's entity."""
+        for s in self.slots:
+            if s.collector is not None:
+                s.collector.ignore_connections([conn])
 
     async def shutdown(self) -> None:
         if self.source is not None:

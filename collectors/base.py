@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Mapping, Sequence
 
 from skewd.model import SampleBatch, SignalSpec
 
@@ -62,6 +62,10 @@ class CollectorError(Exception):
         self.stage = stage
 
 
+#: one TCP connection as its two ends, ``((local address, port), (peer address, port))``
+Connection = tuple[tuple[str, int], tuple[str, int]]
+
+
 class Collector(ABC):
     """Base class. Subclasses set ``name``, ``catalogue`` and ``default_interval``."""
 
@@ -101,6 +105,12 @@ class Collector(ABC):
         """Signals this collector supplies when active (rules needing others are inactive).
         Mapping collectors (exporter scrapes) override this with what their mapping yields."""
         return {s.name for s in self.catalogue}
+
+    def ignore_connections(self, conns: Sequence[Connection]) -> None:
+        """The agent's own connections (its NATS client), to leave out of what this collector
+        reports: the agent's traffic is not the node's, and must never become a finding's
+        entity. Called from the agent's event loop whenever the set changes (each (re)connect);
+        only collectors that see individual connections (packet capture) have anything to do."""
 
     def unavailable_reason(self, signal_name: str) -> str:
         """Why an active collector does not supply one of its catalogued signals."""

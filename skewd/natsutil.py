@@ -370,6 +370,27 @@ async def connect(cfg: NatsConfig, *, initial_timeout: float | None = 10.0, fail
     raise NatsUnavailableError(f"{detail} (gave up after {initial_timeout:g}s)")
 
 
+def socket_endpoints(nc: Any) -> tuple[tuple[str, int], tuple[str, int]] | None:
+    """``((local address, port), (server address, port))`` of a connected nats-py client's TCP
+    socket, or None (not connected, a WebSocket transport, or a nats-py whose internals moved).
+
+    nats-py has no public accessor: its TCP transport keeps the asyncio stream writer of the
+    plain connection (``_bare_io_writer``, kept across a TLS upgrade), whose transport knows
+    the socket's names. Read defensively - an agent that cannot tell its own connection only
+    loses the exclusion of that flow from packet features, never its publishing."""
+    try:
+        tr = nc._transport
+        writer = getattr(tr, "_bare_io_writer", None) or getattr(tr, "_io_writer", None)
+        if writer is None or not nc.is_connected:
+            return None
+        local, peer = writer.get_extra_info("sockname"), writer.get_extra_info("peername")
+    except Exception:  # noqa: BLE001 - private nats-py state: absent means "unknown"
+        return None
+    if not (isinstance(local, tuple) and isinstance(peer, tuple) and len(local) >= 2 and len(peer) >= 2):
+        return None  # a Unix socket or an unknown address family
+    return (str(local[0]), int(local[1])), (str(peer[0]), int(peer[1]))
+
+
 async def _quiet_close(nc: Any) -> None:
     try:
         await asyncio.wait_for(nc.close(), 2.0)

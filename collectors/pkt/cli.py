@@ -71,7 +71,8 @@ def _fmt_n(v: float) -> str:
 _TABLE = (("flow", None), ("pkts", "packets"), ("bytes", "bytes"), ("pps", "packets_per_second"),
           ("B/s", "bytes_per_second"), ("share", "bytes_share_ratio"), ("gap p50", "gap_p50_seconds"),
           ("gap p99", "gap_p99_seconds"), ("gap max", "gap_max_seconds"), ("jitter", "jitter_cov"),
-          ("bursts", "bursts"), ("burst B", "burst_bytes"), ("rtx", "tcp_retransmits"))
+          ("bursts", "bursts"), ("burst B", "burst_bytes"), ("rtx", "tcp_retransmits"),
+          ("spur", "tcp_spurious_retransmits"))
 
 
 def _table(iv: IntervalFeatures, top: int, out: TextIO) -> None:
