@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from skewd.model import parse_duration
-from skewd.natsutil import NatsConfig, NatsConfigError
+from skewd.natsutil import NatsConfig, NatsConfigError, inbox_prefix
 from skewd.rules.yamlpos import Pos, SettingsFileError, deep_merge, read_settings
 
 DEFAULTS: dict[str, Any] = {
@@ -376,6 +376,8 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
     if level not in ("debug", "info", "warning", "error"):
         problems.append(f"{pos('log', 'level')}: log.level must be debug, info, warning or error")
     durable = str(cons.get("durable") or f"skewd-controller-{cluster}")
+    # replies under the controller's own inbox: what its NATS user may read (docs/security.md)
+    nats_cfg = nats_cfg.with_default_inbox(inbox_prefix("controller", cluster))
     cfg = ControllerConfig(
         cluster=cluster,
         controller_id=str(merged.get("controller_id") or f"{socket.gethostname()}-{os.getpid()}"),
