@@ -10,8 +10,8 @@ Principals and what each may do (``C`` = the cluster's subject token, ``N`` = a 
 - **controller** (one user, shared by the replicas of one cluster): read every summary, health
   and phase record of C and the ack/reject requests (queue group), answer those requests only
   (``allow_responses``), publish remaps, incidents and its own findings, own the three streams,
-  its findings consumer and its ephemeral remap readers, and its KV keys ``<C>.>`` in the
-  state bucket.
+  its findings consumer, its ephemeral remap readers and incident follower (Alertmanager
+  sink), and its KV keys ``<C>.>`` in the state bucket.
 - **inference controller I**: read incidents, remaps, findings, summaries, health and phases
   of C (ordered consumers, or durable consumers named ``I-remap`` / ``I-incident`` /
   ``I-finding``), send ack/reject requests, read the controller's suggestion records
@@ -105,6 +105,9 @@ def controller_permissions(cluster: str, names: ControllerNames) -> dict[str, An
             f"{api}.CONSUMER.CREATE.{remaps}.*.{wire.remap_subject(cluster)}",
             f"{api}.CONSUMER.MSG.NEXT.{remaps}.*", f"{api}.CONSUMER.DELETE.{remaps}.*",
             f"{api}.CONSUMER.INFO.{remaps}.*",
+            # the Alertmanager sink (controller/alertmanager.py) follows the incident stream
+            f"{api}.CONSUMER.CREATE.{incidents}", f"{api}.CONSUMER.INFO.{incidents}.*",
+            f"{api}.CONSUMER.DELETE.{incidents}.*", f"$JS.FC.{incidents}.>",
             # its state: keys under <C>. in the bucket (put, delete, get, watch)
             f"$KV.{names.bucket}.{names.kv_prefix}.>",
             f"{api}.DIRECT.GET.{kv}.$KV.{names.bucket}.{names.kv_prefix}.>",

@@ -21,6 +21,8 @@ from skewd import wire
 from skewd.agent.publisher import Publisher
 from skewd.agent.spool import Spool
 from skewd.controller import client
+from skewd.controller.alertmanager import AlertmanagerSink
+from skewd.controller.config import AlertmanagerConfig
 from skewd.controller import messages as M
 from skewd.controller.service import Controller
 from skewd.model import Finding, Layer
@@ -178,6 +180,7 @@ async def test_every_flow_the_product_needs_works(secured, tmp_path) -> None:
     ctl = Controller(controller_config(s))
     tasks: list[asyncio.Task] = []
     publishers: dict[str, Publisher] = {}
+    sink: AlertmanagerSink | None = None
     try:
         # an agent that connects first creates the findings stream (docs/wire.md)
         created = await ensure_streams(agents["n0"].js, [wire.FINDINGS_STREAM], update=False)
@@ -190,6 +193,13 @@ async def test_every_flow_the_product_needs_works(secured, tmp_path) -> None:
                                       Spool(tmp_path / "spool" / n), cluster=CLUSTER)
             await publishers[n].start()
             await publishers[n].wait_connected(10)
+        # the Alertmanager sink follows incidents on the controller's own connection (its
+        # transport to Alertmanager is captured here; tests/controller/test_alertmanager.py
+        # runs it against a real Alertmanager)
+        posted: list[dict] = []
+        sink = AlertmanagerSink(AlertmanagerConfig(urls=("http://alertmanager.invalid",)), CLUSTER,
+                                post=lambda url, body, timeout: posted.extend(json.loads(body)))
+        await sink.start(ctl.nc)
         got1: list[Any] = []
         got2: list[Any] = []
         tasks.append(asyncio.create_task(_collect(r1.nc, ["remap", "incident"], got1, durable="router-1")))
@@ -221,6 +231,8 @@ async def test_every_flow_the_product_needs_works(secured, tmp_path) -> None:
         assert {e.node for e in got2 if isinstance(e, Finding)} >= set(NODES)  # findings, read-only
         assert ctl.stats.findings_in >= 4 and ctl.stats.incidents_published >= 1 and ctl.stats.remaps_published == 1
 
+        await _wait(lambda: any(a["labels"]["incident"] == remap.incident for a in posted), 10,
+                    "the incident's alert (sink under the controller's permissions)")
         ack = await client.ack(r1.nc, remap, consumer="router-1", reason="rerouted")
         assert ack.status is M.ReceiptStatus.RECORDED, ack
         rej = await client.reject(r2.nc, remap, consumer="router-2", reason="not automated here")
@@ -234,6 +246,8 @@ async def test_every_flow_the_product_needs_works(secured, tmp_path) -> None:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if sink is not None:
+            await sink.stop()
         await ctl.stop()
         for pub in publishers.values():
             await pub.close()
