@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -360,7 +361,7 @@ async def test_every_abuse_an_operator_relies_on_is_denied(secured) -> None:
         assert info.config.filter_subject == wire.subject_filter("finding", cluster=CLUSTER)
         # the controller still takes in findings through its consumer after all that
         before = ctl.stats.findings_in
-        f = finding("n1", "GPU-8-test", "GPU-8", Layer.ENGINE, 1.7e9 + 5, cluster=CLUSTER, entity="engine0")
+        f = finding("n1", "GPU-8-test", "GPU-8", Layer.ENGINE, time.time(), cluster=CLUSTER, entity="engine0")
         await publish_finding(a1.js, f)
         await _wait(lambda: ctl.stats.findings_in > before, 10, "the controller to take in n1's finding")
         await spy.unsubscribe()
