@@ -48,7 +48,7 @@ SECTION_KEYS: dict[str, set[str]] = {
     "log": {"level", "format"},
     "nats": {"url", "servers", "user", "password", "token", "nkey_seed_file", "creds_file", "tls_ca_file",
              "tls_cert_file", "tls_key_file", "tls_hostname", "name", "connect_timeout", "reconnect_time_wait",
-             "pending_size"},
+             "pending_size", "inbox_prefix"},
 }
 COMMON_COLLECTOR_KEYS = {"enabled", "interval", "timeout", "required"}
 

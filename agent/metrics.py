@@ -8,13 +8,17 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Iterator
 
-from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from skewd import metrics
 
 if TYPE_CHECKING:
     from .runner import Agent
 
 log = logging.getLogger("skewd.agent.metrics")
+
+#: publisher values that go down as well as up (everything else it reports is a count)
+PUBLISHER_GAUGES = frozenset({"connected", "spool_depth", "spool_bytes"})
 
 
 class AgentMetrics:
@@ -67,10 +71,11 @@ class AgentMetrics:
             yield alerts
         pub = a.publisher
         if pub is not None:
-            m = pub.metrics()
-            for k, v in sorted(m.items()):
-                name = f"skewd_publisher_{k}"
-                yield GaugeMetricFamily(name, f"publisher {k.replace('_', ' ')}", value=float(v))
+            # counts that only rise are counters (exposed with _total, so rate() applies); the
+            # state values (connected, spool depth and bytes) are gauges
+            for k, v in sorted(pub.metrics().items()):
+                family = GaugeMetricFamily if k in PUBLISHER_GAUGES else CounterMetricFamily
+                yield family(f"skewd_publisher_{k}", f"publisher {k.replace('_', ' ')}", value=float(v))
         yield _reloads(a)
 
 
@@ -82,13 +87,6 @@ def _reloads(a: "Agent") -> CounterMetricFamily:
 
 
 def serve(agent: "Agent", listen: str):
-    """Start the endpoint; returns the server (call .shutdown()) or None when disabled."""
-    if not listen:
-        return None
-    host, _, port = listen.rpartition(":")
-    host = host.strip("[]") or "127.0.0.1"
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(AgentMetrics(agent))
-    server, _thread = start_http_server(int(port), addr=host, registry=registry)
-    log.info("metrics on http://%s:%s/metrics", host, server.server_port)
-    return server
+    """Start the endpoint (with ``process_*`` and ``skewd_build_info``); returns the server
+    (call .shutdown()) or None when disabled."""
+    return metrics.serve(metrics.registry("agent", AgentMetrics(agent)), listen, "agent")

@@ -232,7 +232,7 @@ class Agent:
     async def _start_sinks(self) -> None:
         nats = self.cfg.nats
         if nats.get("url") or nats.get("servers"):
-            from skewd.natsutil import NatsConfig
+            from skewd.natsutil import NatsConfig, inbox_prefix
 
             from .publisher import Publisher
             from .spool import Spool
@@ -240,7 +240,9 @@ class Agent:
             spool_dir = Path(self.cfg.spool.get("dir") or "/var/lib/skewd/spool") / self.cfg.node
             spool = Spool(spool_dir, max_bytes=int(self.cfg.spool.get("max_bytes", 256 << 20)),
                           max_messages=self.cfg.spool.get("max_messages", 100_000))
-            self.publisher = Publisher(NatsConfig.from_dict(nats), spool, cluster=self.cfg.cluster)
+            # replies under this node's own inbox: what a per-node NATS user may read (docs/security.md)
+            ncfg = NatsConfig.from_dict(nats).with_default_inbox(inbox_prefix("agent", self.cfg.cluster, self.cfg.node))
+            self.publisher = Publisher(ncfg, spool, cluster=self.cfg.cluster)
             self.publisher.add_connect_listener(self._leave_out_own_connection)
             await self.publisher.start()
         if self.cfg.record.get("dir"):

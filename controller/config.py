@@ -2,7 +2,7 @@
 did-you-mean and ``file:line:col``; every problem is reported at once), defaults that make an
 empty file a working single-cluster controller, and the environment overrides containers use:
 ``SKEWD_CLUSTER``, ``SKEWD_NATS_URL`` (comma-separated servers), ``SKEWD_RULES``
-(``:``-separated paths), ``SKEWD_CONTROLLER_ID``.
+(``:``-separated paths), ``SKEWD_CONTROLLER_ID``, ``SKEWD_METRICS_LISTEN`` (``host:port``; empty: off).
 
 The topology section names the tensor-parallel (TP) and pipeline-parallel (PP) groups and the
 models they serve. Agents may declare their own group through summary labels; the file wins
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from skewd.model import parse_duration
-from skewd.natsutil import NatsConfig, NatsConfigError
+from skewd.natsutil import NatsConfig, NatsConfigError, inbox_prefix
 from skewd.rules.yamlpos import Pos, SettingsFileError, deep_merge, read_settings
 
 DEFAULTS: dict[str, Any] = {
@@ -106,6 +106,13 @@ DEFAULTS: dict[str, Any] = {
     "ingest": {"max_clock_skew": "5m", "silent_intervals": 30, "max_nodes": 10000},
     "topology": {"tp_groups": {}, "pp_groups": {}, "models": {}},
     "log": {"level": "info"},
+    # the controller's own /metrics (empty: off); localhost unless an address is given
+    "metrics": {"listen": "127.0.0.1:9466"},
+    # send incidents to Prometheus Alertmanager (v2 API) when url is set (one URL or a list: every
+    # member of an Alertmanager cluster, as Prometheus does); resend_interval: how often firing
+    # alerts are re-sent (Prometheus' default 1m), so an alert whose sender died ends by itself
+    # after 4 intervals; generator_url may hold {cluster} and {incident}
+    "alertmanager": {"url": [], "resend_interval": "1m", "timeout": "10s", "generator_url": "", "labels": {}},
 }
 SECTIONS = {k: set(v) for k, v in DEFAULTS.items() if isinstance(v, dict) and k not in ("nats",)}
 TP_KEYS = {"nodes", "model", "engine"}
@@ -182,6 +189,19 @@ class ControllerConfig:
     models: dict[str, ModelSpec] = field(default_factory=dict)
     log_level: str = "info"
     source: str = "<defaults>"
+    metrics_listen: str = "127.0.0.1:9466"
+    alertmanager: "AlertmanagerConfig | None" = None
+
+
+@dataclass(frozen=True)
+class AlertmanagerConfig:
+    """Where and how incidents are sent to Alertmanager (controller/alertmanager.py)."""
+
+    urls: tuple[str, ...]
+    resend_interval: float = 60.0
+    timeout: float = 10.0
+    generator_url: str = ""
+    labels: tuple[tuple[str, str], ...] = ()
 
 
 
@@ -317,6 +337,8 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         over["controller_id"] = env["SKEWD_CONTROLLER_ID"]
     if env.get("SKEWD_RULES"):
         over["rules"] = [p for p in env["SKEWD_RULES"].split(":") if p]
+    if "SKEWD_METRICS_LISTEN" in env:
+        over["metrics"] = {"listen": env["SKEWD_METRICS_LISTEN"]}
     merged = deep_merge_nats(deep_merge_nats(DEFAULTS, doc), over)
     if env.get("SKEWD_NATS_URL"):
         merged["nats"] = {**(merged.get("nats") or {}), "servers": env["SKEWD_NATS_URL"]}
@@ -393,6 +415,8 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
     if level not in ("debug", "info", "warning", "error"):
         problems.append(f"{pos('log', 'level')}: log.level must be debug, info, warning or error")
     durable = str(cons.get("durable") or f"skewd-controller-{cluster}")
+    # replies under the controller's own inbox: what its NATS user may read (docs/security.md)
+    nats_cfg = nats_cfg.with_default_inbox(inbox_prefix("controller", cluster))
     cfg = ControllerConfig(
         cluster=cluster,
         controller_id=str(merged.get("controller_id") or f"{socket.gethostname()}-{os.getpid()}"),
@@ -424,12 +448,59 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
                              "ingest", "silent_intervals"),
         max_nodes=int(num(ing.get("max_nodes"), "ingest.max_nodes", 1, 10_000_000, "ingest", "max_nodes")),
         tp_groups=tp, pp_groups=pp, models=models, log_level=level, source=where,
+        metrics_listen=_listen(merged["metrics"].get("listen"), pos, problems),
+        alertmanager=_alertmanager(merged["alertmanager"], pos, dur, problems),
     )
     if cfg.warmup > cfg.horizon:
         problems.append(f"{pos('warmup')}: warmup ({cfg.warmup:g}s) must not exceed horizon ({cfg.horizon:g}s)")
     if problems:
         raise ConfigError(problems)
     return cfg
+
+
+def _listen(value: Any, pos: Any, problems: list[str]) -> str:
+    from skewd.metrics import parse_listen
+
+    if value in (None, ""):
+        return ""
+    try:
+        parse_listen(str(value))
+    except ValueError as e:
+        problems.append(f"{pos('metrics', 'listen')}: metrics.listen: {e} (or '' to disable)")
+        return ""
+    return str(value)
+
+
+def _alertmanager(am: dict[str, Any], pos: Any, dur: Callable[..., float],
+                  problems: list[str]) -> AlertmanagerConfig | None:
+    from urllib.parse import urlsplit
+
+    urls = am.get("url")
+    urls = [urls] if isinstance(urls, str) else urls
+    if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
+        problems.append(f"{pos('alertmanager', 'url')}: alertmanager.url must be a URL or a list of URLs")
+        return None
+    for u in urls:
+        if urlsplit(u).scheme not in ("http", "https") or not urlsplit(u).netloc:
+            problems.append(f"{pos('alertmanager', 'url')}: alertmanager.url {u!r} must be http(s)://host[:port]"
+                            "[/prefix] (the API path /api/v2/alerts is added)")
+    labels = am.get("labels") or {}
+    if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, (str, int, float))
+                                               for k, v in labels.items()):
+        problems.append(f"{pos('alertmanager', 'labels')}: alertmanager.labels must map label names to values")
+        labels = {}
+    gen = str(am.get("generator_url") or "")
+    try:
+        gen.format(cluster="c", incident="i")
+    except (KeyError, IndexError, ValueError) as e:
+        problems.append(f"{pos('alertmanager', 'generator_url')}: alertmanager.generator_url may only use "
+                        f"{{cluster}} and {{incident}} ({e})")
+    resend = dur(am.get("resend_interval"), "alertmanager.resend_interval", "alertmanager", "resend_interval")
+    timeout = dur(am.get("timeout"), "alertmanager.timeout", "alertmanager", "timeout")
+    if not urls:
+        return None
+    return AlertmanagerConfig(urls=tuple(u.rstrip("/") for u in urls), resend_interval=resend, timeout=timeout,
+                              generator_url=gen, labels=tuple(sorted((k, str(v)) for k, v in labels.items())))
 
 
 def _topology(topo: Any, pos: Any, problems: list[str]) -> tuple[dict[str, TPGroup], dict[str, PPGroup],

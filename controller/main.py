@@ -56,6 +56,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"cluster {cfg.cluster}; controller id {cfg.controller_id}; NATS {', '.join(cfg.nats.servers)}")
         print(f"{len(group_rules)} group-scope rules of {len(ruleset.rules)} loaded from "
               f"{', '.join(cfg.rules or [str(PACKS)])}")
+        am = cfg.alertmanager
+        print(f"metrics {'http://' + cfg.metrics_listen + '/metrics' if cfg.metrics_listen else 'off'}; "
+              f"alertmanager {', '.join(am.urls) + f' (resend every {am.resend_interval:g}s)' if am else 'off'}")
         for r in group_rules:
             print(f"  {r.id:40} {r.pathology:7} {r.scope.value:9} requires {', '.join(r.requires) or '-'}")
         for g in cfg.tp_groups.values():
@@ -76,9 +79,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             except (NotImplementedError, RuntimeError):
                 pass
         await ctl.start()
+        sink, server = await start_edges(ctl)
         try:
             await stop.wait()
         finally:
+            await stop_edges(sink, server)
             await ctl.stop()
 
     try:
@@ -96,6 +101,28 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main(sys.argv[1:]))
+
+
+async def start_edges(ctl) -> tuple:
+    """What ``skewd controller`` runs beside a started controller: the Alertmanager sink (when
+    ``alertmanager.url`` is set) and the ``/metrics`` endpoint (``metrics.listen``)."""
+    from .metrics import serve
+
+    sink = None
+    if ctl.cfg.alertmanager is not None:
+        from .alertmanager import AlertmanagerSink
+
+        sink = AlertmanagerSink(ctl.cfg.alertmanager, ctl.cfg.cluster)
+        await sink.start(ctl.nc)
+    return sink, serve(ctl, ctl.cfg.metrics_listen, sink)
+
+
+async def stop_edges(sink, server) -> None:
+    if server is not None:
+        server.shutdown()
+        server.server_close()
+    if sink is not None:
+        await sink.stop()
 
 
 async def run_embedded(*, url: str, cluster: str, state_dir, stop: asyncio.Event,

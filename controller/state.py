@@ -76,7 +76,9 @@ class StateStore:
         try:
             kv = await js.key_value(bucket)
         except BucketNotFoundError:
-            kv = await js.create_key_value(bucket=bucket, history=1, ttl=max_age,
+            # direct gets: a read names its key in the subject, so a NATS user can be allowed to
+            # read suggestion records and nothing else of the bucket (docs/security.md)
+            kv = await js.create_key_value(bucket=bucket, history=1, ttl=max_age, direct=True,
                                            description="skewd controller state (findings, incidents, remaps)")
         return cls(kv, cluster, nc=nc, bucket=bucket)
 

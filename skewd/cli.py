@@ -43,6 +43,7 @@ DELEGATED = (
         ("replay", "skewd.agent.replay", "replay capture bundles through the rules"),
         ("controller", "skewd.controller.main", "run the controller"),
         ("demo", "skewd.lab.demo", "a simulated 4-node cluster, live"),
+        ("nats-auth", "skewd.natsauth", "generate NATS users and per-role permissions (docs/security.md)"),
 )
 
 
