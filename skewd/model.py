@@ -274,6 +274,9 @@ class Finding:
     mitigation: str = ""
     summary: str = ""
     cluster: str = ""
+    #: the rule's maturity tag (stable, incubating, sandbox): what the controller may do with the
+    #: finding (docs/rules.md, "Maturity"); "" from an agent older than the field
+    maturity: str = ""
     schema: int = SCHEMA_VERSION
 
     @property
