@@ -148,7 +148,9 @@ class Controller:
         self.correlator = Correlator(cfg.cluster, self.topology, self.timelines,
                                      culprit_pathologies=cfg.culprit_pathologies, never_inhibit=cfg.never_inhibit,
                                      effect_window=cfg.effect_window, node_value=self._node_value,
-                                     inhibit_rules=cfg.inhibit_rules)
+                                     inhibit_rules=cfg.inhibit_rules, direct_evidence=cfg.direct_evidence,
+                                     culprit_evidence=cfg.culprit_evidence,
+                                     maturities={r.id: r.maturity for r in ruleset.rules})
         self.planner = Planner(cfg)
         self.stats = ControllerStats()
         self.nc: Any = None
@@ -688,7 +690,10 @@ class Controller:
                     log.debug("pending finding %s not deleted from KV: %s", fp, e)
 
     def _enrich(self, f: Finding, now: float) -> None:
-        """State the engine phase and the observed effect on a controller finding."""
+        """State the culprit measurement (controller/culprit.py), the engine phase and the
+        observed effect on a controller finding."""
+        if f.pathology in self.cfg.culprit_pathologies:
+            f.evidence.update(self.correlator.contract(f))
         phase, effect = self.correlator.phase_and_effect(f.node, self.topology.engine_of(f.node), f.active_at, now)
         if phase is not None:
             code = M.Phase(phase.phase).code if phase.phase in {p.value for p in M.Phase} else None
@@ -750,6 +755,8 @@ class Controller:
                 continue  # Alertmanager's group_wait: a culprit may still explain it
             if self.correlator.culprit_pending(inc):
                 continue  # a culprit rule is pending in this incident's TP group: wait for its verdict
+            if not self.correlator.plannable(inc):
+                continue  # names no culprit, or rests on an incubating rule alone (docs/rules.md, Maturity)
             key = suggestion_key(self.cfg.cluster, inc.id)
             if key in self.remaps:
                 continue
@@ -878,5 +885,7 @@ class Controller:
                                     "publish_after": self.correlator.hold_start(i) + self.cfg.group_wait}
                                    for i in self.correlator.open_incidents()],
                 "suggestions": {k: r.get("status") for k, r in self.remaps.items()},
+                # culprit claims the evidence did not support and sandbox findings kept as findings
+                "correlation": self.correlator.report(),
                 "topology_conflicts": dict(self.topology.conflicts),
                 "eval_errors": dict(self.engine.last_eval_errors)}
