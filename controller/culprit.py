@@ -121,6 +121,11 @@ def contract_evidence(f: Finding, spec: CulpritEvidence | None) -> dict[str, flo
     return out
 
 
+def _shown(spec: CulpritEvidence) -> str:
+    """The measure as the test reads it: ``|x|`` either way, ``-x`` a deficit."""
+    return f"|{spec.measure}|" if spec.abs else f"-{spec.measure}" if spec.negate else spec.measure
+
+
 def _fmt(v: float) -> str:
     return f"{v:.4g}"
 
@@ -132,7 +137,7 @@ def describe(f: Finding, ev: Mapping[str, float], spec: CulpritEvidence | None) 
     mapped = spec is not None and not {MEASURE, BAR} <= set(f.evidence)
     what, bar_name = "culprit_measure", ""
     if mapped:
-        what = f"|{spec.measure}|" if spec.abs else f"-{spec.measure}" if spec.negate else spec.measure
+        what = _shown(spec)
         bar_name = f" {spec.above}" if isinstance(spec.above, str) else ""
     m, bar = ev[MEASURE], ev[BAR]
     text = f"{what} {_fmt(m)} {'>' if m > bar else '<='}{bar_name} {_fmt(bar)}"
@@ -166,3 +171,36 @@ def judge(f: Finding, spec: CulpritEvidence | None, peers: Iterable[Finding] = (
         return Verdict(False, f"{f.rule_id} holds for {', '.join([f.node, *others])} at once: it does not single "
                               f"out {f.node}", text)
     return Verdict(True, "", text)
+
+
+def coverage(rules: Iterable, culprit_pathologies: Iterable[str],
+             entries: Mapping[str, CulpritEvidence]) -> dict[str, str]:
+    """For every loaded group rule of a culprit pathology: how its findings state their culprit
+    measurement, or why they cannot (then every claim of that rule is refused). ``rules`` are
+    compiled rules (``id``, ``pathology``, ``scope``, ``params``, ``compiled.evidence_labels``).
+    Shown by ``skewd controller --check`` and logged at start: a rule whose expression changed
+    without its ``correlation.culprit_evidence`` entry shows up here, not as silence."""
+    from skewd.model import GROUP_SCOPES
+
+    culprits = set(culprit_pathologies)
+    out: dict[str, str] = {}
+    for r in rules:
+        if r.scope not in GROUP_SCOPES or r.pathology not in culprits:
+            continue
+        spec = entries.get(r.id)
+        labels = set(r.compiled.evidence_labels)
+        if spec is None:
+            out[r.id] = (f"PROBLEM: no correlation.culprit_evidence entry: its findings name a culprit only if they "
+                         f"carry {MEASURE}/{BAR} in their evidence")
+            continue
+        missing = [x for x in (spec.measure, spec.steps) if x and x not in labels]
+        params = [p for p in (spec.above, spec.min_steps) if isinstance(p, str) and p not in r.params]
+        if missing or params:
+            what = [f"evidence label(s) {', '.join(repr(m) for m in missing)}" if missing else "",
+                    f"param(s) {', '.join(params)}" if params else ""]
+            out[r.id] = (f"PROBLEM: the rule has no {' and no '.join(w for w in what if w)}: every claim is "
+                         f"refused (its labels: {', '.join(sorted(labels))})")
+            continue
+        out[r.id] = f"names its node when {_shown(spec)} > {spec.above}" + (
+            f" over {spec.steps} >= {spec.min_steps}" if spec.steps else "")
+    return out

@@ -56,8 +56,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"cluster {cfg.cluster}; controller id {cfg.controller_id}; NATS {', '.join(cfg.nats.servers)}")
         print(f"{len(group_rules)} group-scope rules of {len(ruleset.rules)} loaded from "
               f"{', '.join(cfg.rules or [str(PACKS)])}")
+        from .culprit import coverage
+
+        named = coverage(group_rules, cfg.culprit_pathologies, cfg.culprit_evidence)
         for r in group_rules:
-            print(f"  {r.id:40} {r.pathology:7} {r.scope.value:9} requires {', '.join(r.requires) or '-'}")
+            print(f"  {r.id:40} {r.pathology:7} {r.scope.value:9} {r.maturity:10} requires {', '.join(r.requires) or '-'}")
+            if r.id in named:
+                print(f"    culprit evidence: {named[r.id]}")
         for g in cfg.tp_groups.values():
             print(f"  tp group {g.name}: {', '.join(g.nodes)}" + (f" (model {g.model})" if g.model else ""))
         for p in cfg.pp_groups.values():

@@ -52,6 +52,7 @@ from .align import Aligner
 from .catalogue import NAMES as CTL_SIGNALS
 from .config import ControllerConfig
 from .correlator import Correlator
+from .culprit import coverage as culprit_coverage
 from .planner import Planner, semantic_key, suggestion_key
 from .state import StateStore, restore_engine
 from .timeline import Timelines
@@ -206,6 +207,10 @@ class Controller:
                        asyncio.create_task(self._eval_loop(), name="skewd-ctl-eval"),
                        asyncio.create_task(self._housekeeping_loop(), name="skewd-ctl-housekeeping")]
         await self.nc.flush()
+        for rid, how in culprit_coverage(self.engine.rules.rules, cfg.culprit_pathologies,
+                                         cfg.culprit_evidence).items():
+            if how.startswith("PROBLEM"):
+                log.warning("culprit rule %s: %s", rid, how)
         log.info("controller %s started for cluster %s: %d rules (%d group-scope), %d TP groups configured",
                  cfg.controller_id, cfg.cluster, len(self.engine.rules.rules),
                  sum(1 for r in self.engine.rules.rules if r.scope in GROUP_SCOPES), len(cfg.tp_groups))

@@ -292,3 +292,28 @@ def test_a_site_switches_a_default_culprit_entry_off_and_adds_its_own() -> None:
     cfg = _cfg(culprit_evidence={"EW-9-missing-steps": None, "my-straggler": {"measure": "x", "above": 0.1}})
     assert "EW-9-missing-steps" not in cfg.culprit_evidence and "EW-1-tp-straggler" in cfg.culprit_evidence
     assert cfg.culprit_evidence["my-straggler"] == C.CulpritEvidence(measure="x", above=0.1)
+
+
+def test_check_shows_how_each_culprit_rule_names_its_node_and_which_cannot(tmp_path, capsys) -> None:
+    from skewd.controller.main import main
+
+    rules = tmp_path / "r.yaml"
+    rules.write_text("""required_engine_version: 1
+rules:
+  - id: EW-1-renamed-signals
+    pathology: EW-1
+    scope: tp_group
+    layer: network
+    params: {lag: 2ms}
+    expr: ctl_arrival_lag_seconds > lag
+    tags: [stable]
+""")
+    cfg = tmp_path / "c.yaml"
+    import yaml
+
+    cfg.write_text(yaml.safe_dump({"rules": [str(rules)], "correlation": {"culprit_evidence": {
+        "EW-1-renamed-signals": {"measure": "avg(ctl_arrival_lag_excess_seconds, window)", "above": "lag"}}}}))
+    assert main(["--config", str(cfg), "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "EW-1-renamed-signals" in out and "PROBLEM: the rule has no evidence label(s) " \
+        "'avg(ctl_arrival_lag_excess_seconds, window)'" in out and "its labels: ctl_arrival_lag_seconds" in out
