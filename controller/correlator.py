@@ -576,7 +576,7 @@ class Correlator:
         if eng_f or high("summary_requests_waiting") or (
                 (ev.get("summary_kv_cache_usage_ratio") or 0) > (ev.get("summary_kv_cache_usage_ratio_peer_median") or 1) + 0.1):
             return Cause("engine", f"{node}'s engine carries more load than its peers (KV / queue)", 0.6, ev, eng_f)
-        return Cause("unknown", f"{node} is consistently late; no layer signal explains it yet", 0.4, ev, ())
+        return Cause("unknown", f"no layer signal on {node} explains it yet", 0.4, ev, ())
 
     def _summary(self, g: _Group, culprit: Target | None, cause: Cause | None, victims: list[str],
                  phase: PhaseContext | None, effect: Effect | None) -> str:

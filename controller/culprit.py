@@ -134,7 +134,8 @@ def describe(f: Finding, ev: Mapping[str, float], spec: CulpritEvidence | None) 
     """The measurement in words, as the finding's evidence states it."""
     if MEASURE not in ev or BAR not in ev:
         return "no culprit measurement in its evidence"
-    mapped = spec is not None and not {MEASURE, BAR} <= set(f.evidence)
+    # the rule's own label when its entry reads one (the controller also copies the keys in)
+    mapped = spec is not None and (spec.measure in f.evidence or not {MEASURE, BAR} <= set(f.evidence))
     what, bar_name = "culprit_measure", ""
     if mapped:
         what = _shown(spec)
