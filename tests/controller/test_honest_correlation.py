@@ -197,8 +197,11 @@ def test_contract_keys_come_from_the_configured_labels_and_params() -> None:
                                             "culprit_min_steps": 20.0}
     v = C.judge(f, spec)
     assert v.names and v.measurement == "-peer_dev(x) 0.35 > quiet 0.2 over 40 steps (min 20)"
-    f.evidence.update(C.contract_evidence(f, spec))  # what the controller publishes: both, same words
-    assert C.judge(f, spec).measurement == v.measurement
+    import copy
+
+    both = copy.deepcopy(f)  # what the controller publishes: the label and the keys, in the same words
+    both.evidence.update(C.contract_evidence(f, spec))
+    assert C.judge(both, spec).measurement == v.measurement
     f.params = {"quiet": 0.5, "min_steps": 20}  # a site override raised the bar: the same deficit no longer names
     assert not C.judge(f, spec).names
     lag = C.CulpritEvidence(measure="avg(l, window)", above="lag")
