@@ -20,6 +20,8 @@ from skewd.rules.store import WindowStore
 
 from skewd import __version__
 
+from .engines import engine_values
+
 
 @dataclass(frozen=True)
 class SummarySpec:
@@ -244,6 +246,7 @@ def make_summary(store: WindowStore, node: str, cluster: str, t: float, interval
 
     values = compute(store, node, t, interval)
     signals: dict[str, dict[str, float | None]] = {k: {"": v} for k, v in values.items()}
+    signals.update(engine_values(store, node, t, interval))  # each engine's own (agent/engines.py)
     starts, nbytes = collective_bursts(store, node, t, interval)
     if len(starts):
         signals["collective_burst_starts"] = {str(k): v for k, v in enumerate(starts.tolist())}

@@ -48,7 +48,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Sequence
 
-from skewd.model import GROUP_SCOPES, Finding, Layer, State
+from skewd.model import GROUP_SCOPES, Finding, Layer, Scope, State
 
 #: what a rule's maturity tag lets the controller do with its findings (docs/rules.md, "Maturity")
 MATURITIES = ("stable", "incubating", "sandbox")
@@ -458,8 +458,12 @@ class Correlator:
         # the phase and effect are measured from the onset (when the first member's condition
         # became true), not from when the incident was confirmed
         onset = min(f.active_at for f in members)
-        phase, effect = self.phase_and_effect(culprit.node if culprit else (nodes[0] if nodes else ""),
-                                              culprit.engine if culprit else "", onset, now)
+        where = culprit.node if culprit else (nodes[0] if nodes else "")
+        # an engine's incident quotes that engine, not the node's other one (engine-scope members
+        # name it: their entity is the engine)
+        engines = {f.entity for f in members if f.scope is Scope.ENGINE and f.node == where and f.entity}
+        phase, effect = self.phase_and_effect(where, culprit.engine if culprit else "", onset, now,
+                                              entity=next(iter(engines)) if len(engines) == 1 else "")
         self._plan[iid] = self._plan_gate(g)
         summary = self._summary(g, culprit, cause, victims, phase, effect)
         if self._plan[iid]:
@@ -498,14 +502,22 @@ class Correlator:
                 "sandbox_findings": [{"finding": f.id, "rule": f.rule_id, "node": f.node, "entity": f.entity}
                                      for f in self.sandboxed]}
 
-    def phase_and_effect(self, node: str, engine: str, start: float, now: float
+    def phase_and_effect(self, node: str, engine: str, start: float, now: float, entity: str = ""
                          ) -> tuple[PhaseContext | None, Effect | None]:
-        """The engine serving ``node``: its phase when the trouble started and the effect since."""
+        """The engine serving ``node``: its phase when the trouble started and the effect since.
+
+        In order: the engine the incident is about (``entity``, an engine-scope finding's), the
+        TP group's configured ``engine``, the node's plugin engines, the node's one engine (from
+        its summaries), plugin engines elsewhere in the group, then the node's reductions over
+        all its engines (which name no engine: the incident says so)."""
         grp = self.topology.group_of(node)
         nodes = list(grp.nodes) if grp else [node]
         plugin = sorted(k for k, tl in self.timelines.engines.items() if tl.source == "plugin"
                         and k.split("/", 1)[0] in nodes)
-        key = self.timelines.resolve([engine, *[k for k in plugin if k.startswith(node + "/")], *plugin, node, *nodes])
+        own = self.timelines.node_engines(node)
+        key = self.timelines.resolve([f"{node}/{entity}" if entity else "", engine,
+                                      *[k for k in plugin if k.startswith(node + "/")],
+                                      *(own if len(own) == 1 else []), *plugin, node, *nodes])
         if key is None:
             return None, None
         return (self.timelines.context(key, start),
@@ -580,8 +592,11 @@ class Correlator:
 
     def _summary(self, g: _Group, culprit: Target | None, cause: Cause | None, victims: list[str],
                  phase: PhaseContext | None, effect: Effect | None) -> str:
-        ph = f"phase {phase.phase} (KV {phase.kv_usage_ratio:.0%})" if phase and phase.kv_usage_ratio is not None else (
-            f"phase {phase.phase}" if phase else "phase unknown (no engine data)")
+        of = ""
+        if phase is not None:
+            of = f" of {phase.engine}" if "/" in phase.engine else f" of {phase.engine} (all its engines)"
+        ph = f"phase {phase.phase}{of} (KV {phase.kv_usage_ratio:.0%})" if phase and phase.kv_usage_ratio is not None \
+            else (f"phase {phase.phase}{of}" if phase else "phase unknown (no engine data)")
         eff = f"effect: {effect.description}" if effect else "effect not observed (no engine data)"
         if g.kind == "culprit" and culprit is not None:
             # the claim's own measurement, never another signal's (an EW-9 claim once quoted the

@@ -55,7 +55,7 @@ from .correlator import Correlator
 from .culprit import coverage as culprit_coverage
 from .planner import Planner, semantic_key, suggestion_key
 from .state import StateStore, restore_engine
-from .timeline import Timelines
+from .timeline import ENGINE_KEYS, Timelines
 from .topology import Topology
 
 log = logging.getLogger("skewd.controller")
@@ -70,7 +70,7 @@ LIVE_STATUSES = (M.SuggestionStatus.PLANNED.value, M.SuggestionStatus.PUBLISHED.
 
 
 #: summary keys that are not window-store samples
-_NOT_SAMPLES = frozenset({BURST_STARTS, BURST_BYTES}) | frozenset(CTL_SIGNALS)
+_NOT_SAMPLES = frozenset({BURST_STARTS, BURST_BYTES}) | frozenset(CTL_SIGNALS) | ENGINE_KEYS
 
 
 @dataclass
