@@ -45,15 +45,11 @@ ECN/CNP, retransmits) → ``network``; its engine carries more load than its pee
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Sequence
 
 from skewd.model import GROUP_SCOPES, Finding, Layer, Scope, State
-
-#: what a rule's maturity tag lets the controller do with its findings (docs/rules.md, "Maturity")
-MATURITIES = ("stable", "incubating", "sandbox")
-#: a finding that does not say, from a rule this controller does not know (an older agent's custom rule)
-UNKNOWN_MATURITY = "incubating"
 
 from . import culprit as C
 from .align import GroupReport
@@ -61,6 +57,11 @@ from .config import InhibitRule
 from .messages import Cause, Effect, Incident, PhaseContext, Target, stable_key
 from .timeline import Timelines
 from .topology import Topology
+
+#: what a rule's maturity tag lets the controller do with its findings (docs/rules.md, "Maturity")
+MATURITIES = ("stable", "incubating", "sandbox")
+#: a finding that does not say, from a rule this controller does not know (an older agent's custom rule)
+UNKNOWN_MATURITY = "incubating"
 
 NodeValue = Callable[[str, str], "float | None"]  # (signal, node) → recent value
 
@@ -440,7 +441,7 @@ class Correlator:
             # the culprit's own node findings are the evidence; the group rule's finding says only "late"
             cause = self.attribute(g.culprit, peers, own)
             claim = next(f for f in members if self._is_group_finding(f) and f.node == g.culprit)
-            cause = _replace_cause(cause, evidence={**cause.evidence, **self.contract(claim)})
+            cause = dataclasses.replace(cause, evidence={**cause.evidence, **self.contract(claim)})
         elif g.kind == "cluster":
             victims = nodes
             cause = Cause("network" if any(f.layer is Layer.NETWORK for f in members) else members[0].layer.value,
@@ -611,12 +612,6 @@ class Correlator:
         held = f" ({len(g.inhibited)} findings inhibited: {', '.join(sorted({f.pathology for f in g.inhibited}))})" \
             if g.inhibited else ""
         return f"{g.pathology} on {where}: {cause.reason if cause else ''}{held}; {ph}; {eff}"
-
-
-def _replace_cause(c: Cause, **kw: object) -> Cause:
-    d = {k: getattr(c, k) for k in c.__dataclass_fields__}
-    d.update(kw)
-    return Cause(**d)  # type: ignore[arg-type]
 
 
 def _replace(inc: Incident, **kw: object) -> Incident:
