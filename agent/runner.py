@@ -24,6 +24,7 @@ from skewd.rules.reload import ReloadResult, RuleManager
 
 from . import summary as summary_mod
 from .clock import clock_state
+from .rulestatus import RuleStatus, clock_words, rule_status
 from .config import AgentConfig
 from .pipeline import Pipeline
 from .scheduler import CollectorSlot, LiveSource, availability, build_slots
@@ -92,8 +93,15 @@ class Agent:
             level = logging.INFO if s.active else logging.WARNING
             log.log(level, "collector %s: %s%s", s.name, s.status.availability.value,
                     f" ({s.status.reason})" if s.status.reason else "")
-        for rid, why in self.pipeline.engine.inactive.items():
+        st = rule_status(self.pipeline.engine, self.catalogue, self.clock_now(self.clock()))
+        for rid, why in st.inactive.items():
             log.info("rule %s inactive: %s", rid, why)
+        if st.controller:
+            log.info("%d rules evaluated by the controller over node summaries: %s", len(st.controller),
+                     ", ".join(st.controller))
+        if st.clock_weakened:
+            log.warning("clock %s: weakens %s (the controller cannot tell this node's cross-node lags from "
+                        "clock error)", clock_words(self.clock_now(self.clock())), ", ".join(st.clock_weakened))
 
     def _apply_availability(self) -> None:
         signals, reasons = availability(self.slots)
@@ -196,9 +204,7 @@ class Agent:
         return findings
 
     async def _send_summary(self, now: float) -> None:
-        if self._clock is None or now - self._clock[0] > 30.0:  # the discipline changes slowly
-            self._clock = (now, clock_state())
-        clk = self._clock[1]
+        clk = self.clock_now(now)
         msg = summary_mod.make_summary(self.pipeline.store, self.cfg.node, self.cfg.cluster, now,
                                        self.cfg.summary_interval, clock_synced=clk.synced,
                                        clock_error=clk.max_error_s, labels=self.cfg.labels)
@@ -211,19 +217,32 @@ class Agent:
         if self.publisher is not None and await self.publisher.publish_summary(msg):
             self.summaries_sent += 1
 
+    def clock_now(self, now: float) -> Any:
+        """The kernel's clock discipline, read at most every 30 s (it changes slowly)."""
+        if self._clock is None or now - self._clock[0] > 30.0:
+            self._clock = (now, clock_state())
+        return self._clock[1]
+
+    def rule_status(self, now: float) -> RuleStatus:
+        """Rules by where and whether they run, and what this node's clock costs them: the one
+        answer health, /metrics and the view give (agent/rulestatus.py)."""
+        return rule_status(self.pipeline.engine, self.catalogue, self.clock_now(now))
+
     def health(self, now: float) -> Any:
-        eng = self.pipeline.engine
         collectors = {s.name: wire.CollectorHealth(state=s.status.availability.value,
                                                    reason=s.status.reason or s.last_error) for s in self.slots}
-        rules = wire.RulesHealth(active=sum(1 for r in eng.rules.rules if r.id not in eng.inactive and eng.evaluates(r)),
-                                 inactive=dict(eng.inactive))
+        st = self.rule_status(now)
+        clk = self.clock_now(now)
+        rules = wire.RulesHealth(active=len(st.active), inactive=dict(st.inactive), controller=list(st.controller),
+                                 clock_weakened=dict(st.clock_weakened))
         lr = self.last_reload
         reload = wire.ReloadStatus(ok=True) if lr is None else wire.ReloadStatus(
             ok=lr.ok, error="" if lr.ok else "\n".join(str(i) for i in lr.issues), t=now)
         spool_depth = self.publisher.spool.depth if self.publisher is not None else 0
         drops = self.publisher.drops() if self.publisher is not None else {}
         return wire.Health(node=self.cfg.node, cluster=self.cfg.cluster, t=now, collectors=collectors, rules=rules,
-                           last_reload=reload, spool_depth=spool_depth, drops=drops, agent_version=__version__)
+                           last_reload=reload, spool_depth=spool_depth, drops=drops, agent_version=__version__,
+                           clock=wire.ClockHealth(clk.synced, clk.max_error_s, clk.source))
 
     async def _send_health(self, now: float) -> None:
         if self.publisher is not None:

@@ -112,12 +112,11 @@ async def run(args: argparse.Namespace, out=None) -> int:
     try:
         elapsed = 0.0
         while not stop.is_set():
-            eng = agent.pipeline.engine
+            rs = agent.rule_status(agent.clock())
             st = ViewState(
                 title=title,
                 collectors=[(s.name, s.active, s.status.reason, s.interval) for s in agent.slots],
-                rules_active=sum(1 for r in eng.rules.rules if r.id not in eng.inactive and eng.evaluates(r)),
-                rules_inactive=len(eng.inactive), signals=dict(agent.last_summary),
+                rules_active=len(rs.active), rules_inactive=len(rs.inactive), signals=dict(agent.last_summary),
                 findings=list(agent.findings.items), suggestions=list(suggestions), notes=notes)
             view.update(st)
             try:

@@ -88,6 +88,9 @@ class SignalSpec:
     collector: str
     #: counters that wrap at 2**bits (e.g. 32-bit hardware counters); None = treat a decrease as a reset
     wrap_bits: int | None = None
+    #: computed by comparing timestamps taken on different nodes: only as good as their clocks'
+    #: sync (an unsynced node weakens every rule reading it; the agent's --check and health say so)
+    needs_synced_clock: bool = False
 
     def __post_init__(self) -> None:
         if not _SIGNAL_NAME.match(self.name):
@@ -97,9 +100,9 @@ class SignalSpec:
 
 
 def signal(name: str, kind: str, unit: str, scope: str, desc: str, collector: str,
-           wrap_bits: int | None = None) -> SignalSpec:
+           wrap_bits: int | None = None, needs_synced_clock: bool = False) -> SignalSpec:
     """Terse constructor used by the collectors' catalogue modules."""
-    return SignalSpec(name, Kind(kind), unit, Scope(scope), desc, collector, wrap_bits)
+    return SignalSpec(name, Kind(kind), unit, Scope(scope), desc, collector, wrap_bits, needs_synced_clock)
 
 
 class Catalogue(Mapping[str, SignalSpec]):
@@ -277,6 +280,9 @@ class Finding:
     mitigation: str = ""
     summary: str = ""
     cluster: str = ""
+    #: the rule's maturity tag (stable, incubating, sandbox): what the controller may do with the
+    #: finding (docs/rules.md, "Maturity"); "" from an agent older than the field
+    maturity: str = ""
     schema: int = SCHEMA_VERSION
 
     @property

@@ -35,6 +35,8 @@ class Endpoint:
     prev: parse.Page | None = None
     prev_t: float | None = None
     last_entities: list[str] = field(default_factory=list)
+    #: each engine's last measured phase, held while no request finishes (parse.derive)
+    phases: dict[tuple[str, str], float] = field(default_factory=dict)
 
 
 def _float(config: Mapping[str, Any], key: str, default: float, lo: float, hi: float) -> float:
@@ -171,7 +173,10 @@ class VllmCollector(Collector):
             prev = ep.prev.get(key) if ep.prev is not None else None
             ent = names[key]
             b.add(t, ent, "vllm_up", 1.0)
-            for sig, v in parse.derive(prev, eng, dt, self.thresholds).items():
+            out = parse.derive(prev, eng, dt, self.thresholds, ep.phases.get(key))
+            if "vllm_phase" in out:
+                ep.phases[key] = out["vllm_phase"]
+            for sig, v in out.items():
                 b.add(t, ent, sig, v)
         ep.prev, ep.prev_t = page, t
         ep.last_entities = [names[k] for k in sorted(page)]
