@@ -4,7 +4,8 @@ rtnetlink is read over a plain ``AF_NETLINK`` socket and only the attributes net
 are decoded (:mod:`.rtnl`): a full pyroute2 decode of every link and qdisc each second was a
 quarter of the agent's CPU, and importing pyroute2 about 12 MiB of its RSS. Inside a network
 namespace the socket is created on a thread that joined it (:mod:`.netns`), which is all
-pyroute2's ``netns=`` did for us.
+pyroute2's ``netns=`` did for us. Between collections a thread samples the root queues
+(:mod:`.sampler`, :mod:`.backlog`): lock-step traffic fills and drains them within a step.
 """
 from __future__ import annotations
 
@@ -324,8 +325,13 @@ class NetdevCollector(Collector):
             idx = int(msg.get("index", -1))
             if idx not in roots or idx in shaped or int(msg.get("parent", 0)) != parse.TC_H_ROOT:
                 continue
-            kind = roots[idx]
-            shaped[idx] = parse.shaping_rate(msg, src.classes(idx) if kind == "htb" else ())
+            classes: list[dict[str, Any]] = []
+            if roots[idx] == "htb":  # its rate is in its classes
+                try:
+                    classes = src.classes(idx)
+                except Exception:  # counted; the rest of the collection stands
+                    self.stats.error("read")
+            shaped[idx] = parse.shaping_rate(msg, classes)
             st = parse.queue_state(msg)
             if st is not None:
                 self.queues.add(names[idx], now, st[0], st[1])
