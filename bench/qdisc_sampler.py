@@ -8,13 +8,14 @@ traffic, so netdev samples the root qdiscs between its once-a-second collections
 A namespace (``SKEWD_BENCH_NETNS_PREFIX``, default ``skwbench-``, removed at the end) gets four
 veths: tbf, htb, pfifo and noqueue roots. At each rate, for ``--seconds`` each, one thread does:
 
-- ``sampler``: netdev's QdiscSampler thread (one send of a root-qdisc GET per queue-capable
-  interface, the lean decoder; noqueue skipped): 3 interfaces;
+- ``sampler``: netdev's QdiscSampler round (one send of a root-qdisc GET per queue-capable
+  interface, the lean decoder; noqueue skipped), at the full rate: 3 interfaces;
 - ``own dump``: a full RTM_GETQDISC dump decoded by netdev's own decoder (what collect() does);
 - ``pyroute2``: ``IPRoute.get_qdiscs()`` (the peer: what a collector written with pyroute2 does).
 
 Each figure is that thread's CPU time (``time.thread_time``) over wall time: % of one core, and
-per round. The load average is printed because on a shared machine CPU per wake-up moves with it.
+per round. Then the real sampler thread runs ``--seconds`` on the idle ports: its 2 Hz watch,
+what a port that never queues costs. The load average is printed because on a shared machine CPU per wake-up moves with it.
 Goal: the default (20 Hz) costs well under the agent's 1 % budget. Exits non-zero only if it cannot
 run (not root, no pyroute2).
 """
@@ -114,6 +115,16 @@ def main(argv: list[str] | None = None) -> int:
                     for k, v in row.items() if k != "hz")
                     + f"; pyroute2 / sampler = {row['pyroute2']['pct_core'] / row['sampler']['pct_core']:.1f}x")
         sampler.stop()
+        watch = QdiscSampler(QueueBook(0.05), 20, lambda: open_rtnl(ns))
+        watch.set_targets(targets)
+        watch.start()
+        w0 = time.monotonic()
+        time.sleep(a.seconds)
+        watch.stop()
+        wall = time.monotonic() - w0
+        results.append({"watch": {"pct_core": 100 * watch.cpu_seconds / wall, "rounds_per_s": watch.rounds / wall}})
+        print(f"watch (no queue seen, sampler thread): {100 * watch.cpu_seconds / wall:.3f} % of a core, "
+              f"{watch.rounds / wall:.1f} rounds/s")
         own.close()
     finally:
         for n in (ns, peer):

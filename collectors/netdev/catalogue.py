@@ -69,8 +69,9 @@ CATALOGUE = [
        "htb's top-level classes. Absent when the root qdisc does not shape (or is another shaper)."),
     _g("netdev_qdisc_backlog_max_bytes", "bytes",
        "Largest root-qdisc backlog seen in the collection interval, sampled qdisc_sample_hz times a "
-       "second at jittered instants (plus the collection's own dump): the peak of a queue that fills "
-       "during each step's burst and drains between steps."),
+       "second at jittered instants while a queue is about, twice a second otherwise (plus the "
+       "collection's own dump): the peak of a queue that fills during each step's burst and drains "
+       "between steps."),
     _g("netdev_qdisc_backlog_mean_bytes", "bytes",
        "Time-weighted mean of the root-qdisc backlog over the collection interval, from the same samples."),
     _g("netdev_qdisc_busy_ratio", "ratio",

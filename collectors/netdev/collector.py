@@ -214,9 +214,12 @@ class NetdevCollector(Collector):
         self._source: NetlinkSource | None = source
         self._ethtool_sock: socket.socket | None = None
         self._speed_paths: dict[str, str] = {}
-        # one tracker per interface; the sampler thread (live only) adds samples between dumps
-        self.queues = QueueBook(1.0 / self.qdisc_sample_hz if self.qdisc_sample_hz else self.interval,
-                                max_weight=max(1.0, self.interval))
+        # one tracker per interface; the sampler thread (live only) adds samples between dumps.
+        # A sample counts for the time since the previous one, at most one period of the full
+        # rate: the sampler watches at 2 Hz while no queue is about, and the sample that finds
+        # one must not stand for the half second before it (sampler.py)
+        period = 1.0 / self.qdisc_sample_hz if self.qdisc_sample_hz else max(1.0, self.interval)
+        self.queues = QueueBook(period, max_weight=period)
         self.sampler: QdiscSampler | None = None
         self._sampler_errors = 0
 
@@ -335,6 +338,8 @@ class NetdevCollector(Collector):
             st = parse.queue_state(msg)
             if st is not None:
                 self.queues.add(names[idx], now, st[0], st[1])
+                if st[0] > 0 and self.sampler is not None:
+                    self.sampler.notice_queue()
         windows = self.queues.take(names[i] for i in roots)
         for idx, ifname in sorted(names.items(), key=lambda kv: kv[1]):
             speed = parse.speed_samples(ifname, self._speed_text(ifname))

@@ -270,14 +270,14 @@ def decode_qdisc(mv: memoryview, options: dict[str, Any] | None = None) -> dict[
     return {"index": index, "parent": parent, "handle": handle, "attrs": attrs}
 
 
-def queue_stats(mv: memoryview) -> tuple[int, int, int, int] | None:
-    """(backlog bytes, qlen, drops, sent bytes) of an RTM_NEWQDISC payload, or None without
-    statistics. The sampler's hot path: reads TCA_STATS2's queue and basic blocks (or the legacy
-    TCA_STATS) and builds nothing else."""
+def queue_stats(mv: memoryview) -> tuple[int, int, int, int, int] | None:
+    """(backlog bytes, qlen, drops, sent bytes, overlimits) of an RTM_NEWQDISC payload, or None
+    without statistics. The sampler's hot path: reads TCA_STATS2's queue and basic blocks (or
+    the legacy TCA_STATS) and builds nothing else."""
     nla = _NLA.unpack_from
     end = len(mv)
     off = _TCMSG.size
-    legacy: tuple[int, int, int, int] | None = None
+    legacy: tuple[int, int, int, int, int] | None = None
     while off + 4 <= end:
         length, t = nla(mv, off)
         if length < 4 or off + length > end:
@@ -292,10 +292,10 @@ def queue_stats(mv: memoryview) -> tuple[int, int, int, int] | None:
                 elif st == TCA_STATS_QUEUE and queue is None and y - x >= _GNET_QUEUE.size:
                     queue = _GNET_QUEUE.unpack_from(mv, x)
             if queue is not None:
-                return queue[1], queue[0], queue[2], max(sent, 0)
+                return queue[1], queue[0], queue[2], max(sent, 0), queue[4]
         elif t == TCA_STATS and legacy is None and length - 4 >= _TC_STATS.size:
-            by, _pk, drop, _ovl, _bps, _pps, qlen, backlog = _TC_STATS.unpack_from(mv, off + 4)
-            legacy = (backlog, qlen, drop, by)
+            by, _pk, drop, ovl, _bps, _pps, qlen, backlog = _TC_STATS.unpack_from(mv, off + 4)
+            legacy = (backlog, qlen, drop, by, ovl)
         off += (length + 3) & ~3
     return legacy
 

@@ -15,7 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-#: samples per interval: the collector's default qdisc_sample_hz at the 1 s collection interval
+#: samples per interval: the collector's default qdisc_sample_hz at the 1 s collection interval.
+#: The real sampler watches at 2 Hz until it sees a queue and holds 20 Hz 5 s after the last one;
+#: the faults here bring a queue every step (20 Hz throughout), and a healthy front end's rare
+#: small queues are modelled at 20 too, an upper bound on what the watch would catch.
 SAMPLES = 20
 
 

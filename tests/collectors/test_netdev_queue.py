@@ -67,7 +67,7 @@ def test_lean_queue_decoder_agrees_with_the_full_decoder(d: Path) -> None:
         full = rtnl.decode_qdisc(payload)
         st2 = parse.attr_map(parse.attr_map(full)["TCA_STATS2"])
         q, b = st2["TCA_STATS_QUEUE"], st2["TCA_STATS_BASIC"]
-        assert rtnl.queue_stats(payload) == (q["backlog"], q["qlen"], q["drops"], b["bytes"])
+        assert rtnl.queue_stats(payload) == (q["backlog"], q["qlen"], q["drops"], b["bytes"], q["overlimits"])
 
 
 def test_answers_split_a_datagram_and_report_errors_by_sequence_number() -> None:
