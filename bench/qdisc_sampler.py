@@ -14,8 +14,8 @@ veths: tbf, htb, pfifo and noqueue roots. At each rate, for ``--seconds`` each, 
 - ``pyroute2``: ``IPRoute.get_qdiscs()`` (the peer: what a collector written with pyroute2 does).
 
 Each figure is that thread's CPU time (``time.thread_time``) over wall time: % of one core, and
-per round. Then the real sampler thread runs ``--seconds`` on the idle ports: its 2 Hz watch,
-what a port that never queues costs. The load average is printed because on a shared machine CPU per wake-up moves with it.
+per round. Then the real sampler thread runs ``--seconds`` (at least 3) on the idle ports: its
+2 Hz watch, what a port that never queues costs. The load average is printed because on a shared machine CPU per wake-up moves with it.
 Goal: the default (20 Hz) costs well under the agent's 1 % budget. Exits non-zero only if it cannot
 run (not root, no pyroute2).
 """
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         watch.set_targets(targets)
         watch.start()
         w0 = time.monotonic()
-        time.sleep(a.seconds)
+        time.sleep(max(a.seconds, 3.0))  # a few of its 0.25-0.75 s waits at least
         watch.stop()
         wall = time.monotonic() - w0
         results.append({"watch": {"pct_core": 100 * watch.cpu_seconds / wall, "rounds_per_s": watch.rounds / wall}})
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average {load0:.2f} -> {os.getloadavg()[0]:.2f}; sampler targets: {sorted(targets.values())} "
           f"(noqueue and lo skipped)")
     if a.json:
-        print(json.dumps({"bench": "qdisc_sampler", "results": results, "load": [load0, os.getloadavg()[0]]}))
+        print(json.dumps({"benchmark": "qdisc_sampler", "results": results, "load": [load0, os.getloadavg()[0]]}))
     return 0
 
 
