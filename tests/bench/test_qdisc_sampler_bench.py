@@ -22,6 +22,7 @@ pytestmark = [
 
 def test_qdisc_sampler_bench_measures_all_three_and_cleans_up() -> None:
     prefix = os.environ.get("SKEWD_BENCH_NETNS_PREFIX", "skwbench-")
+    before = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     p = subprocess.run([sys.executable, str(BENCH / "qdisc_sampler.py"), "--seconds", "0.5", "--rates", "20",
                         "--json"], capture_output=True, text=True, timeout=100)
     assert p.returncode == 0, p.stdout + p.stderr[-3000:]
@@ -32,5 +33,6 @@ def test_qdisc_sampler_bench_measures_all_three_and_cleans_up() -> None:
         assert row[method]["pct_core"] > 0 and row[method]["us_per_round"] > 0
     assert 0.5 <= watch["watch"]["rounds_per_s"] <= 4  # the watch: twice a second
     assert "sampler targets: ['qb0', 'qb1', 'qb2']" in p.stdout  # the noqueue veth is skipped
-    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert f"{prefix}{p.pid}" not in left
+    after = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    new = set(after.splitlines()) - set(before.splitlines())
+    assert not [n for n in new if n.startswith(prefix)], new
