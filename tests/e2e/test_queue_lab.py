@@ -254,11 +254,14 @@ async def test_lock_step_queues_are_found_on_the_right_host(lab, nats_server, tm
         assert not healthy, f"healthy ring hosts raised queue findings: {healthy}"
         before = lab.steps("a0", t_fault - 15, t_fault)
         assert len(before) > 50, "ring a did not step during the warm-up"
-        # (b) a1: below what its ring needs in a burst, a deep queue; (c) b1: a two-frame queue
-        lab.tc("a1", "qdisc", "replace", "dev", "eth0", "root", "handle", "1:", "tbf", "rate", "300mbit",
-               "burst", "32k", "latency", "1s")
-        lab.tc("b1", "qdisc", "replace", "dev", "eth0", "root", "handle", "1:", "tbf", "rate", "1gbit",
-               "burst", "32k", "limit", "3000")
+        # (b) a1: below what its ring needs in a burst, a deep queue; (c) b1: a two-frame queue.
+        # A new qdisc, not `tc qdisc replace`: changing a tbf in place to a 32 kB bucket leaves the
+        # 64 kB GSO packets already queued bigger than the bucket, and that queue never moves again
+        # (seen here: 748 kB stuck, overlimits rising, nothing sent; NS-5 rightly fired on it)
+        for host, shaper in (("a1", ("rate", "300mbit", "burst", "32k", "latency", "1s")),
+                             ("b1", ("rate", "1gbit", "burst", "32k", "limit", "3000"))):
+            lab.tc(host, "qdisc", "del", "dev", "eth0", "root")
+            lab.tc(host, "qdisc", "add", "dev", "eth0", "root", "handle", "1:", "tbf", *shaper)
         want = {("NS-5-egress-backlog", "a1"), ("NS-7-egress-drops", "b1"), ("NS-9-link-saturation", "c0")}
         await wait_for(lambda: want <= firing(), 90, 2.0)
         got = firing()
