@@ -30,8 +30,8 @@ from .replay import Occurrence, ReplayResult, _fmt_t, occurrences
 MAIN_MEASURES = (
     "gpu_util_ratio", "gpu_power_watts", "pcie_gpu_rx_bytes_per_second", "pcie_gpu_tx_bytes_per_second",
     "rdma_port_xmit_bytes_total", "rdma_port_xmit_wait_total", "netdev_tx_bytes_total",
-    "netdev_qdisc_backlog_bytes", "vllm_kv_cache_usage_ratio", "vllm_num_requests_waiting",
-    "summary_gpu_util_mean_ratio", "summary_burst_start_seconds",
+    "netdev_qdisc_backlog_max_bytes", "netdev_qdisc_backlog_bytes", "vllm_kv_cache_usage_ratio",
+    "vllm_num_requests_waiting", "summary_gpu_util_mean_ratio", "summary_burst_start_seconds",
 )
 MAX_PLOTS = 6
 MAX_SERIES = 10
