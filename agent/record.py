@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from skewd import __version__
+from skewd import __version__, cliargs
 from skewd.model import Catalogue, Finding, SampleBatch, SignalSpec, parse_duration
 
 from . import bundle as B
@@ -484,9 +484,9 @@ def main(argv: Sequence[str]) -> int:
     from .scheduler import collector_config_keys
 
     try:
-        duration = parse_duration(args.duration) if args.duration else None
+        duration = cliargs.duration(args.duration) if args.duration else None
         max_bytes = parse_size(args.max_bytes)
-    except ValueError as e:
+    except (ValueError, argparse.ArgumentTypeError) as e:
         print(f"skewd record: {e}", file=sys.stderr)
         return 2
     over: dict[str, Any] = {}
@@ -518,6 +518,11 @@ def main(argv: Sequence[str]) -> int:
                 print(f"  {i}", file=sys.stderr)
             return 2
         ruleset = res.ruleset
+    try:  # before any collector starts: an unwritable --out fails now, not at the first write
+        cliargs.check_output_dir(args.out)
+    except cliargs.OutputError as e:
+        print(f"skewd record: --out: {e}", file=sys.stderr)
+        return 2
     return asyncio.run(_record(cfg, catalogue, ruleset, Path(args.out), duration, max_bytes, args.quiet))
 
 

@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from skewd import wire
+from skewd import cliargs, wire
 from skewd.natsutil import EmbeddedNatsServer, NatsConfig, connect, redact_url
 
 from .config import ConfigError, load_config
@@ -29,7 +29,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--config", "-c", help="agent config YAML (collectors, rules, labels)")
     p.add_argument("--nats", help="use this NATS server instead of starting one")
     p.add_argument("--state-dir", help="where the embedded server and spool keep data (default: a temp dir)")
-    p.add_argument("--duration", type=float, help="stop after this many seconds (default: until Ctrl-C)")
+    p.add_argument("--duration", type=cliargs.duration,
+                   help="stop after this long (e.g. 90s, 5m30s; a bare number is seconds); default: until Ctrl-C")
     p.add_argument("--no-controller", action="store_true", help="agent only")
     p.add_argument("--plain", action="store_true", help="print lines instead of redrawing the screen")
     return p.parse_args(argv)

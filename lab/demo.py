@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from skewd import wire
+from skewd import cliargs, wire
 from skewd.agent import summary as summary_mod
 from skewd.agent.pipeline import Pipeline
 from skewd.agent.publisher import Publisher
@@ -39,7 +39,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="skewd demo", description="A simulated 4-node cluster through real NATS, live.")
     p.add_argument("--scenario", default=DEFAULT_SCENARIO, help=f"scenario name or YAML file (default {DEFAULT_SCENARIO})")
     p.add_argument("--list", action="store_true", help="list the shipped scenarios and exit")
-    p.add_argument("--speed", type=float, default=12.0, help="simulated seconds per wall second (default 12)")
+    p.add_argument("--speed", type=cliargs.speed, default=12.0,
+                   help="simulated time per wall time: 4x, 12x (the x may be left out; default 12x)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--plain", action="store_true", help="print lines instead of redrawing the screen")
     p.add_argument("--debug", action="store_true", help="print the controller's status at the end")
@@ -63,7 +64,9 @@ def main(argv: list[str]) -> int:
     if not path.exists():
         matches = [p for p in list_scenarios() if p.stem == args.scenario]
         if not matches:
-            print(f"skewd demo: no scenario {args.scenario!r}; see skewd demo --list", file=sys.stderr)
+            hint = cliargs.did_you_mean(args.scenario, [p.stem for p in list_scenarios()])
+            print(f"skewd demo: no scenario {args.scenario!r}{hint} (skewd demo --list shows them all)",
+                  file=sys.stderr)
             return 2
         path = matches[0]
     try:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Mapping, Sequence, TextIO
 
+from skewd.cliargs import did_you_mean
 from skewd.model import GROUP_SCOPES, Catalogue, format_duration
 
 from .engine import RuleSet
@@ -44,7 +45,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace, catalogue: Catalogue,
         availability: Callable[[], tuple[set[str], Mapping[str, str]]] | None = None,
-        out: TextIO = sys.stdout) -> int:
+        out: TextIO | None = None) -> int:
+    out = out or sys.stdout
     cmd = args.rules_cmd
     if cmd == "lint":
         return lint(args.paths or [PACKS], catalogue, args.json, out)
@@ -117,7 +119,8 @@ def explain(rs: RuleSet, rule_id: str, catalogue: Catalogue, out: TextIO) -> int
         if len(matches) == 1:
             r = rules[matches[0]]
         else:
-            out.write(f"no rule {rule_id!r}" + (f"; candidates: {', '.join(matches)}" if matches else "") + "\n")
+            hint = f"; candidates: {', '.join(matches)}" if matches else did_you_mean(rule_id, rules)
+            out.write(f"no rule {rule_id!r}{hint} (skewd rules coverage lists every rule)\n")
             return 1
     p = PATHOLOGIES.get(r.pathology)
     out.write(f"{r.id}  ({r.pathology}{': ' + p.title if p else ''})\n")
