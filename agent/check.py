@@ -33,6 +33,7 @@ def host_availability(cfg: AgentConfig | None = None) -> tuple[set[str], dict[st
 def run_check(cfg: AgentConfig, out: TextIO, as_json: bool = False) -> int:
     from skewd.catalogue import full_catalogue
     from skewd.rules.cli import PACKS
+    from skewd.rules.counts import rule_counts
     from skewd.rules.engine import Engine
     from skewd.rules.loader import load_rules
     from skewd.rules.store import WindowStore
@@ -45,23 +46,27 @@ def run_check(cfg: AgentConfig, out: TextIO, as_json: bool = False) -> int:
     cat = full_catalogue()
     res = load_rules(cfg.rules or [PACKS], cat)
     rule_rows: list[dict] = []
+    counts = None
     if res.ok:
         eng = Engine(res.ruleset, WindowStore(cat), scopes=NODE_SCOPES)
         eng.set_available_signals(signals | _derived_signals(cat), reasons)
+        counts = rule_counts(eng)
         for r in res.ruleset.rules:
-            if not eng.evaluates(r):
+            if r.enabled and not eng.evaluates(r):
                 rule_rows.append({"rule": r.id, "pathology": r.pathology, "active": False, "controller": True,
                                   "reason": f"{r.scope.value} scope: evaluated by the controller over node summaries"})
                 continue
-            why = eng.inactive.get(r.id, "")
-            rule_rows.append({"rule": r.id, "pathology": r.pathology, "active": not why, "reason": why,
-                              "controller": False})
+            why = counts.inactive_reasons.get(r.id, "")
+            rule_rows.append({"rule": r.id, "pathology": r.pathology, "active": r.id not in counts.inactive_reasons,
+                              "reason": why, "controller": False})
     if as_json:
         out.write(json.dumps({
             "node": cfg.node, "cluster": cfg.cluster, "config": cfg.source,
             "collectors": [{"name": s.name, "state": s.status.availability.value, "reason": s.status.reason,
                             "interval": s.interval} for s in slots],
             "rules": rule_rows, "rule_errors": [str(i) for i in res.issues],
+            "rule_counts": None if counts is None else {"active": counts.active, "inactive": counts.inactive,
+                                                        "controller": counts.controller},
         }, indent=2) + "\n")
         return 0
     out.write(f"skewd agent check · node {cfg.node} · cluster {cfg.cluster} · config {cfg.source}\n")
@@ -70,18 +75,18 @@ def run_check(cfg: AgentConfig, out: TextIO, as_json: bool = False) -> int:
         mark = "active  " if s.status.availability is Availability.ACTIVE else "INACTIVE"
         extra = f" every {s.interval:g}s" if s.status.availability is Availability.ACTIVE else ""
         out.write(f"  {mark} {s.name:9}{extra}  {s.status.reason}\n")
-    if not res.ok:
+    if counts is None:
         out.write("\nrules: NOT LOADED\n")
         for i in res.issues:
             out.write(f"  {i}\n")
         return 0
-    local = [r for r in rule_rows if not r["controller"]]
-    active = [r for r in local if r["active"]]
     remote = [r["rule"] for r in rule_rows if r["controller"]]
-    out.write(f"\nrules on this node: {len(active)} active, {len(local) - len(active)} inactive"
-              f" (+{len(remote)} cross-node rules the controller evaluates: {', '.join(remote)})\n")
-    for r in active:
-        out.write(f"  active   {r['rule']} ({r['pathology']})\n")
+    out.write(f"\nrules: {counts.describe()}"
+              + (f" (the controller runs {', '.join(remote)})" if remote else "") + "\n")
+    local = [r for r in rule_rows if not r["controller"]]
+    for r in local:
+        if r["active"]:
+            out.write(f"  active   {r['rule']} ({r['pathology']})\n")
     for r in local:
         if not r["active"]:
             out.write(f"  inactive {r['rule']} ({r['pathology']}): {r['reason']}\n")

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from skewd.rules.counts import rule_counts
+
 if TYPE_CHECKING:
     from .runner import Agent
 
@@ -49,10 +51,12 @@ class AgentMetrics:
             yield CounterMetricFamily("skewd_samples_dropped_out_of_order", "samples older than their series' newest",
                                       value=p.store.dropped_out_of_order)
             yield CounterMetricFamily("skewd_rule_evaluations", "evaluation ticks", value=p.engine.evaluations)
-            rules = GaugeMetricFamily("skewd_rules", "rules by status", labels=["status"])
-            n_inactive = len(p.engine.inactive)
-            rules.add_metric(["active"], len(p.engine.rules.rules) - n_inactive)
-            rules.add_metric(["inactive"], n_inactive)
+            rules = GaugeMetricFamily("skewd_rules", "rules by status (as skewd agent --check counts them)",
+                                      labels=["status"])
+            counts = rule_counts(p.engine)
+            for status, n in (("active", counts.active), ("inactive", counts.inactive),
+                              ("controller", counts.controller)):
+                rules.add_metric([status], n)
             yield rules
             f = CounterMetricFamily("skewd_findings", "finding transitions by state", labels=["state"])
             for state, n in sorted({"pending": 0, "firing": 0, "resolved": 0, **p.findings_total}.items()):

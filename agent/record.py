@@ -532,6 +532,8 @@ async def _record(cfg: Any, catalogue: Catalogue, ruleset: Any, out: Path, durat
 
     from . import summary as summary_mod
     from .pipeline import Pipeline
+    from skewd.rules.counts import rule_counts
+
     from .scheduler import LiveSource, availability, build_slots
 
     slots = build_slots(cfg)
@@ -552,8 +554,8 @@ async def _record(cfg: Any, catalogue: Catalogue, ruleset: Any, out: Path, durat
     signals |= {s.name for s in catalogue.values() if s.collector == "agent"}
     pipe.engine.set_available_signals(signals, reasons)
     recorder.set_available_signals(signals)
-    print(f"skewd record: node {cfg.node}, collectors {', '.join(active)}; {len(ruleset.rules)} rules "
-          f"({len(pipe.engine.inactive)} inactive); writing {out}", file=sys.stderr)
+    print(f"skewd record: node {cfg.node}, collectors {', '.join(active)}; rules: "
+          f"{rule_counts(pipe.engine).describe()}; writing {out}", file=sys.stderr)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (_signal.SIGINT, _signal.SIGTERM):

@@ -20,6 +20,7 @@ from skewd import __version__, wire
 from skewd.catalogue import full_catalogue
 from skewd.model import NODE_SCOPES, Catalogue, Finding, SampleBatch
 from skewd.rules.cli import PACKS
+from skewd.rules.counts import rule_counts
 from skewd.rules.reload import ReloadResult, RuleManager
 
 from . import summary as summary_mod
@@ -215,8 +216,8 @@ class Agent:
         eng = self.pipeline.engine
         collectors = {s.name: wire.CollectorHealth(state=s.status.availability.value,
                                                    reason=s.status.reason or s.last_error) for s in self.slots}
-        rules = wire.RulesHealth(active=sum(1 for r in eng.rules.rules if r.id not in eng.inactive and eng.evaluates(r)),
-                                 inactive=dict(eng.inactive))
+        counts = rule_counts(eng)
+        rules = wire.RulesHealth(active=counts.active, inactive=dict(counts.inactive_reasons))
         lr = self.last_reload
         reload = wire.ReloadStatus(ok=True) if lr is None else wire.ReloadStatus(
             ok=lr.ok, error="" if lr.ok else "\n".join(str(i) for i in lr.issues), t=now)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from skewd import cliargs, wire
 from skewd.natsutil import EmbeddedNatsServer, NatsConfig, connect, redact_url
+from skewd.rules.counts import rule_counts
 
 from .config import ConfigError, load_config
 from .scheduler import collector_config_keys
@@ -117,8 +118,7 @@ async def run(args: argparse.Namespace, out=None) -> int:
             st = ViewState(
                 title=title,
                 collectors=[(s.name, s.active, s.status.reason, s.interval) for s in agent.slots],
-                rules_active=sum(1 for r in eng.rules.rules if r.id not in eng.inactive and eng.evaluates(r)),
-                rules_inactive=len(eng.inactive), signals=dict(agent.last_summary),
+                rules=rule_counts(eng), signals=dict(agent.last_summary),
                 findings=list(agent.findings.items), suggestions=list(suggestions), notes=notes)
             view.update(st)
             try:

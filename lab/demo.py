@@ -30,6 +30,7 @@ from skewd.catalogue import full_catalogue
 from skewd.model import NODE_SCOPES, Finding
 from skewd.natsutil import EmbeddedNatsServer, NatsConfig, connect
 from skewd.rules.cli import PACKS
+from skewd.rules.counts import rule_counts
 from skewd.rules.loader import load_rules_or_raise
 
 DEFAULT_SCENARIO = "ew1-tp-straggler"
@@ -194,10 +195,7 @@ def _state(title: str, truth: str, elapsed: float, pipes, findings, suggestions)
                     signals[name] = signals.get(name, 0.0) + float(v) / len(pipes)
     # the node-scope rules the agents run: active where a node has their signals (the group
     # scopes run in the controller)
-    engines = [p.engine for p in pipes.values()]
-    node_rules = [r.id for r in engines[0].rules.rules if engines[0].evaluates(r)] if engines else []
-    active = sum(1 for rid in node_rules if any(rid not in e.inactive for e in engines))
-    return ViewState(title=title, collectors=[], rules_active=active, rules_inactive=len(node_rules) - active,
+    return ViewState(title=title, collectors=[], rules=rule_counts([p.engine for p in pipes.values()]),
                      signals=signals,
                      findings=list(findings), suggestions=list(suggestions),
                      notes=[f"simulated time +{elapsed:.0f}s · injected: {truth}"])
