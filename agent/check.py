@@ -1,6 +1,14 @@
 """``skewd agent --check``: which collectors and rules work on this host, and why not.
 
-Exit status 0 whenever the check itself ran: an absent GPU is information, not a failure.
+Usable as a systemd ``ExecStartPre=``: the exit status says whether the agent can do its job.
+
+- 0: the rules load and every collector marked ``required: true`` is active (an absent GPU on
+  a host that did not require one is information, not a failure);
+- 1: the rules do not load (the errors are printed with file:line:col);
+- 2: the config is invalid (printed by ``skewd agent`` before the check runs);
+- 3: a ``required: true`` collector is not active (its reason is printed).
+
+When the rules fail and a required collector is missing too, the status is 1.
 """
 from __future__ import annotations
 
@@ -11,6 +19,11 @@ from skewd.collectors.base import Availability
 from skewd.model import NODE_SCOPES
 
 from .config import AgentConfig, load_config
+
+EXIT_OK = 0
+EXIT_RULES = 1
+EXIT_CONFIG = 2
+EXIT_REQUIRED = 3
 from .scheduler import availability, build_slots, collector_config_keys
 
 
@@ -43,8 +56,11 @@ def run_check(cfg: AgentConfig, out: TextIO, as_json: bool = False) -> int:
     for s in slots:
         if s.collector is not None:
             s.collector.stop()
+    required_missing = [s.name for s in slots
+                        if cfg.collector_config(s.name).get("required") and not s.active]
     cat = full_catalogue()
     res = load_rules(cfg.rules or [PACKS], cat)
+    code = EXIT_RULES if not res.ok else EXIT_REQUIRED if required_missing else EXIT_OK
     rule_rows: list[dict] = []
     counts = None
     if res.ok:
@@ -67,19 +83,23 @@ def run_check(cfg: AgentConfig, out: TextIO, as_json: bool = False) -> int:
             "rules": rule_rows, "rule_errors": [str(i) for i in res.issues],
             "rule_counts": None if counts is None else {"active": counts.active, "inactive": counts.inactive,
                                                         "controller": counts.controller},
+            "required_missing": required_missing, "exit_code": code,
         }, indent=2) + "\n")
-        return 0
+        return code
     out.write(f"skewd agent check · node {cfg.node} · cluster {cfg.cluster} · config {cfg.source}\n")
     out.write(f"  sys_root {cfg.sys_root} · proc_root {cfg.proc_root}\n\ncollectors:\n")
     for s in slots:
         mark = "active  " if s.status.availability is Availability.ACTIVE else "INACTIVE"
         extra = f" every {s.interval:g}s" if s.status.availability is Availability.ACTIVE else ""
         out.write(f"  {mark} {s.name:9}{extra}  {s.status.reason}\n")
+    if required_missing:
+        out.write(f"\nREQUIRED collector(s) not active: {', '.join(required_missing)} "
+                  "(collectors.<name>.required: true); exit status 3\n")
     if counts is None:
-        out.write("\nrules: NOT LOADED\n")
+        out.write("\nrules: NOT LOADED (exit status 1)\n")
         for i in res.issues:
             out.write(f"  {i}\n")
-        return 0
+        return code
     remote = [r["rule"] for r in rule_rows if r["controller"]]
     out.write(f"\nrules: {counts.describe()}"
               + (f" (the controller runs {', '.join(remote)})" if remote else "") + "\n")
@@ -90,7 +110,7 @@ def run_check(cfg: AgentConfig, out: TextIO, as_json: bool = False) -> int:
     for r in local:
         if not r["active"]:
             out.write(f"  inactive {r['rule']} ({r['pathology']}): {r['reason']}\n")
-    return 0
+    return code
 
 
 def _derived_signals(cat) -> set[str]:

@@ -14,7 +14,7 @@ import os
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import yaml
 
@@ -33,7 +33,8 @@ DEFAULTS: dict[str, Any] = {
     "lookback": "60s",
     "horizon": "10m",
     "summary_interval": "1s",
-    "collectors": {},  # name → {enabled, interval, timeout, ...collector keys}
+    "collectors": {},  # name → {enabled, interval, timeout, required, ...collector keys}
+    "reprobe": {"min_interval": "1s", "max_interval": "1m"},
     "nats": {},  # see skewd.natsutil.NatsConfig; empty url → no publishing
     "spool": {"dir": "/var/lib/skewd/spool", "max_bytes": 256 * 1024 * 1024},
     "metrics": {"listen": "127.0.0.1:9465"},
@@ -42,6 +43,7 @@ DEFAULTS: dict[str, Any] = {
 }
 SECTION_KEYS: dict[str, set[str]] = {
     "reload": {"watch", "poll_interval"},
+    "reprobe": {"min_interval", "max_interval"},
     "spool": {"dir", "max_bytes", "max_messages", "fsync"},
     "metrics": {"listen"},
     "record": {"dir", "max_bytes", "max_duration", "rotate"},
@@ -81,6 +83,9 @@ class AgentConfig:
     log: dict[str, Any]
     source: str = "<defaults>"
     raw: dict[str, Any] = field(default_factory=dict)
+    #: backoff between probes of an inactive collector (agent/scheduler.py)
+    reprobe_min: float = 1.0
+    reprobe_max: float = 60.0
 
     def collector_config(self, name: str) -> dict[str, Any]:
         return dict(self.collectors.get(name, {}))
@@ -118,8 +123,17 @@ def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
 
 def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = None,
                 overrides: Mapping[str, Any] | None = None,
-                collector_keys: Mapping[str, set[str]] | None = None) -> AgentConfig:
-    """Read, merge (defaults < file < env < overrides) and validate. Raises ConfigError."""
+                collector_keys: Mapping[str, set[str]] | None = None,
+                collector_checks: Mapping[str, Callable[[dict[str, Any]], list[str]]] | None = None
+                ) -> AgentConfig:
+    """Read, merge (defaults < file < env < overrides) and validate. Raises ConfigError.
+
+    ``collector_keys`` (name → accepted keys) turns on the check of ``collectors:``: unknown
+    collectors and keys are errors. ``collector_checks`` (name → ``Collector.config_problems``)
+    lets each enabled collector validate its own settings here, at load time, so a bad
+    endpoint URL is an operator error at startup rather than a collector "unavailable" for
+    the agent's whole life. Without it, the checks of the shipped collectors run whenever
+    ``collector_keys`` is given (:func:`skewd.agent.scheduler.collector_config_checks`)."""
     env = os.environ if env is None else env
     problems: list[str] = []
     doc: Any = {}
@@ -157,6 +171,7 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         problems.append(f"{pos('collectors')}: collectors must map collector names to settings")
         collectors = {}
     known = collector_keys or {}
+    checks = collector_checks
     for name, cc in collectors.items():
         if known and name not in known:
             hint = difflib.get_close_matches(name, known, n=1)
@@ -183,6 +198,19 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         if "interval" in cc and "timeout" in cc and cc["timeout"] >= cc["interval"]:
             problems.append(f"{pos('collectors', name, 'timeout')}: collectors.{name}.timeout must be shorter "
                             f"than its interval ({cc['interval']:g}s)")
+        for bk in ("enabled", "required"):
+            if bk in cc and not isinstance(cc[bk], bool):
+                problems.append(f"{pos('collectors', name, bk)}: collectors.{name}.{bk} must be true or false")
+        if cc.get("enabled") is False and cc.get("required") is True:
+            problems.append(f"{pos('collectors', name)}: collectors.{name} is both disabled and required")
+        if known and cc.get("enabled") is not False:
+            if checks is None:
+                from .scheduler import collector_config_checks
+
+                checks = collector_config_checks()
+            check = checks.get(name)
+            if check is not None:
+                problems += [f"{pos('collectors', name)}: {p}" for p in check(cc)]
     durations = {}
     for k in ("evaluation_interval", "lookback", "horizon", "summary_interval"):
         try:
@@ -191,6 +219,19 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
                 raise ValueError("must be longer than 0s")
         except ValueError as e:
             problems.append(f"{pos(k)}: {k}: {e}")
+    reprobe = merged["reprobe"] if isinstance(merged.get("reprobe"), dict) else {}
+    reprobe_s = {}
+    for k, default in (("min_interval", 1.0), ("max_interval", 60.0)):
+        try:
+            reprobe_s[k] = parse_duration(reprobe.get(k, default))
+            if reprobe_s[k] <= 0:
+                raise ValueError("must be longer than 0s")
+        except ValueError as e:
+            problems.append(f"{pos('reprobe', k)}: reprobe.{k}: {e}")
+            reprobe_s[k] = default
+    if reprobe_s["max_interval"] < reprobe_s["min_interval"]:
+        problems.append(f"{pos('reprobe', 'max_interval')}: reprobe.max_interval must not be shorter than "
+                        "reprobe.min_interval")
     reload = merged["reload"] if isinstance(merged.get("reload"), dict) else {}
     try:
         reload_poll = parse_duration(reload.get("poll_interval", "2s"))
@@ -236,7 +277,7 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         horizon=durations["horizon"], summary_interval=durations["summary_interval"],
         collectors=collectors, nats=dict(merged.get("nats") or {}), spool=dict(merged["spool"]),
         metrics_listen=str(merged["metrics"].get("listen", "")), record=record, log=dict(merged["log"]),
-        source=where, raw=merged,
+        source=where, raw=merged, reprobe_min=reprobe_s["min_interval"], reprobe_max=reprobe_s["max_interval"],
     )
 
 

@@ -164,11 +164,14 @@ class Recorder:
         if roll:
             self._roll()
 
-    def set_available_signals(self, signals: Iterable[str] | None) -> None:
+    def set_available_signals(self, signals: Iterable[str] | None, roll: bool = False) -> None:
         """The signals this host's active collectors supply (what the agent passed to
         ``Engine.set_available_signals``). Recorded so replay marks the same rules inactive as
-        the live agent did; applies to segments opened from now on."""
+        the live agent did; applies to segments opened from now on. ``roll``: the set changed
+        while recording (a collector came up late), so start a new segment that carries it."""
         self._available = None if signals is None else sorted(set(signals))
+        if roll:
+            self._roll()
 
     # -- sink protocol ---------------------------------------------------------------------------
     def on_batch(self, batch: SampleBatch) -> None:
@@ -534,7 +537,7 @@ async def _record(cfg: Any, catalogue: Catalogue, ruleset: Any, out: Path, durat
     from .pipeline import Pipeline
     from skewd.rules.counts import rule_counts
 
-    from .scheduler import LiveSource, availability, build_slots
+    from .scheduler import Backoff, LiveSource, availability, build_slots
 
     slots = build_slots(cfg)
     active = [s.name for s in slots if s.active]
@@ -563,7 +566,15 @@ async def _record(cfg: Any, catalogue: Catalogue, ruleset: Any, out: Path, durat
             loop.add_signal_handler(sig, stop.set)
         except (NotImplementedError, RuntimeError, ValueError):
             pass
-    source = LiveSource(slots)
+    def on_change(_slot: Any, _old: Any) -> None:  # a collector came up (or went) while recording
+        sig, why = availability(slots)
+        sig |= {s.name for s in catalogue.values() if s.collector == "agent"}
+        pipe.engine.set_available_signals(sig, why)
+        recorder.set_available_signals(sig, roll=True)
+        print(f"skewd record: collector {_slot.name} {_slot.status.availability.value}; rules: "
+              f"{rule_counts(pipe.engine).describe()}", file=sys.stderr)
+
+    source = LiveSource(slots, backoff=Backoff(cfg.reprobe_min, cfg.reprobe_max), on_change=on_change)
     source.start()
     t0 = time.time()
     next_tick = t0

@@ -27,7 +27,7 @@ from . import summary as summary_mod
 from .clock import clock_state
 from .config import AgentConfig
 from .pipeline import Pipeline
-from .scheduler import CollectorSlot, LiveSource, availability, build_slots
+from .scheduler import Backoff, CollectorSlot, LiveSource, availability, build_slots
 
 log = logging.getLogger("skewd.agent")
 
@@ -77,6 +77,8 @@ class Agent:
         self.last_summary: dict[str, float] = {}
         self.started = asyncio.Event()
         self._clock: tuple[float, Any] | None = None
+        #: a collector changed availability: publish health at the next tick, not in 10 s
+        self._health_now = False
 
     # -- setup -------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -109,7 +111,28 @@ class Agent:
 
     # -- reload --------------------------------------------------------------------------------
     def request_reload(self) -> None:
+        """SIGHUP: re-read the rule files and probe every inactive collector again now."""
         self._reload_requested = True
+        if self.source is not None:
+            self.source.reprobe_now()
+
+    def _on_collector_change(self, slot: CollectorSlot, old: Any) -> None:
+        """A collector became active or stopped being so: recompute which rules can run here
+        (and tell the log which ones changed), record the new availability in a new capture
+        segment, and publish health at the next tick."""
+        eng = self.pipeline.engine
+        before = {r.id for r in eng.rules.rules if r.id not in eng.inactive and eng.evaluates(r)}
+        self._apply_availability()
+        after = {r.id for r in eng.rules.rules if r.id not in eng.inactive and eng.evaluates(r)}
+        if after - before:
+            log.info("collector %s %s: rules now active: %s", slot.name, slot.status.availability.value,
+                     ", ".join(sorted(after - before)))
+        if before - after:
+            log.warning("collector %s %s: rules now inactive: %s", slot.name, slot.status.availability.value,
+                        ", ".join(sorted(before - after)))
+        if self.recorder is not None:
+            self.recorder.set_available_signals(eng.available, roll=True)
+        self._health_now = True
 
     def maybe_reload(self) -> ReloadResult | None:
         changed = False
@@ -150,7 +173,9 @@ class Agent:
             self._metrics_server = serve(self, self.cfg.metrics_listen)
         except OSError as e:
             log.error("metrics endpoint %s not started: %s", self.cfg.metrics_listen, e)
-        self.source = LiveSource(self.slots, clock=self.clock)
+        self.source = LiveSource(self.slots, clock=self.clock,
+                                 backoff=Backoff(self.cfg.reprobe_min, self.cfg.reprobe_max),
+                                 on_change=self._on_collector_change)
         self.source.start()
         self.started.set()
         interval = self.cfg.evaluation_interval
@@ -179,7 +204,8 @@ class Agent:
                     next_reload_check = now + self.cfg.reload_poll
                     if self.maybe_reload() is not None:
                         await self._send_health(now)
-                if now >= next_health:
+                if now >= next_health or self._health_now:
+                    self._health_now = False
                     next_health = now + 10.0
                     await self._send_health(now)
         finally:

@@ -197,6 +197,9 @@ class NetdevCollector(Collector):
         except Exception as e:  # probe never raises
             self._drop_source()
             return Status(Availability.UNAVAILABLE, f"rtnetlink query failed: {e}")
+        finally:
+            if not self.started:  # probe holds nothing: start() opens the socket it collects with
+                self._drop_source()
         chosen = [n for n in names if self._want(n)]
         if self._patterns:
             missing = [p for p in self._patterns

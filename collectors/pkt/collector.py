@@ -94,6 +94,15 @@ class PktCollector(Collector):
             self._cfg_error = str(e)
 
     # -- configuration ---------------------------------------------------------------------
+    @classmethod
+    def config_problems(cls, config: Mapping[str, Any]) -> list[str]:
+        """The settings' errors (kept by the constructor for probe(), reported at load time)."""
+        try:
+            err = cls("config-check", config)._cfg_error
+        except ValueError as e:  # a setting even the constructor could not read
+            err = str(e)
+        return [f"collectors.pkt: {err}"] if err else []
+
     def _settings(self) -> dict[str, Any]:
         c = self.config
         snaplen = int(c.get("snaplen", 128))
