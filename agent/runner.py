@@ -21,6 +21,7 @@ from skewd.catalogue import full_catalogue
 from skewd.model import NODE_SCOPES, Catalogue, Finding, SampleBatch
 from skewd.rules.cli import PACKS
 from skewd.rules.counts import rule_counts
+from skewd.rules.paths import rule_mtimes
 from skewd.rules.reload import ReloadResult, RuleManager
 
 from . import summary as summary_mod
@@ -291,47 +292,6 @@ class Agent:
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server = None
-
-
-def _suffix(name: str) -> str:
-    """``PurePath(name).suffix``."""
-    i = name.rfind(".")
-    return name[i:] if 0 < i < len(name) - 1 else ""
-
-
-def rule_mtimes(paths: list[str]) -> dict[str, float]:
-    """``{str(f): mtime for f in rule_files(paths)}`` (-1.0 where stat fails) plus
-    ``{"<dir>/": entry count}`` per rules directory (a new file counts as a change)."""
-    out: dict[str, float] = {}
-    counts: dict[str, float] = {}
-    for p in paths:
-        base = str(Path(p))
-        try:
-            entries = list(os.scandir(base))
-        except OSError:
-            if os.path.isdir(base):
-                raise  # as rule_files does (an unreadable rules directory)
-            entries = None
-        if entries is None:  # a file (or nothing): rule_files passes it through
-            try:
-                out[base] = os.stat(base).st_mtime
-            except OSError:
-                out[base] = -1.0
-            continue
-        found = []
-        for e in entries:
-            if (_suffix(e.name) in (".yaml", ".yml") and not e.name.endswith((".test.yaml", ".test.yml"))
-                    and e.is_file()):
-                found.append(e)
-        for e in sorted(found, key=lambda e: e.name):
-            key = e.name if base == "." else os.path.join(base, e.name)  # str(Path(base) / name)
-            try:
-                out[key] = e.stat().st_mtime
-            except OSError:
-                out[key] = -1.0
-        counts[f"{p}/"] = float(len(entries))
-    out.update(counts)
-    return out
 
 
 def default_spool_dir() -> str:

@@ -99,7 +99,7 @@ def probe_slot(slot: CollectorSlot) -> tuple[Collector | None, Status]:
             log.exception("collector %s failed to initialise", slot.name)
         status = Status(Availability.UNAVAILABLE, f"failed to initialise: {type(e).__name__}: {e}")
     slot.probes += 1
-    if slot.required and not status.active:
+    if slot.required and status.availability not in (Availability.ACTIVE, Availability.NEEDS_OPERATOR):
         status = Status(Availability.NEEDS_OPERATOR,
                         f"required (collectors.{slot.name}.required: true) but {status.availability.value}"
                         + (f": {status.reason}" if status.reason else ""))

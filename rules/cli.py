@@ -16,11 +16,11 @@ from skewd.model import GROUP_SCOPES, Catalogue, format_duration
 
 from .engine import RuleSet
 from .loader import load_rules
+from .paths import PACKS, SHIPPED
 from .pathologies import PATHOLOGIES
 from .schema import rule_file_schema
 from .testing import run_tests
 
-PACKS = Path(__file__).resolve().parent / "packs"
 PACK_TESTS = Path(__file__).resolve().parent / "tests"
 
 
@@ -28,17 +28,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("rules", help="lint, test, explain rule files")
     rs = p.add_subparsers(dest="rules_cmd", required=True)
     lint = rs.add_parser("lint", help="validate rule files; exit 1 on any error")
-    lint.add_argument("paths", nargs="*", help=f"files or directories (default: shipped packs {PACKS})")
+    lint.add_argument("paths", nargs="*", help=f"files or directories, read recursively; '{SHIPPED}' names the "
+                                               f"shipped packs (default: {SHIPPED}, i.e. {PACKS})")
     lint.add_argument("--json", action="store_true", help="errors as a JSON list")
     t = rs.add_parser("test", help="run rule unit tests (*.test.yaml)")
     t.add_argument("paths", nargs="*", help=f"test files or directories (default: {PACK_TESTS})")
     t.add_argument("--json", action="store_true")
     e = rs.add_parser("explain", help="what a rule watches, its params and mitigation")
     e.add_argument("rule_id")
-    e.add_argument("--rules", action="append", help="rule files/dirs (default: shipped packs)")
+    e.add_argument("--rules", action="append", help=f"rule files/dirs (default: {SHIPPED}, the shipped packs)")
     rs.add_parser("schema", help="JSON Schema of rule files (for yaml-language-server)")
     c = rs.add_parser("coverage", help="each pathology ID → rules and whether they are active on this host")
-    c.add_argument("--rules", action="append", help="rule files/dirs (default: shipped packs)")
+    c.add_argument("--rules", action="append", help=f"rule files/dirs (default: {SHIPPED}, the shipped packs)")
     c.add_argument("--json", action="store_true")
     c.add_argument("--no-probe", action="store_true", help="do not probe this host's collectors")
 

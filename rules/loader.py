@@ -23,6 +23,8 @@ from typing import Any, Iterable, Sequence
 
 from skewd.model import Catalogue, Layer, Scope, Severity, parse_duration
 
+from . import paths as _paths
+
 from .engine import ENGINE_VERSION, Rule, RuleSet
 from .expr import Code, CompileEnv, ExprError, compile_expr
 from .pathologies import PATHOLOGIES
@@ -92,16 +94,9 @@ class LoadResult:
 
 
 def rule_files(paths: Iterable[str | Path]) -> list[Path]:
-    """Expand directories to their *.yaml/*.yml files (sorted), skipping rule-test files."""
-    out: list[Path] = []
-    for p in paths:
-        p = Path(p)
-        if p.is_dir():
-            out += sorted(f for f in p.iterdir() if f.suffix in (".yaml", ".yml") and f.is_file()
-                          and not f.name.endswith((".test.yaml", ".test.yml")))
-        else:
-            out.append(p)
-    return out
+    """The rule files ``paths`` name, in load order: ``shipped`` is the packs, directories are
+    read recursively (:mod:`skewd.rules.paths`)."""
+    return _paths.rule_files(paths)
 
 
 def _suggest(word: str, options: Iterable[str]) -> str:
