@@ -2,10 +2,13 @@
 
 Unknown keys are errors (with a did-you-mean and file:line:col), every error is reported at
 once, and defaults make an empty file a working local agent. Environment variables override
-the file, for containers: ``SKEWD_NODE``, ``SKEWD_CLUSTER``, ``SKEWD_NATS_URL``,
-``SKEWD_SYS_ROOT``, ``SKEWD_PROC_ROOT``, ``SKEWD_RULES`` (``:``-separated paths),
-``SKEWD_METRICS_LISTEN``, and generically ``SKEWD__section__key=value`` (value parsed as YAML),
-e.g. ``SKEWD__collectors__pkt__interface=eth0``.
+the file, for containers: those in :data:`ENV_VARS` (``SKEWD_NODE``, ``SKEWD_NATS_URL``, ...),
+and generically ``SKEWD__section__key=value`` (value parsed as YAML), e.g.
+``SKEWD__collectors__pkt__interface=eth0``.
+
+:data:`DEFAULTS`, :data:`SECTION_KEYS`, :data:`ENV_VARS` and :data:`KEY_DOCS` are the schema:
+``docs/config.md`` is generated from them (``python -m skewd.configref --write docs/config.md``)
+and a test fails when a key has no line there.
 """
 from __future__ import annotations
 
@@ -54,6 +57,63 @@ SECTION_KEYS: dict[str, set[str]] = {
 }
 COMMON_COLLECTOR_KEYS = {"enabled", "interval", "timeout", "required"}
 
+#: environment variable → the key it sets (after the file, before command-line overrides)
+ENV_VARS: dict[str, str] = {
+    "SKEWD_NODE": "node",
+    "SKEWD_CLUSTER": "cluster",
+    "SKEWD_SYS_ROOT": "sys_root",
+    "SKEWD_PROC_ROOT": "proc_root",
+    "SKEWD_RULES": "rules",  # ':'-separated
+    "SKEWD_NATS_URL": "nats.url",
+    "SKEWD_METRICS_LISTEN": "metrics.listen",
+    "SKEWD_SPOOL_DIR": "spool.dir",
+}
+
+#: every key's meaning (a tuple gives the default as text where DEFAULTS cannot say it)
+KEY_DOCS: dict[str, str | tuple[str, str]] = {
+    "node": ("the host name", "this node's name: a NATS subject token (no spaces, dots, `*` or `>`)"),
+    "cluster": "cluster name, the subject token every message of this cluster carries",
+    "labels": "node labels sent with every summary and finding, e.g. `{tp_group: tp0, model: llama-70b}`; "
+              "the controller groups nodes by `tp_group` and rules may split peers by labels (`peers_by`)",
+    "sys_root": "where the host's `/sys` is mounted (`/host/sys` in a container)",
+    "proc_root": "where the host's `/proc` is mounted (`/host/proc` in a container)",
+    "rules": ("`[shipped]`", "rule files and directories, read in order (directories recursively); the word "
+              "`shipped` names the packs installed with skewd, e.g. `[shipped, /etc/skewd/site-rules.yaml]`"),
+    "reload.watch": "re-read the rule files when they change on disk (SIGHUP always does)",
+    "reload.poll_interval": "how often the rule files' modification times are compared",
+    "reprobe.min_interval": "first wait before an inactive collector (absent, unavailable, needing an operator) "
+                            "is probed again; the wait doubles after each failed probe",
+    "reprobe.max_interval": "longest wait between two probes of an inactive collector (SIGHUP probes at once)",
+    "evaluation_interval": "how often the rules are evaluated",
+    "lookback": "what a bare signal name in a rule means: its latest value within this window",
+    "horizon": "how long samples are kept in memory (the longest rule window must fit)",
+    "summary_interval": "how often the node summary is published to the controller",
+    "collectors": "per-collector settings, `collectors.<name>.<key>` (tables below)",
+    "spool.dir": "where findings wait on disk while NATS is unreachable (a subdirectory per node)",
+    "spool.max_bytes": "spool size bound; the oldest findings are evicted beyond it (counted in health `drops`)",
+    "spool.max_messages": ("`100000`", "spool bound in findings"),
+    "spool.fsync": ("`interval`", "`always` (every append survives power loss), `interval` (at most every "
+                    "second), `never` (left to the OS); a crashed process loses nothing either way"),
+    "metrics.listen": "the agent's own Prometheus `/metrics`; empty turns it off (binds localhost unless told)",
+    "record.dir": "record capture bundles here continuously (`<dir>/<node>/seg-NNNNNN`); empty: off",
+    "record.max_bytes": "the whole recording stays within this size (each of `rotate` segments gets its share)",
+    "record.max_duration": "the recording covers about this much of the latest time",
+    "record.rotate": "segments kept, the oldest deleted; 0: one segment, recording stops when it is full",
+    "log.level": "`debug`, `info`, `warning` or `error`",
+    "log.format": "`json` (one object per line) or `text`",
+}
+
+#: the keys every collector accepts, ``collectors.<name>.<key>``
+COMMON_COLLECTOR_DOCS: dict[str, tuple[str, str]] = {
+    "enabled": ("`true`", "`false` switches the collector off (it is never probed)"),
+    "interval": ("the collector's own (below)", "collection period"),
+    "timeout": ("0.8 × interval (vllm, exporter: half the interval, at most 2 s)",
+                "a collection (or scrape) running longer is abandoned and counted; must be shorter than "
+                "the interval"),
+    "required": ("`false`", "`true`: not being active is an operator error (`needs_operator`, and "
+                 "`skewd agent --check` exits 3)"),
+}
+
 
 class ConfigError(Exception):
     def __init__(self, problems: list[str]) -> None:
@@ -95,17 +155,15 @@ class AgentConfig:
 
 def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
     over: dict[str, Any] = {}
-    simple = {"SKEWD_NODE": "node", "SKEWD_CLUSTER": "cluster", "SKEWD_SYS_ROOT": "sys_root",
-              "SKEWD_PROC_ROOT": "proc_root"}
-    for var, key in simple.items():
-        if env.get(var):
-            over[key] = env[var]
-    if env.get("SKEWD_NATS_URL"):
-        over.setdefault("nats", {})["url"] = env["SKEWD_NATS_URL"]
-    if env.get("SKEWD_RULES"):
-        over["rules"] = [p for p in env["SKEWD_RULES"].split(":") if p]
-    if env.get("SKEWD_METRICS_LISTEN"):
-        over.setdefault("metrics", {})["listen"] = env["SKEWD_METRICS_LISTEN"]
+    for var, key in ENV_VARS.items():
+        if not env.get(var):
+            continue
+        value: Any = [p for p in env[var].split(":") if p] if key == "rules" else env[var]
+        *sections, last = key.split(".")
+        cur = over
+        for sec in sections:
+            cur = cur.setdefault(sec, {})
+        cur[last] = value
     for var, val in env.items():
         if var.startswith("SKEWD__"):
             path = [p for p in var[len("SKEWD__"):].split("__") if p]
@@ -261,6 +319,9 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
             NatsConfig.from_dict(nats)
         except NatsConfigError as e:
             problems += [f"{pos('nats')}: {line.strip()}" for line in str(e).splitlines()[1:]]
+    spool = merged.get("spool") if isinstance(merged.get("spool"), dict) else {}
+    if spool.get("fsync", "interval") not in ("always", "interval", "never"):
+        problems.append(f"{pos('spool', 'fsync')}: spool.fsync must be always, interval or never")
     record = merged.get("record") if isinstance(merged.get("record"), dict) else {}
     if record.get("max_duration"):
         try:

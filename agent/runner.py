@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal as _signal
 import time
 from pathlib import Path
@@ -267,7 +266,8 @@ class Agent:
 
             spool_dir = Path(self.cfg.spool.get("dir") or "/var/lib/skewd/spool") / self.cfg.node
             spool = Spool(spool_dir, max_bytes=int(self.cfg.spool.get("max_bytes", 256 << 20)),
-                          max_messages=self.cfg.spool.get("max_messages", 100_000))
+                          max_messages=self.cfg.spool.get("max_messages", 100_000),
+                          fsync=str(self.cfg.spool.get("fsync", "interval")))
             self.publisher = Publisher(NatsConfig.from_dict(nats), spool, cluster=self.cfg.cluster)
             await self.publisher.start()
         if self.cfg.record.get("dir"):
@@ -292,7 +292,3 @@ class Agent:
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server = None
-
-
-def default_spool_dir() -> str:
-    return os.environ.get("SKEWD_SPOOL_DIR", "/var/lib/skewd/spool")

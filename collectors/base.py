@@ -97,6 +97,8 @@ class Collector(ABC):
     default_interval: ClassVar[float] = 1.0
     #: config keys this collector accepts (besides the common ``enabled``/``interval``/``timeout``)
     config_keys: ClassVar[frozenset[str]] = frozenset()
+    #: each of those keys (but the common ones) → (default as text, meaning): docs/config.md
+    config_docs: ClassVar[dict[str, tuple[str, str]]] = {}
 
     def __init__(self, node: str, config: Mapping[str, Any] | None = None,
                  sys_root: str | Path = "/sys", proc_root: str | Path = "/proc") -> None:

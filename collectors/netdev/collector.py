@@ -162,6 +162,10 @@ class NetdevCollector(Collector):
     catalogue = CATALOGUE
     default_interval = 1.0
     config_keys = frozenset({"interfaces", "netns"})
+    config_docs = {
+        "interfaces": ("every interface but `lo`", "names or shell globs (`[\"eth*\", \"ens1f0np0\"]`)"),
+        "netns": ("the agent's", "network namespace: a name under `/run/netns` or `/proc/<pid>/ns/net`"),
+    }
 
     def __init__(self, node: str, config: Mapping[str, Any] | None = None,
                  sys_root: str | Path = "/sys", proc_root: str | Path = "/proc",
