@@ -10,7 +10,7 @@ from .config import ConfigError, load_config
 from .scheduler import collector_config_keys
 
 
-def parse(argv: list[str]) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="skewd agent", description="Run the skewd node agent.",
         epilog="--check exit status: 0 ready; 1 the rules do not load; 2 invalid config; 3 a collector "
@@ -20,7 +20,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--json", action="store_true", help="with --check: machine-readable output")
     p.add_argument("--node", help="override the node name")
     p.add_argument("--nats", help="override nats.url")
-    return p.parse_args(argv)
+    return p
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    return build_parser().parse_args(list(argv))
 
 
 def main(argv: list[str]) -> int:

@@ -464,18 +464,23 @@ def parse_size(text: str | int) -> int:
     return int(float(m.group(1)) * _MULT[(m.group(2) or "")[:1].lower()])
 
 
-def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="skewd record",
                                 description="Record a capture bundle from this host's active collectors "
                                             "(with the agent's rule evaluation) for later `skewd replay`.")
     p.add_argument("--out", "-o", required=True, help="bundle directory to create or extend")
-    p.add_argument("--duration", "-d", default=None, help="stop after this long (e.g. 60s, 5m); default: until Ctrl-C")
+    p.add_argument("--duration", "-d", type=cliargs.duration, default=None,
+                   help="stop after this long (e.g. 60s, 5m30s; a bare number is seconds); default: until Ctrl-C")
     p.add_argument("--config", "-c", help="agent config YAML (collectors, intervals, rules, node, labels)")
     p.add_argument("--max-bytes", default="1G", help="stop when the bundle reaches this size (default 1G)")
     p.add_argument("--node", help="override the node name")
     p.add_argument("--rules", action="append", help="rule files/directories (default: config rules, or the shipped packs)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress line on stderr")
-    return p.parse_args(list(argv))
+    return p
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    return build_parser().parse_args(list(argv))
 
 
 def main(argv: Sequence[str]) -> int:
@@ -487,9 +492,9 @@ def main(argv: Sequence[str]) -> int:
     from .scheduler import collector_config_keys
 
     try:
-        duration = cliargs.duration(args.duration) if args.duration else None
+        duration = args.duration
         max_bytes = parse_size(args.max_bytes)
-    except (ValueError, argparse.ArgumentTypeError) as e:
+    except ValueError as e:
         print(f"skewd record: {e}", file=sys.stderr)
         return 2
     over: dict[str, Any] = {}

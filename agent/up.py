@@ -25,7 +25,7 @@ from .view import LiveView, ViewState
 log = logging.getLogger("skewd.up")
 
 
-def parse(argv: list[str]) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="skewd up", description="Embedded local stack: nats-server, controller, agent, live view.")
     p.add_argument("--config", "-c", help="agent config YAML (collectors, rules, labels)")
     p.add_argument("--nats", help="use this NATS server instead of starting one")
@@ -34,7 +34,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="stop after this long (e.g. 90s, 5m30s; a bare number is seconds); default: until Ctrl-C")
     p.add_argument("--no-controller", action="store_true", help="agent only")
     p.add_argument("--plain", action="store_true", help="print lines instead of redrawing the screen")
-    return p.parse_args(argv)
+    return p
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    return build_parser().parse_args(list(argv))
 
 
 def main(argv: list[str]) -> int:

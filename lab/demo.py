@@ -36,7 +36,7 @@ from skewd.rules.loader import load_rules_or_raise
 DEFAULT_SCENARIO = "ew1-tp-straggler"
 
 
-def parse(argv: list[str]) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="skewd demo", description="A simulated 4-node cluster through real NATS, live.")
     p.add_argument("--scenario", default=DEFAULT_SCENARIO, help=f"scenario name or YAML file (default {DEFAULT_SCENARIO})")
     p.add_argument("--list", action="store_true", help="list the shipped scenarios and exit")
@@ -45,7 +45,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--plain", action="store_true", help="print lines instead of redrawing the screen")
     p.add_argument("--debug", action="store_true", help="print the controller's status at the end")
-    return p.parse_args(argv)
+    return p
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    return build_parser().parse_args(list(argv))
 
 
 def main(argv: list[str]) -> int:
