@@ -319,6 +319,11 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
             NatsConfig.from_dict(nats)
         except NatsConfigError as e:
             problems += [f"{pos('nats')}: {line.strip()}" for line in str(e).splitlines()[1:]]
+    logc = merged.get("log") if isinstance(merged.get("log"), dict) else {}
+    if str(logc.get("level", "info")).lower() not in ("debug", "info", "warning", "error"):
+        problems.append(f"{pos('log', 'level')}: log.level must be debug, info, warning or error")
+    if logc.get("format", "json") not in ("json", "text"):
+        problems.append(f"{pos('log', 'format')}: log.format must be json or text")
     spool = merged.get("spool") if isinstance(merged.get("spool"), dict) else {}
     if spool.get("fsync", "interval") not in ("always", "interval", "never"):
         problems.append(f"{pos('spool', 'fsync')}: spool.fsync must be always, interval or never")

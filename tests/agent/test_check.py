@@ -56,6 +56,8 @@ def test_check_exits_3_when_a_required_collector_is_not_active(tmp_path, capsys)
     ("collectors:\n  rdma: {required: yes-please}\n", "collectors.rdma.required must be true or false"),
     ("collectors:\n  rdma: {required: true, enabled: false}\n", "both disabled and required"),
     ("reprobe: {min_interval: 1m, max_interval: 10s}\n", "reprobe.max_interval must not be shorter"),
+    ("log: {format: xml}\n", "log.format must be json or text"),
+    ("spool: {fsync: sometimes}\n", "spool.fsync must be always, interval or never"),
 ])
 def test_contradictory_settings_are_config_errors(tmp_path, capsys, body, msg):
     assert skewd_main(["agent", "--check", "--config", _agent_yaml(tmp_path, body)]) == 2
