@@ -28,7 +28,8 @@ from typing import Any, Iterator, Sequence, TextIO
 
 import numpy as np
 
-from skewd import wire
+from skewd import cliargs, wire
+from skewd.model import parse_speed as _parse_speed
 from skewd.model import (GROUP_SCOPES, NODE_SCOPES, BatchBuilder, Catalogue, Finding, SampleBatch, State,
                          parse_duration)
 from skewd.rules.engine import Engine, RuleSet
@@ -121,19 +122,9 @@ def _is_number(s: str) -> bool:
 
 
 def parse_speed(text: str) -> float | None:
-    """``max`` → None (as fast as possible); ``1x``, ``10x``, ``0.5x`` → factor."""
-    s = text.strip().lower()
-    if s == "max":
-        return None
-    if s.endswith("x"):
-        s = s[:-1]
-    try:
-        v = float(s)
-    except ValueError:
-        raise ValueError(f"bad speed {text!r}: write max, 1x, 10x ...") from None
-    if not v > 0:
-        raise ValueError(f"bad speed {text!r}: must be positive")
-    return v
+    """``max`` → None (as fast as possible); ``1x``, ``10x``, ``0.5x`` → factor
+    (:func:`skewd.model.parse_speed`, the syntax ``skewd demo --speed`` shares)."""
+    return _parse_speed(text, allow_max=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -760,7 +751,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="capture bundle(s): a segment, a bundle directory, or a directory of per-node bundles")
     p.add_argument("--rules", action="append", metavar="PATH",
                    help="rule files/directories to use instead of the ones recorded in the bundle (repeatable)")
-    p.add_argument("--speed", default="max", help="max (default), 1x (real time) or Nx")
+    p.add_argument("--speed", default="max", help="max (default: as fast as possible), 1x (real time) or 4x, 0.5x ...")
     p.add_argument("--from", dest="t_from", metavar="T",
                    help="evaluate from T: duration after the first recorded evaluation (30s), ISO time, or epoch seconds")
     p.add_argument("--to", dest="t_to", metavar="T", help="stop after T (same forms as --from)")
@@ -930,6 +921,8 @@ def main(argv: Sequence[str], out: TextIO | None = None, err: TextIO | None = No
     args = build_parser().parse_args(list(argv))
     try:
         speed = parse_speed(args.speed)
+        if args.report:  # before the replay, not after an hour of it
+            cliargs.check_output_file(args.report)
         segments, damage = open_segments(args.bundles)
     except (ValueError, B.BundleError) as e:
         print(f"skewd replay: {e}", file=err)

@@ -71,21 +71,16 @@ def _cost(clock: "ClockState | None") -> str:
 
 
 def rule_status(engine: "Engine", catalogue: Catalogue, clock: "ClockState | None" = None) -> RuleStatus:
-    out = RuleStatus()
-    weak = clock_weak(clock)
-    for r in engine.rules.rules:
-        why = engine.inactive.get(r.id, "")
-        if why == "disabled":
-            out.inactive[r.id] = why
-            continue
-        if engine.evaluates(r):
-            if why:
-                out.inactive[r.id] = why
-            else:
-                out.active.append(r.id)
-        else:
-            out.controller.append(r.id)
-        if weak:
+    """:func:`skewd.rules.counts.rule_counts`' classes (the one classification every command
+    shows) with the rules this node's clock weakens."""
+    from skewd.rules.counts import rule_counts
+
+    c = rule_counts(engine)
+    out = RuleStatus(active=list(c.active_ids), inactive=dict(c.inactive_reasons), controller=list(c.controller_ids))
+    if clock_weak(clock):
+        for r in engine.rules.rules:
+            if not r.enabled:
+                continue
             sigs = sorted(s for s in {*r.requires, *r.compiled.signals}
                           if (spec := catalogue.get(s)) is not None and spec.needs_synced_clock)
             if sigs:

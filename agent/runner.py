@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal as _signal
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from skewd import __version__, wire
 from skewd.catalogue import full_catalogue
 from skewd.model import NODE_SCOPES, Catalogue, Finding, SampleBatch
 from skewd.rules.cli import PACKS
+from skewd.rules.paths import rule_mtimes
 from skewd.rules.reload import ReloadResult, RuleManager
 
 from . import summary as summary_mod
@@ -27,7 +27,7 @@ from .clock import clock_state
 from .rulestatus import RuleStatus, clock_words, rule_status
 from .config import AgentConfig
 from .pipeline import Pipeline
-from .scheduler import CollectorSlot, LiveSource, availability, build_slots
+from .scheduler import Backoff, CollectorSlot, LiveSource, availability, build_slots
 
 log = logging.getLogger("skewd.agent")
 
@@ -77,6 +77,8 @@ class Agent:
         self.last_summary: dict[str, float] = {}
         self.started = asyncio.Event()
         self._clock: tuple[float, Any] | None = None
+        #: a collector changed availability: publish health at the next tick, not in 10 s
+        self._health_now = False
 
     # -- setup -------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -116,7 +118,28 @@ class Agent:
 
     # -- reload --------------------------------------------------------------------------------
     def request_reload(self) -> None:
+        """SIGHUP: re-read the rule files and probe every inactive collector again now."""
         self._reload_requested = True
+        if self.source is not None:
+            self.source.reprobe_now()
+
+    def _on_collector_change(self, slot: CollectorSlot, old: Any) -> None:
+        """A collector became active or stopped being so: recompute which rules can run here
+        (and tell the log which ones changed), record the new availability in a new capture
+        segment, and publish health at the next tick."""
+        eng = self.pipeline.engine
+        before = {r.id for r in eng.rules.rules if r.id not in eng.inactive and eng.evaluates(r)}
+        self._apply_availability()
+        after = {r.id for r in eng.rules.rules if r.id not in eng.inactive and eng.evaluates(r)}
+        if after - before:
+            log.info("collector %s %s: rules now active: %s", slot.name, slot.status.availability.value,
+                     ", ".join(sorted(after - before)))
+        if before - after:
+            log.warning("collector %s %s: rules now inactive: %s", slot.name, slot.status.availability.value,
+                        ", ".join(sorted(before - after)))
+        if self.recorder is not None:
+            self.recorder.set_available_signals(eng.available, roll=True)
+        self._health_now = True
 
     def maybe_reload(self) -> ReloadResult | None:
         changed = False
@@ -157,7 +180,9 @@ class Agent:
             self._metrics_server = serve(self, self.cfg.metrics_listen)
         except OSError as e:
             log.error("metrics endpoint %s not started: %s", self.cfg.metrics_listen, e)
-        self.source = LiveSource(self.slots, clock=self.clock)
+        self.source = LiveSource(self.slots, clock=self.clock,
+                                 backoff=Backoff(self.cfg.reprobe_min, self.cfg.reprobe_max),
+                                 on_change=self._on_collector_change)
         self.source.start()
         self.started.set()
         interval = self.cfg.evaluation_interval
@@ -186,7 +211,8 @@ class Agent:
                     next_reload_check = now + self.cfg.reload_poll
                     if self.maybe_reload() is not None:
                         await self._send_health(now)
-                if now >= next_health:
+                if now >= next_health or self._health_now:
+                    self._health_now = False
                     next_health = now + 10.0
                     await self._send_health(now)
         finally:
@@ -258,7 +284,8 @@ class Agent:
 
             spool_dir = Path(self.cfg.spool.get("dir") or "/var/lib/skewd/spool") / self.cfg.node
             spool = Spool(spool_dir, max_bytes=int(self.cfg.spool.get("max_bytes", 256 << 20)),
-                          max_messages=self.cfg.spool.get("max_messages", 100_000))
+                          max_messages=self.cfg.spool.get("max_messages", 100_000),
+                          fsync=str(self.cfg.spool.get("fsync", "interval")))
             # replies under this node's own inbox: what a per-node NATS user may read (docs/security.md)
             ncfg = NatsConfig.from_dict(nats).with_default_inbox(inbox_prefix("agent", self.cfg.cluster, self.cfg.node))
             self.publisher = Publisher(ncfg, spool, cluster=self.cfg.cluster)
@@ -293,48 +320,3 @@ class Agent:
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server = None
-
-
-def _suffix(name: str) -> str:
-    """``PurePath(name).suffix``."""
-    i = name.rfind(".")
-    return name[i:] if 0 < i < len(name) - 1 else ""
-
-
-def rule_mtimes(paths: list[str]) -> dict[str, float]:
-    """``{str(f): mtime for f in rule_files(paths)}`` (-1.0 where stat fails) plus
-    ``{"<dir>/": entry count}`` per rules directory (a new file counts as a change)."""
-    out: dict[str, float] = {}
-    counts: dict[str, float] = {}
-    for p in paths:
-        base = str(Path(p))
-        try:
-            entries = list(os.scandir(base))
-        except OSError:
-            if os.path.isdir(base):
-                raise  # as rule_files does (an unreadable rules directory)
-            entries = None
-        if entries is None:  # a file (or nothing): rule_files passes it through
-            try:
-                out[base] = os.stat(base).st_mtime
-            except OSError:
-                out[base] = -1.0
-            continue
-        found = []
-        for e in entries:
-            if (_suffix(e.name) in (".yaml", ".yml") and not e.name.endswith((".test.yaml", ".test.yml"))
-                    and e.is_file()):
-                found.append(e)
-        for e in sorted(found, key=lambda e: e.name):
-            key = e.name if base == "." else os.path.join(base, e.name)  # str(Path(base) / name)
-            try:
-                out[key] = e.stat().st_mtime
-            except OSError:
-                out[key] = -1.0
-        counts[f"{p}/"] = float(len(entries))
-    out.update(counts)
-    return out
-
-
-def default_spool_dir() -> str:
-    return os.environ.get("SKEWD_SPOOL_DIR", "/var/lib/skewd/spool")

@@ -694,3 +694,88 @@ def _topology(topo: Any, pos: Any, problems: list[str]) -> tuple[dict[str, TPGro
         models[str(name)] = ModelSpec(str(name), ints["max_num_seqs"], ints["max_model_len"],
                                       str(m.get("router", "")), tuple(engines))
     return tp, pp, models
+
+
+# -- the schema's documentation (docs/config.md is generated from it: python -m skewd.configref) --
+
+#: environment variable → the key it sets (after the file, before command-line overrides)
+ENV_VARS: dict[str, str] = {
+    "SKEWD_CLUSTER": "cluster",
+    "SKEWD_CONTROLLER_ID": "controller_id",
+    "SKEWD_RULES": "rules",  # ':'-separated
+    "SKEWD_NATS_URL": "nats.servers",  # comma-separated
+    "SKEWD_METRICS_LISTEN": "metrics.listen",  # host:port; empty: off
+}
+
+#: every key's meaning (a tuple gives the default as text where DEFAULTS cannot say it);
+#: ``topology.<section>.<name>.<key>`` entries are written with ``*`` for the name
+KEY_DOCS: dict[str, str | tuple[str, str]] = {
+    "cluster": "the cluster this controller correlates (the subject token its agents use)",
+    "controller_id": ("`<hostname>-<pid>`", "this instance's name, shown in suggestions"),
+    "nats": "how to reach NATS (the `nats:` table below; `url` is accepted as for the agent)",
+    "rules": ("`[shipped]`", "rule files and directories; only tp_group/cluster rules run here; `shipped` "
+              "names the packs installed with skewd"),
+    "evaluation_interval": "grid of evaluation times, on the summaries' clock",
+    "lookback": "what a bare signal name in a rule means: its latest value within this window",
+    "horizon": "how long samples, bursts and engine timelines are kept",
+    "warmup": "no rule evaluation until this much summary time has been seen (at most `horizon`)",
+    "stale_after": "a node without a summary this long leaves its group's alignment",
+    "alignment.window": "recent collective steps the `ctl_*` signals summarise",
+    "alignment.max_skew": "largest lag matched to the same step (also at most half the step period)",
+    "alignment.unsynced_clock_error": "clock error assumed for a node whose clock is unsynced or unknown",
+    "alignment.min_group_fraction": "a step counts for `ctl_step_missing_ratio` when this share of peers sent",
+    "correlation.group_wait": "a new incident is held this long before it is published and planned (its "
+                              "cause or culprit may still take it over)",
+    "correlation.culprit_pathologies": "group findings that name a culprit node",
+    "correlation.never_inhibit": "pathologies whose findings always stay incidents of their own",
+    "correlation.effect_window": "baseline before the onset for the TTFT/ITL comparison",
+    "correlation.inhibit_rules": ("the runbooks' cause → symptom pairs (docs/controller.md)",
+                                  "Alertmanager-style `{source: [IDs], target: [IDs], equal: [node, entity, "
+                                  "tp_group]}`; a list you set replaces the defaults"),
+    "correlation.direct_evidence": ("`[NS-4, NS-5, NS-7, NS-9, EW-6]`",
+                                    "node-local findings that measure a fault on their own node directly (drops, "
+                                    "backlog, saturation, loss): a cross-node inference naming another node never "
+                                    "hides them, and they fold that inference about their own node into their incident"),
+    "correlation.culprit_evidence": ("one entry per shipped culprit rule",
+                                     "where each culprit rule's finding holds the measurement naming its node: "
+                                     "`{measure, minus, above, steps, min_steps, abs, negate}` (docs/controller.md); "
+                                     "entries add to / replace the defaults, `<rule id>: null` drops one"),
+    "ingest.max_clock_skew": "summaries and findings further than this from the controller's clock are rejected "
+                             "and counted; `0s` turns the check off (recorded time through NATS)",
+    "ingest.silent_intervals": "a node heard from neither by summary nor by finding for this many of its summary "
+                               "intervals is silent: its open findings resolve with reason `node silent` and its "
+                               "state is forgotten",
+    "ingest.max_nodes": "nodes heard from at once; further new nodes are rejected (and counted) until silent "
+                        "nodes make room",
+    "metrics.listen": "the controller's `/metrics` (`host:port`, localhost unless an address is given; empty: off)",
+    "alertmanager.url": ("`[]`", "Alertmanager v2 URL(s) to send incidents to (every member of an Alertmanager "
+                                  "cluster); empty: off"),
+    "alertmanager.resend_interval": "how often firing incidents are re-sent (an alert whose sender died ends "
+                                    "after 4 intervals)",
+    "alertmanager.timeout": "HTTP timeout of one post",
+    "alertmanager.generator_url": "the alerts' generatorURL (may hold `{cluster}` and `{incident}`)",
+    "alertmanager.labels": "labels added to every alert (e.g. `{team: inference}`)",
+    "remap.ttl": "suggestions expire (status `expired`) after this",
+    "remap.min_confidence": "actions below this confidence are left out; none left, no suggestion",
+    "remap.concurrency_factor": "`cap_concurrency` suggests max_num_seqs × this",
+    "remap.reroute_weight": "`reroute` suggests this weight for the affected group",
+    "consumer.durable": ("`skewd-controller-<cluster>`", "the JetStream findings consumer, shared by replicas"),
+    "consumer.queue": ("= `durable`", "queue group of the remap reply subject"),
+    "consumer.ack_wait": "redelivery delay of an unacknowledged finding",
+    "consumer.batch": "findings fetched per pull",
+    "state.bucket": "JetStream KV bucket holding the controller's state",
+    "state.max_age": "a state key not rewritten for this long expires",
+    "topology.tp_groups": "TP groups by name: `{nodes: [...], model, engine}`",
+    "topology.tp_groups.*.nodes": ("required", "the group's nodes in TP-rank order"),
+    "topology.tp_groups.*.model": ("`\"\"`", "the model it serves"),
+    "topology.tp_groups.*.engine": ("`\"\"`", "the vLLM front end serving it, `<node>/<engine>`"),
+    "topology.pp_groups": "PP groups by name: `{stages: [...], model}`",
+    "topology.pp_groups.*.stages": ("required", "TP group names (or single nodes), stage 0 first"),
+    "topology.pp_groups.*.model": ("`\"\"`", "the model it serves"),
+    "topology.models": "models by name: `{max_num_seqs, max_model_len, router, engines}`",
+    "topology.models.*.max_num_seqs": ("none", "the engines' `--max-num-seqs` (for cap_concurrency)"),
+    "topology.models.*.max_model_len": ("none", "the engines' `--max-model-len`"),
+    "topology.models.*.router": ("`\"\"`", "the name a router knows this model's pool by (reroute target)"),
+    "topology.models.*.engines": ("`[]`", "the model's engines, `<node>/<engine>`"),
+    "log.level": "`debug`, `info`, `warning` or `error`",
+}

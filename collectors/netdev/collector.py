@@ -191,6 +191,12 @@ class NetdevCollector(Collector):
     catalogue = CATALOGUE
     default_interval = 1.0
     config_keys = frozenset({"interfaces", "netns", "qdisc_sample_hz"})
+    config_docs = {
+        "interfaces": ("every interface but `lo`", "names or shell globs (`[\"eth*\", \"ens1f0np0\"]`)"),
+        "netns": ("the agent's", "network namespace: a name under `/run/netns` or `/proc/<pid>/ns/net`"),
+        "qdisc_sample_hz": ("`20`", "root-qdisc samples per second while a queue, drops or throttling were seen in "
+                                    "the last 5 s (2 per second otherwise); 0 turns the sampler off"),
+    }
 
     def __init__(self, node: str, config: Mapping[str, Any] | None = None,
                  sys_root: str | Path = "/sys", proc_root: str | Path = "/proc",
@@ -239,6 +245,9 @@ class NetdevCollector(Collector):
         except Exception as e:  # probe never raises
             self._drop_source()
             return Status(Availability.UNAVAILABLE, f"rtnetlink query failed: {e}")
+        finally:
+            if not self.started:  # probe holds nothing: start() opens the socket it collects with
+                self._drop_source()
         chosen = [n for n in names if self._want(n)]
         if self._patterns:
             missing = [p for p in self._patterns

@@ -86,6 +86,13 @@ class VllmCollector(Collector):
     catalogue = CATALOGUE
     default_interval = 1.0
     config_keys = frozenset({"endpoints", "phase_idle_tokens_per_second", "phase_prefill_share"})
+    config_docs = {
+        "endpoints": ("`[http://127.0.0.1:8000/metrics]`",
+                      "vLLM `/metrics` URLs, or `{url, name}` maps (`name` prefixes the engine entities; "
+                      "with several endpoints an unnamed one is called `host:port`)"),
+        "phase_idle_tokens_per_second": ("`1`", "below this prompt+generation token rate the phase is idle"),
+        "phase_prefill_share": ("`0.5`", "prompt tokens at least this share of all tokens: prefill-heavy"),
+    }
 
     def __init__(self, node: str, config: Mapping[str, Any] | None = None,
                  sys_root: str | Path = "/sys", proc_root: str | Path = "/proc") -> None:

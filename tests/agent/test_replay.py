@@ -382,3 +382,14 @@ def test_replay_ingests_each_tick_at_once_into_the_store_the_live_agent_had(live
                     np.testing.assert_array_equal(a, b)
     assert got.registry.keys == want.registry.keys
     assert (got.samples_ingested, got.dropped_out_of_order) == (want.samples_ingested, want.dropped_out_of_order)
+
+
+def test_report_path_is_checked_before_replaying(live, tmp_path: Path) -> None:
+    """An unwritable --report fails at once with the path, not with a traceback at the end."""
+    rc, out, err = cli(live.bundle, "--report", "/nonexistent/x.html")
+    assert rc == R.EXIT_USAGE
+    assert "cannot write /nonexistent/x.html: directory /nonexistent does not exist" in err
+    assert out == ""  # nothing was replayed
+    report = tmp_path / "r.html"
+    rc, out, err = cli(live.bundle, "--report", report, "--quiet")
+    assert rc == 0 and report.stat().st_size > 1000
