@@ -24,7 +24,8 @@ import numpy as np
 from skewd import __version__
 from skewd.model import Kind, SampleBatch
 
-from .replay import Occurrence, ReplayResult, _fmt_t, occurrences
+from .replay import Occurrence, ReplayResult, occurrences
+from .replay.output import fmt_t as _fmt_t
 
 #: Measures that show skew best, in order of preference, when present in the bundle.
 MAIN_MEASURES = (

@@ -229,7 +229,7 @@ def _drop_summaries(seg: Path) -> None:
 
 
 @pytest.mark.parametrize("summaries", [True, False], ids=["recorded-summaries", "recomputed-summaries"])
-def test_multi_node_bundles_run_group_rules_as_the_controller(tmp_path: Path, rules_file: Path, summaries: bool) -> None:
+def test_multi_node_bundles_run_group_rules_in_the_controller(tmp_path: Path, rules_file: Path, summaries: bool) -> None:
     runs = _three_nodes(tmp_path, rules_file, summaries)
     rc, out, err = cli(tmp_path / "root", "--json")
     assert rc == 0, err
@@ -242,14 +242,19 @@ def test_multi_node_bundles_run_group_rules_as_the_controller(tmp_path: Path, ru
     for node, run in runs.items():
         mine = [x for x in out.splitlines() if json.loads(x)["scope"] != "cluster" and json.loads(x)["node"] == node]
         assert mine == [R.finding_json(f) for f in run.findings]
-    assert "group evaluations" in err
-    # deterministic with group rules too
+    assert "controller: " in err and " 0 evaluations" not in err.split("controller:")[1]
+    # the finding's incident is still held at the end (group_wait 30 s): never published
+    assert "1 still held at the end" in err and not [g for g in got if "kind" in g]
+    # deterministic with the controller too
     assert cli(tmp_path / "root", "--json")[1] == out
-    # a single node has no peers: no group evaluation
+    # a single node has no peers: the controller's cluster rule finds nobody to compare with
     rc, out1, err1 = cli(tmp_path / "root", "--json", "--node", "n3")
     assert rc == 0 and all(json.loads(x)["node"] == "n3" and json.loads(x)["scope"] != "cluster"
                            for x in out1.splitlines())
-    assert "0 group evaluations" in err1
+    # and without the controller no group rule runs at all
+    rc, out2, err2 = cli(tmp_path / "root", "--json", "--no-controller")
+    assert rc == 0 and "no controller" in err2
+    assert [x for x in out2.splitlines()] == [x for x in out.splitlines() if json.loads(x)["scope"] != "cluster"]
 
 
 def test_missing_bundle_and_unknown_format(tmp_path: Path) -> None:
@@ -293,16 +298,16 @@ def test_progress_bar_only_on_a_terminal_for_long_replays(tmp_path: Path, rules_
     run = run_live(tmp_path / "cap", [rules_file], ticks=90)
     segs, _ = R.open_segments([run.bundle])
     tty, out = _Tty(), io.StringIO()
-    asyncio.run(R._drive(R.Replayer(segs, catalogue()), None, None, out, True, tty, quiet=False))
+    asyncio.run(R.drive(R.Replayer(segs, catalogue()), None, None, out, True, tty, quiet=False))
     assert "[" in tty.getvalue() and "%" in tty.getvalue() and tty.getvalue().endswith("\r")
     assert out.getvalue() == cli(run.bundle, "--json")[1]  # stdout unaffected
     plain = io.StringIO()
-    asyncio.run(R._drive(R.Replayer(R.open_segments([run.bundle])[0], catalogue()), None, None, io.StringIO(),
+    asyncio.run(R.drive(R.Replayer(R.open_segments([run.bundle])[0], catalogue()), None, None, io.StringIO(),
                          True, plain, quiet=False))
     assert plain.getvalue() == ""  # not a terminal: no bar
     short = run_live(tmp_path / "short", [rules_file], ticks=20)
     tty2 = _Tty()
-    asyncio.run(R._drive(R.Replayer(R.open_segments([short.bundle])[0], catalogue()), None, None, io.StringIO(),
+    asyncio.run(R.drive(R.Replayer(R.open_segments([short.bundle])[0], catalogue()), None, None, io.StringIO(),
                          True, tty2, quiet=False))
     assert tty2.getvalue() == ""  # 20 s of data: too short to need one
 

@@ -27,7 +27,7 @@ def _chromium() -> str | None:
 
 def _replay(path: Path) -> R.ReplayResult:
     segs, dmg = R.open_segments([path])
-    return R.Replayer(segs, catalogue(), open_damage=dmg).run()
+    return R.replay_cluster(segs, catalogue(), open_damage=dmg)
 
 
 @pytest.fixture

@@ -39,7 +39,7 @@ def test_bundle_replays_to_the_same_node_findings(tmp_path):
 
     segs, damage = open_segments([tmp_path / "bundle"])
     assert not damage
-    rep = Replayer(segs, replay_catalogue(segs), group=False)
+    rep = Replayer(segs, replay_catalogue(segs))
     replayed = {(f.rule_id, f.node, f.entity, f.state.value, round(f.evaluated_at, 3))
                 for f in rep.run().findings}
 
