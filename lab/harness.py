@@ -189,7 +189,7 @@ class Harness:
             if on_step is not None:
                 on_step(t, step_found)
         if self.ctl is not None:
-            res.incidents = list(self.ctl.ctl.correlator.open_incidents())
+            res.incidents = self.ctl.open_incidents()
         return res
 
     def _log_opened(self, res: HarnessResult, published: list, t: float) -> None:

@@ -17,7 +17,7 @@ from typing import Sequence, TextIO
 
 from skewd.model import Catalogue, Finding, Scope, parse_duration
 
-from .. import bundle as B
+from .. import bundle
 from .cluster import ClusterReplay
 from .core import ReplayError, Replayer, ReplayResult, open_segments, replay_catalogue
 from .diff import diff_findings, diff_incidents, incident_stories, occurrences
@@ -108,12 +108,12 @@ def parse_speed(text: str) -> float | None:
     return v
 
 
-def _first_tick(seg: B.Segment) -> float:
+def _first_tick(seg: bundle.Segment) -> float:
     t = seg.ticks()[0]
     return float(t[0]) if len(t) else seg.start
 
 
-def make_replay(args: argparse.Namespace, segments: list[B.Segment], damage: list[B.Damage],
+def make_replay(args: argparse.Namespace, segments: list[bundle.Segment], damage: list[bundle.Damage],
                 catalogue: Catalogue, rules: Sequence[str] | None, range_eval: bool = True
                 ) -> Replayer | ClusterReplay:
     start = min(_first_tick(s) for s in segments)
@@ -151,8 +151,7 @@ def explain(run: Replayer | ClusterReplay) -> list[str]:
     lines.append("range kernels: " + ", ".join(sorted(RANGE_KERNELS)) + "; every other window function runs "
                  "its per-tick kernel at each tick of a range (bit-identical sums need the per-tick order)")
     seen: set[str] = set()
-    for i in sorted(rep._seg_rules):
-        rs = rep._seg_rules[i]
+    for rs in rep.segment_rules():
         if rs.version in seen:
             continue
         seen.add(rs.version)
@@ -251,7 +250,7 @@ def main(argv: Sequence[str], out: TextIO | None = None, err: TextIO | None = No
     try:
         speed = parse_speed(args.speed)
         segments, damage = open_segments(args.bundles)
-    except (ValueError, B.BundleError) as e:
+    except (ValueError, bundle.BundleError) as e:
         print(f"skewd replay: {e}", file=err)
         return EXIT_USAGE
     if not segments:
@@ -268,7 +267,7 @@ def main(argv: Sequence[str], out: TextIO | None = None, err: TextIO | None = No
             for line in explain(run):
                 print(line, file=err)
         findings = asyncio.run(drive(run, speed, args.publish, out, args.json, err, args.quiet))
-    except (ReplayError, B.BundleError, ValueError) as e:
+    except (ReplayError, bundle.BundleError, ValueError) as e:
         print(f"skewd replay: {e}", file=err)
         return EXIT_USAGE
     except Exception as e:

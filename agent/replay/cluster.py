@@ -25,7 +25,7 @@ from skewd.controller.offline import OfflineController, offline_config
 from skewd.model import GROUP_SCOPES, Catalogue, Finding
 from skewd.rules.engine import RuleSet
 
-from .. import bundle as B
+from .. import bundle
 from .core import Event, Replayer, ReplayResult
 
 
@@ -50,9 +50,9 @@ class ClusterReplay:
         """The rule set the controller evaluates (its group scopes): the replay's fixed rules, or
         the first recorded set that has group rules, else the first one."""
         rep = self.replayer
-        if rep._fixed is not None:
-            return rep._fixed
-        sets = [rep._seg_rules[i] for i in sorted(rep._seg_rules)]
+        if rep.fixed_rules is not None:
+            return rep.fixed_rules
+        sets = rep.segment_rules()
         for rs in sets:
             if any(r.scope in GROUP_SCOPES and r.enabled for r in rs.rules):
                 return rs
@@ -99,7 +99,7 @@ def _labels(labels: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in labels.items() if k != "cluster"}
 
 
-def replay_cluster(segments: Sequence[B.Segment], catalogue: Catalogue, *, controller: bool = True,
+def replay_cluster(segments: Sequence[bundle.Segment], catalogue: Catalogue, *, controller: bool = True,
                    controller_config: str | Path | None = None, **replayer_args: object) -> ReplayResult:
     """Replay ``segments`` to a result, with the controller (default) or the agents alone."""
     rep = Replayer(segments, catalogue, **replayer_args)  # type: ignore[arg-type]

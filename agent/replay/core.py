@@ -26,8 +26,8 @@ from skewd.model import NODE_SCOPES, Catalogue, Finding, SampleBatch
 from skewd.rules.engine import RuleSet
 from skewd.rules.loader import LoadIssue, load_rules
 
-from .. import bundle as B
-from .. import summary as summary_mod
+from .. import bundle
+from .. import summary as node_summary
 from ..pipeline import Pipeline
 from .output import fmt_t
 
@@ -40,19 +40,19 @@ class ReplayError(Exception):
 # Inputs
 # ---------------------------------------------------------------------------------------------
 
-def open_segments(paths: Sequence[str | Path]) -> tuple[list[B.Segment], list[B.Damage]]:
+def open_segments(paths: Sequence[str | Path]) -> tuple[list[bundle.Segment], list[bundle.Damage]]:
     """Every segment under ``paths``, oldest first; unusable ones are reported, not fatal."""
     segs, damage = [], []
-    for p in B.find_segments(paths):
+    for p in bundle.find_segments(paths):
         try:
-            segs.append(B.Segment(p))
-        except B.BundleError as e:
-            damage.append(B.Damage(e.path, e.offset or 0, e.message))
+            segs.append(bundle.Segment(p))
+        except bundle.BundleError as e:
+            damage.append(bundle.Damage(e.path, e.offset or 0, e.message))
     segs.sort(key=lambda s: (s.start, str(s.path)))
     return segs, damage
 
 
-def replay_catalogue(segments: Sequence[B.Segment], warn: TextIO | None = None) -> Catalogue:
+def replay_catalogue(segments: Sequence[bundle.Segment], warn: TextIO | None = None) -> Catalogue:
     """This skewd's full catalogue plus any signal the bundles recorded that it does not know
     (a bundle from a host with another collector set still replays)."""
     try:
@@ -63,7 +63,7 @@ def replay_catalogue(segments: Sequence[B.Segment], warn: TextIO | None = None) 
         if warn is not None:
             print(f"skewd replay: full signal catalogue unavailable ({type(e).__name__}: {e}); "
                   "using the bundle's catalogue snapshot", file=warn)
-        cat = Catalogue(summary_mod.CATALOGUE)
+        cat = Catalogue(node_summary.CATALOGUE)
     for seg in segments:
         for spec in seg.catalogue():
             if spec.name not in cat:
@@ -106,8 +106,8 @@ class ReplayResult:
     """Everything a replay produced, for the CLI's summary line, the diff and the report."""
 
     findings: list[Finding]  # every transition, node and controller, in replay order
-    damage: list[B.Damage]
-    segments: list[B.Segment]
+    damage: list[bundle.Damage]
+    segments: list[bundle.Segment]
     rulesets: dict[str, RuleSet]  # version → rules used
     nodes: list[str]
     evaluations: int  # node evaluations
@@ -137,7 +137,7 @@ class _SegmentFeed:
     arrays, so the store recognises a collector's layout by identity instead of comparing
     strings (see ``WindowStore.ingest_many``'s ``shared_columns``)."""
 
-    def __init__(self, seg: B.Segment, nodes: set[str] | None) -> None:
+    def __init__(self, seg: bundle.Segment, nodes: set[str] | None) -> None:
         self.seg = seg
         self.chunks = seg.iter_sample_chunks()
         self.nodes = nodes
@@ -200,10 +200,10 @@ class Replayer:
     recorded tick times. Called by :class:`~skewd.agent.replay.cluster.ClusterReplay` (which
     adds the controller) and the CLI: iterate :meth:`events`, or :meth:`run` for the result."""
 
-    def __init__(self, segments: Sequence[B.Segment], catalogue: Catalogue, *,
+    def __init__(self, segments: Sequence[bundle.Segment], catalogue: Catalogue, *,
                  rules: Sequence[str | Path] | None = None, t_from: float | None = None,
                  t_to: float | None = None, nodes: Sequence[str] | None = None,
-                 open_damage: Sequence[B.Damage] = (), range_eval: bool = True, max_range: int = 300) -> None:
+                 open_damage: Sequence[bundle.Damage] = (), range_eval: bool = True, max_range: int = 300) -> None:
         """``range_eval``: evaluate each node's ticks in ranges of up to ``max_range`` ticks
         (same findings, see :meth:`events`); False evaluates at every tick as it is reached."""
         if not segments:
@@ -244,7 +244,16 @@ class Replayer:
         self.start = math.inf
         self.end = -math.inf
 
-    def _recorded_rules(self, seg: B.Segment) -> RuleSet:
+    @property
+    def fixed_rules(self) -> RuleSet | None:
+        """The ``rules=`` given instead of the recorded ones (None: each segment's own)."""
+        return self._fixed
+
+    def segment_rules(self) -> list[RuleSet]:
+        """The rule set each segment replays with, in segment order."""
+        return [self._seg_rules[i] for i in sorted(self._seg_rules)]
+
+    def _recorded_rules(self, seg: bundle.Segment) -> RuleSet:
         files = seg.rule_files()
         if not files:
             if (seg.meta.get("rules") or {}).get("rules") == []:  # recorded without any rule
@@ -258,10 +267,10 @@ class Replayer:
         return rs
 
     @staticmethod
-    def _seg_nodes(seg: B.Segment) -> list[str]:
+    def _seg_nodes(seg: bundle.Segment) -> list[str]:
         return seg.nodes or [str(seg.meta.get("recorder_node") or "")]
 
-    def _pipeline(self, node: str, rs: RuleSet, seg: B.Segment) -> Pipeline:
+    def _pipeline(self, node: str, rs: RuleSet, seg: bundle.Segment) -> Pipeline:
         p = self.pipelines.get(node)
         avail = seg.meta.get("available_signals")
         if p is None:
@@ -280,7 +289,7 @@ class Replayer:
         self.rulesets.setdefault(rs.version, rs)
         return p
 
-    def _ticks(self, seg: B.Segment) -> tuple[np.ndarray, np.ndarray]:
+    def _ticks(self, seg: bundle.Segment) -> tuple[np.ndarray, np.ndarray]:
         t, batches, _ = seg.ticks()
         limit = seg.readable_batches()
         if limit is not None:
@@ -290,7 +299,7 @@ class Replayer:
                 t, batches = t[:k], batches[:k]
                 self.stopped_early.append(f"{seg.path}: samples damaged; replay of this segment stops at "
                                           f"t={fmt_t(float(t[-1])) if len(t) else 'start'}")
-        s_end = seg.readable_until(B.SUMMARIES)
+        s_end = seg.readable_until(bundle.SUMMARIES)
         if s_end < math.inf:
             self.stopped_early.append(f"{seg.path}: summaries damaged from t={fmt_t(s_end)}; "
                                       "the controller sees no summaries of this segment after it")
@@ -384,13 +393,13 @@ class Replayer:
                     continue
                 if t >= next_summary.get(node, -math.inf):
                     next_summary[node] = t + self.summary_interval
-                    made.append(summary_mod.make_summary(pipe.store, node, self.cluster, t, self.summary_interval))
+                    made.append(node_summary.make_summary(pipe.store, node, self.cluster, t, self.summary_interval))
             rec = summaries[i]
             while sum_pos[i] < len(rec) and float(rec[sum_pos[i]]["t"]) <= t:
                 try:
                     made.append(wire.summary_from_dict(rec[sum_pos[i]]))
                 except wire.WireError as e:
-                    self.stopped_early.append(f"{seg.path}/{B.SUMMARIES}: summary skipped: {e}")
+                    self.stopped_early.append(f"{seg.path}/{bundle.SUMMARIES}: summary skipped: {e}")
                 sum_pos[i] += 1
             if evaluate:
                 self.summaries += made
@@ -403,7 +412,7 @@ class Replayer:
         yield from flush()
 
     # -- range evaluation ------------------------------------------------------------------------
-    def _reconfigures(self, node: str, rs: RuleSet, seg: B.Segment) -> bool:
+    def _reconfigures(self, node: str, rs: RuleSet, seg: bundle.Segment) -> bool:
         """Whether ``_pipeline`` would change this node's rules or available signals now."""
         p = self.pipelines.get(node)
         if p is None:

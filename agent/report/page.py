@@ -19,7 +19,7 @@ from skewd.model import SignalSpec
 from ..replay.core import ReplayResult
 from ..replay.diff import Occurrence
 from ..replay.output import fmt_t
-from . import data as D
+from . import data as report_data
 from . import svg
 from .units import duration, human, is_state
 
@@ -54,26 +54,26 @@ def _evidence_unit(label: str, catalogue: dict[str, SignalSpec]) -> str:
         if name in catalogue:
             spec = catalogue[name]
             if label.startswith(("rate(", "increase(")) or spec.kind.value == "counter" and label.startswith("rate"):
-                return D.plotted_unit(name, catalogue)
+                return report_data.plotted_unit(name, catalogue)
             if label.startswith(("count(", "changes(", "resets(")):
                 return ""
             return spec.unit
     return ""
 
 
-def _constant(series: list[D.Series]) -> bool:
+def _constant(series: list[report_data.Series]) -> bool:
     vals = [s.v[~np.isnan(s.v)] for s in series]
     allv = np.concatenate(vals) if vals else np.empty(0)
     return len(allv) == 0 or bool((allv == allv[0]).all())
 
 
-def _on_share(series: list[D.Series], a: float, b: float) -> float:
+def _on_share(series: list[report_data.Series], a: float, b: float) -> float:
     vals = [s.v[(s.t >= a) & (s.t <= b) & ~np.isnan(s.v)] for s in series]
     allv = np.concatenate(vals) if vals else np.empty(0)
     return float((allv >= 0.5).mean()) if len(allv) else 0.0
 
 
-def _state_tells(cmp: D.Comparison, onset: float, end: float) -> bool:
+def _state_tells(cmp: report_data.Comparison, onset: float, end: float) -> bool:
     """A state belongs in the evidence when the culprit's is on during the incident clearly more
     than before it and than its peers' (a flag that is always on, everywhere, explains nothing)."""
     during = _on_share(cmp.culprit, onset, end)
@@ -123,9 +123,9 @@ class Page:
             self.t0 = min((s.start for s in result.segments if math.isfinite(s.start)), default=0.0)
             self.t1 = max((s.end for s in result.segments if math.isfinite(s.end)), default=self.t0 + 1.0)
             self.t1 = max(self.t1, self.t0 + 1.0)
-        self.occ = D.all_occurrences(result)
-        self.cards = D.cards(result, self.occ, self.t1)
-        self.groups = D.finding_groups(result, self.occ, self.cards, self.rules)
+        self.occ = report_data.all_occurrences(result)
+        self.cards = report_data.cards(result, self.occ, self.t1)
+        self.groups = report_data.finding_groups(result, self.occ, self.cards, self.rules)
 
     # -- page ------------------------------------------------------------------------------------
     def render(self) -> str:
@@ -166,7 +166,7 @@ class Page:
         return "\n".join(out) + "\n"
 
     # -- incident card ---------------------------------------------------------------------------
-    def card(self, c: D.Card, k: int) -> str:
+    def card(self, c: report_data.Card, k: int) -> str:
         inc, st = c.incident, c.story
         title = _pathology_title(inc.pathology)
         culprit = inc.culprit
@@ -231,7 +231,7 @@ class Page:
             parts.append("<span class='note'>TTFT/ITL effect not observed (no engine timing data)</span>")
         return " · ".join(parts)
 
-    def _actions(self, c: D.Card) -> str:
+    def _actions(self, c: report_data.Card) -> str:
         s = c.suggestion
         if s is None:
             why = ("the incident was still held when the recording ended" if c.held else
@@ -260,12 +260,12 @@ class Page:
                 f"<span class='note'>{_clock(s.created_at)}, least disruptive first</span></h3>"
                 f"<ol>{''.join(items)}</ol></div>")
 
-    def _evidence(self, c: D.Card, k: int) -> str:
-        sigs = D.evidence_signals(c, self.rules, self.catalogue, self.present)
+    def _evidence(self, c: report_data.Card, k: int) -> str:
+        sigs = report_data.evidence_signals(c, self.rules, self.catalogue, self.present)
         t0, t1 = max(c.t0, self.t0 - 1.0), min(c.t1, self.t1 + 1.0)
         if t1 <= t0:
             t0, t1 = self.t0, self.t1
-        series = D.load_series(self.r, sigs, self.catalogue, t0, t1)
+        series = report_data.load_series(self.r, sigs, self.catalogue, t0, t1)
         inc = c.incident
         marks = [(c.onset, "onset", "onset"), (inc.opened_at, "detected", "detected (first finding fired)")]
         if not c.held:
@@ -273,10 +273,10 @@ class Page:
         span = (inc.opened_at, c.story.closed_at if c.story.closed_at is not None else t1)
         plots = []
         for j, sig in enumerate(sigs):
-            if len(plots) >= D.MAX_EVIDENCE:
+            if len(plots) >= report_data.MAX_EVIDENCE:
                 break
-            unit = D.plotted_unit(sig, self.catalogue)
-            cmp = D.compare(c, sig, series.get(sig) or [], unit)
+            unit = report_data.plotted_unit(sig, self.catalogue)
+            cmp = report_data.compare(c, sig, series.get(sig) or [], unit)
             if cmp is None or _constant([*cmp.culprit, *cmp.peers]):
                 continue  # nothing of the culprit's, or nothing that moved: no story in it
             if is_state(unit) and not _state_tells(cmp, c.onset, span[1]):
@@ -307,7 +307,7 @@ class Page:
         return f"<div class='evidence'><h3>Evidence: the culprit against its peers</h3><div class='evgrid'>" \
                f"{''.join(plots)}</div></div>"
 
-    def _symptoms(self, c: D.Card) -> str:
+    def _symptoms(self, c: report_data.Card) -> str:
         by: dict[tuple[str, str], list[Occurrence]] = {}
         for o in c.symptoms:
             by.setdefault((o.rule_id, o.node), []).append(o)
@@ -340,7 +340,7 @@ class Page:
         out.append("</section>")
         return "".join(out)
 
-    def _group(self, g: D.FindingGroup) -> str:
+    def _group(self, g: report_data.FindingGroup) -> str:
         r = self.rules.get(g.rule_id)
         fired = g.fired
         first = min((o.fired_at for o in fired if o.fired_at is not None), default=None)
@@ -380,20 +380,20 @@ class Page:
             return ""
         c = self.cards[0]
         out = []
-        for sig in D.evidence_signals(c, self.rules, self.catalogue, self.present):
-            unit = D.plotted_unit(sig, self.catalogue)
+        for sig in report_data.evidence_signals(c, self.rules, self.catalogue, self.present):
+            unit = report_data.plotted_unit(sig, self.catalogue)
             if is_state(unit):
                 continue
-            series = D.load_series(self.r, [sig], self.catalogue, self.t0, self.t1).get(sig) or []
-            fams: dict[str, list[D.Series]] = {}
+            series = report_data.load_series(self.r, [sig], self.catalogue, self.t0, self.t1).get(sig) or []
+            fams: dict[str, list[report_data.Series]] = {}
             for s in series:
                 if len(s.t):
-                    fams.setdefault(D.family(s.entity), []).append(s)
+                    fams.setdefault(report_data.family(s.entity), []).append(s)
             for fam, ss in sorted(fams.items(), key=lambda kv: (-len(kv[1]), kv[0])):
                 if len(ss) < 3:
                     continue
                 if len(ss) > MAX_HEAT_ROWS:
-                    ss = sorted(sorted(ss, key=lambda s: -abs(D._mean(s)))[:MAX_HEAT_ROWS],
+                    ss = sorted(sorted(ss, key=lambda s: -abs(report_data._mean(s)))[:MAX_HEAT_ROWS],
                                 key=lambda s: (s.node, s.entity))
                     extra = f" — {MAX_HEAT_ROWS} largest of {len(fams[fam])}"
                 else:
@@ -459,7 +459,7 @@ class Page:
                         f"<td>{e(str(seg.meta.get('skewd_version', '?')))}</td>"
                         f"<td>{'yes' if seg.meta.get('complete') else 'no (interrupted or still recording)'}</td></tr>")
         live = sum(len(seg.findings()) for seg in r.segments)
-        node_tr = sum(1 for f in r.findings if not D.is_group(f))
+        node_tr = sum(1 for f in r.findings if not report_data.is_group(f))
         note = (f"<p class='note'>The live agents recorded {live} transitions of node rules; the replay produced "
                 f"{node_tr}, and the controller {len(r.findings) - node_tr} of group rules.</p>")
         return (f"<details id='bundle' class='panel'><summary><h2>Bundle</h2> <span class='note'>{len(r.segments)} "
