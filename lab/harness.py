@@ -4,11 +4,12 @@ group evaluation over their summaries - no NATS, same code paths.
 Per node this does what ``agent/runner.py`` does at each tick (ingest the collectors' batches,
 evaluate node-scope rules at the tick time, every summary interval compute the summary with
 :func:`skewd.agent.summary.make_summary` and feed it back into the node's own store); the
-summaries go to the controller service itself (``Controller.ingest_summary``, then
-``Controller.tick`` at every group interval: topology from labels, the burst aligner's
-``ctl_*`` signals, the group-scope rule engine, the correlator and the planner), with its NATS
-and KV sinks replaced by in-memory ones. Node findings reach its correlator as they would
-through JetStream.
+summaries go to the controller service itself, run in-process by
+:class:`skewd.controller.offline.OfflineController` (its summary intake, then ``Controller.tick``
+at every group interval: topology from labels, the burst aligner's ``ctl_*`` signals, the
+group-scope rule engine, the correlator and the planner), with its NATS and KV sinks in memory -
+the same offline controller cluster replay runs. Node findings reach it through its findings
+consumer's handler, encoded and decoded as they travel through JetStream.
 
 Clocks: summaries report the node's clock error bound (``clock_report="sim"``), as the agent
 does from the kernel (``adjtimex`` maxerror, kept by chrony/ntpd: ``agent/clock.py``);
@@ -100,6 +101,10 @@ DPU_SIGNALS = ("dpu_pcie_inbound_bytes_per_second", "dpu_pcie_inbound_tlps_per_s
 
 
 class Harness:
+    """Owns one agent :class:`Pipeline` per simulated node and the :class:`OfflineController`;
+    called by the detection benchmark and the lab's tests: :meth:`run` plays the simulation to
+    its end and returns every transition, incident and suggestion (:class:`HarnessResult`)."""
+
     def __init__(self, sim: Simulation, ruleset: RuleSet, catalogue: Catalogue, *, eval_interval: float = 1.0,
                  summary_interval: float = 1.0, group_interval: float = 1.0, lookback: float = 60.0,
                  horizon: float = 600.0, bursts: str = "every", filter_signals: bool = True,
