@@ -16,7 +16,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from skewd.controller import messages as controller_messages
-from skewd.model import GROUP_SCOPES, Finding, Kind, SampleBatch, SignalSpec, State
+from skewd.model import GROUP_SCOPES, Finding, Kind, SampleBatch, SignalSpec
 
 from ..replay.core import ReplayResult
 from ..replay.diff import IncidentStory, Occurrence, incident_stories, occurrences
@@ -282,10 +282,6 @@ class FindingGroup:
     def first(self) -> float:
         return min((o.fired_at if o.fired_at is not None else o.active_at) for o in self.occurrences)
 
-    @property
-    def group_rule(self) -> bool:
-        return any(o.labels.get("tp_group") or o.labels.get("cluster") for o in self.occurrences)
-
 
 def finding_groups(result: ReplayResult, occ: list[Occurrence], card_list: list[Card], rules: dict
                    ) -> list[FindingGroup]:
@@ -317,11 +313,3 @@ def all_occurrences(result: ReplayResult) -> list[Occurrence]:
 
 def is_group(f: Finding) -> bool:
     return f.scope in GROUP_SCOPES
-
-
-def fired_any(occ: list[Occurrence]) -> bool:
-    return any(o.fired_at is not None for o in occ)
-
-
-def state_of(o: Occurrence) -> str:
-    return State.FIRING.value if o.fired_at is not None else State.PENDING.value

@@ -76,7 +76,7 @@ def human(v: float | None, unit: str) -> str:
     return f"{_trim(v)} {suffix}".rstrip()
 
 
-def is_state(unit: str, values: "list[float] | None" = None) -> bool:
+def is_state(unit: str) -> bool:
     """A boolean or state signal: drawn as a band of states over time, not as a line."""
     return unit in STATE_UNITS
 
