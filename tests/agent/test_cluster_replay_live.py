@@ -47,6 +47,7 @@ rules:
     scope: engine
     layer: engine
     severity: warning
+    tags: [stable]
     expr: last(vllm_kv_cache_usage_ratio, 5s) > 0.95
     for: 2s
     summary: "KV cache of {node}/{entity} saturated"
@@ -55,7 +56,9 @@ rules:
     scope: tp_group
     layer: engine
     severity: warning
-    expr: summary_kv_cache_usage_ratio > 0.95 and peer_mean(summary_kv_cache_usage_ratio < 0.5) >= 0.5
+    tags: [stable]
+    params: {kv: 0.95, share: 0.5}
+    expr: summary_kv_cache_usage_ratio > kv and peer_mean(summary_kv_cache_usage_ratio < 0.5) >= share
     for: 2s
     summary: "{node} holds far more KV than its TP peers"
   - id: ENGINE-STARVED-TEST
@@ -63,6 +66,7 @@ rules:
     scope: engine
     layer: engine
     severity: info
+    tags: [stable]
     expr: last(vllm_requests_running, 5s) < 1
     for: 3s
     summary: "{node}/{entity} runs nothing"
@@ -77,10 +81,16 @@ def _page_server():
 
 
 def _controller_yaml(path: Path, url: str, rules: Path) -> Path:
+    correlation: dict = {"group_wait": "4s"}
+    from skewd.controller.config import ControllerConfig
+
+    if "culprit_evidence" in ControllerConfig.__dataclass_fields__:
+        # a controller with the culprit-evidence contract (controller/culprit.py) names a culprit
+        # only from the measurement its rule says singles it out: the culprit's KV usage over the bar
+        correlation["culprit_evidence"] = {"KV-SKEW-TEST": {"measure": "summary_kv_cache_usage_ratio", "above": "kv"}}
     path.write_text(json.dumps({
         "cluster": CLUSTER, "controller_id": "live", "nats": {"url": url}, "rules": [str(rules)],
-        "evaluation_interval": "1s", "warmup": "3s",
-        "correlation": {"group_wait": "4s"},
+        "evaluation_interval": "1s", "warmup": "3s", "correlation": correlation,
     }))
     return path
 
