@@ -1,0 +1,208 @@
+"""Faults made by real means, and the pathology IDs each one should raise.
+
+- ``straggler``: the rank's control file asks for extra compute every step (a sleep: the rank is
+  late, its peers wait inside the all-reduce).
+- ``straggler_cpu``: the rank's process gets a CPU quota (cgroup v2 ``cpu.max`` where the
+  unified hierarchy has the cpu controller, else cgroup v1 ``cpu.cfs_quota_us``), sized from its
+  measured CPU use so its step stretches by the drawn lag.
+- ``slow_link``, ``deep_queue``, ``drops``: a tbf qdisc on the node's collective port, its rate a
+  fraction of what the node's all-reduce needs (measured from the ranks' step logs just before
+  onset), with a NIC-ring-sized, a deep (1-2 s) or a tiny (2-4 packets) queue.
+
+:data:`FAULTS` maps each kind to the IDs a correct product raises on the faulty node. Slow link:
+NS-9 is the runbook's ID (utilisation against the link's rate), NS-5 where the rules split a
+saturated port's queue off; drops: NS-7, and EW-6 (the east-west loss storm), which needs a
+TCP path in the rules to fire on TCP collectives.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .scenario import Plan, rank_wire_bytes_per_step
+from .topology import ns_exec
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    kind: str
+    expected: tuple[str, ...]  # every pathology ID a correct product raises on the faulty node
+    desc: str
+
+
+FAULTS: dict[str, FaultSpec] = {f.kind: f for f in (
+    FaultSpec("straggler", ("EW-1",), "rank computes longer every step (sleep)"),
+    FaultSpec("straggler_cpu", ("EW-1",), "rank's CPU quota cut (cgroup)"),
+    FaultSpec("slow_link", ("NS-9", "NS-5"), "collective port shaped below the collective's need"),
+    FaultSpec("deep_queue", ("NS-5",), "collective port shaped, deep egress queue"),
+    FaultSpec("drops", ("NS-7", "EW-6"), "collective port shaped, tiny queue: tail drops"),
+)}
+
+
+class FaultError(RuntimeError):
+    """A fault could not be applied (no cgroup cpu controller, tc refused)."""
+
+
+# -- what the collective needs ------------------------------------------------------------------
+def read_steps(path: Path) -> list[tuple[int, float, float, float, float]]:
+    """A rank's step log: (step, t_start, t_comm_start, t_end, extra_s) per line."""
+    out = []
+    try:
+        text = path.read_text()
+    except OSError:
+        return out
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        p = line.split()
+        if len(p) == 5:
+            try:
+                out.append((int(p[0]), float(p[1]), float(p[2]), float(p[3]), float(p[4])))
+            except ValueError:
+                continue  # a line cut by a kill
+    return out
+
+
+def measured_period(path: Path, since: float, until: float) -> float | None:
+    st = [s for s in read_steps(path) if since <= s[1] < until]
+    if len(st) < 5:
+        return None
+    return (st[-1][1] - st[0][1]) / (len(st) - 1)
+
+
+def need_bits_per_s(plan: Plan, period_s: float) -> float:
+    """The rate the node's port carries for its collective at the healthy step period."""
+    return 8 * rank_wire_bytes_per_step(plan.nodes, plan.message_bytes) / period_s
+
+
+# -- cgroups -----------------------------------------------------------------------------------
+CGROUP_ROOT = Path(os.environ.get("SKEWD_LAB_CGROUP_ROOT", "/sys/fs/cgroup"))
+
+
+def cgroup_cpu_mode(root: Path = CGROUP_ROOT) -> tuple[str, Path] | None:
+    """("v2", dir) when the unified hierarchy at ``root`` (or ``root/unified``) offers the cpu
+    controller, ("v1", root/cpu) for a v1 cpu hierarchy, None when neither is usable."""
+    for d in (root, root / "unified"):
+        ctl = d / "cgroup.controllers"
+        try:
+            if "cpu" in ctl.read_text().split():
+                return "v2", d
+        except OSError:
+            continue
+    if (root / "cpu" / "cpu.cfs_quota_us").exists():
+        return "v1", root / "cpu"
+    return None
+
+
+def _cpu_seconds(pid: int) -> float:
+    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def limit_cpu(name: str, pid: int, fraction: float, period_us: int = 10_000) -> dict[str, Any]:
+    """Put ``pid`` in a new cgroup ``name`` limited to ``fraction`` of one CPU."""
+    mode = cgroup_cpu_mode()
+    if mode is None:
+        raise FaultError(f"no cgroup cpu controller under {CGROUP_ROOT} (v2 cgroup.controllers without 'cpu', no v1 "
+                         "cpu hierarchy): run the 'straggler' scenario instead")
+    kind, base = mode
+    d = base / name
+    d.mkdir(exist_ok=True)
+    quota = max(1000, int(fraction * period_us))
+    if kind == "v2":
+        (base / "cgroup.subtree_control").write_text("+cpu")
+        (d / "cpu.max").write_text(f"{quota} {period_us}")
+    else:
+        (d / "cpu.cfs_period_us").write_text(str(period_us))
+        (d / "cpu.cfs_quota_us").write_text(str(quota))
+    (d / "cgroup.procs").write_text(str(pid))
+    return {"cgroup": str(d), "version": kind, "quota_us": quota, "period_us": period_us}
+
+
+def cleanup_cgroups(prefix: str) -> list[str]:
+    """Remove the lab's cgroups named with ``prefix`` (their processes go back to the root)."""
+    mode = cgroup_cpu_mode()
+    if mode is None:
+        return []
+    _, base = mode
+    gone = []
+    for d in sorted(base.glob(prefix + "*")):
+        if not d.is_dir():
+            continue
+        try:
+            for pid in (d / "cgroup.procs").read_text().split():
+                try:
+                    (base / "cgroup.procs").write_text(pid)
+                except OSError:
+                    pass
+            d.rmdir()
+            gone.append(str(d))
+        except OSError:
+            pass
+    return gone
+
+
+# -- applying ------------------------------------------------------------------------------------
+def tc(ns: str, *args: str) -> str:
+    cmd = ["tc", *args]
+    r = ns_exec(ns, *cmd, check=False)
+    if r.returncode != 0:
+        raise FaultError(f"{' '.join(cmd)} in {ns}: {r.stderr.strip()}")
+    return " ".join(cmd)
+
+
+def apply(plan: Plan, *, ns: str, iface: str, ctl_file: Path, step_log: Path, rank_pid: int,
+          cgroup_name: str) -> dict[str, Any]:
+    """Start the plan's fault now; returns what was done (for truth.json)."""
+    kind = plan.fault
+    now = time.time()
+    period = measured_period(step_log, now - 20, now)
+    if kind == "straggler":
+        assert plan.lag_s is not None
+        ctl_file.write_text(json.dumps({"extra_sleep_s": plan.lag_s}))
+        return {"means": f"extra compute {plan.lag_s * 1e3:.1f} ms per step (control file)",
+                "healthy_period_s": period}
+    if kind == "straggler_cpu":
+        assert plan.lag_s is not None
+        c0, t0 = _cpu_seconds(rank_pid), time.monotonic()
+        time.sleep(5)
+        use = (_cpu_seconds(rank_pid) - c0) / (time.monotonic() - t0)
+        p = period or plan.period_s
+        # steps need use*p CPU seconds each: at a quota q they take use*p/q, i.e. p + lag
+        fraction = use * p / (p + plan.lag_s)
+        info = limit_cpu(cgroup_name, rank_pid, fraction)
+        return {"means": f"cpu quota {fraction:.3f} of a core (rank used {use:.3f})", "cpu_use": use,
+                "healthy_period_s": period, **info}
+    if kind in ("slow_link", "deep_queue", "drops"):
+        assert plan.rate_fraction is not None and plan.queue is not None
+        need = need_bits_per_s(plan, period or plan.period_s)
+        rate = int(plan.rate_fraction * need)
+        # tbf needs a bucket of at least one timer tick's worth of bytes at the rate (HZ >= 100)
+        burst = max(32 * 1024, rate // 8 // 100)
+        cmd = tc(ns, "qdisc", "replace", "dev", iface, "root", "handle", "1:", "tbf", "rate", f"{rate}bit",
+                 "burst", str(burst), *plan.queue.split())
+        return {"means": cmd, "need_bits_per_s": need, "rate_bits_per_s": rate, "healthy_period_s": period}
+    raise FaultError(f"unknown fault {kind!r}")
+
+
+def qdisc_stats(ns: str, iface: str) -> str:
+    r = ns_exec(ns, "tc", "-s", "qdisc", "show", "dev", iface, check=False)
+    return r.stdout
+
+
+def kernel_counters(ns: str) -> dict[str, dict[str, int]]:
+    """TcpExt (/proc/net/netstat) and Tcp (/proc/net/snmp) counters of a namespace."""
+    out: dict[str, dict[str, int]] = {}
+    for f in ("/proc/net/netstat", "/proc/net/snmp"):
+        r = ns_exec(ns, "cat", f, check=False)
+        lines = r.stdout.splitlines()
+        for head, vals in zip(lines[::2], lines[1::2]):
+            hk, vk = head.split(), vals.split()
+            if hk and vk and hk[0] == vk[0] and hk[0] in ("TcpExt:", "Tcp:"):
+                out[hk[0].rstrip(":")] = {k: int(v) for k, v in zip(hk[1:], vk[1:]) if v.lstrip("-").isdigit()}
+    return out
+
