@@ -3,11 +3,18 @@
 - ``straggler``: the rank's control file asks for extra compute every step (a sleep: the rank is
   late, its peers wait inside the all-reduce).
 - ``straggler_cpu``: the rank's process gets a CPU quota (cgroup v2 ``cpu.max`` where the
-  unified hierarchy has the cpu controller, else cgroup v1 ``cpu.cfs_quota_us``), sized from its
-  measured CPU use so its step stretches by the drawn lag.
-- ``slow_link``, ``deep_queue``, ``drops``: a tbf qdisc on the node's collective port, its rate a
-  fraction of what the node's all-reduce needs (measured from the ranks' step logs just before
-  onset), with a NIC-ring-sized, a deep (1-2 s) or a tiny (2-4 packets) queue.
+  unified hierarchy has the cpu controller, else cgroup v1 ``cpu.cfs_quota_us``; this machine
+  has only v1's). The quota is first sized from the rank's measured CPU use, then steered for up
+  to ~20 s until the rank's step is the drawn lag longer: much of a rank's network work runs in
+  softirq context that no quota charges, so the first guess slows it less than its CPU share says.
+- ``slow_link``, ``deep_queue``: a tbf qdisc on the node's collective port, its rate a fraction
+  of what the node's all-reduce needs (measured from the ranks' step logs just before onset),
+  with a NIC-ring-sized (100 frames) or a deep (1-2 s) queue.
+- ``drops``: htb at a little more than the need over a pfifo of 4-10 packets: the average fits,
+  each step's burst does not. Not tbf with a tiny byte limit: tbf splits a GSO super-packet
+  that exceeds its bucket into segments and drops most of them, and TCP then made no progress
+  at all for 15 s and more on this kernel (6.18; no retransmit counted) - a dead link, not a
+  lossy one. A pfifo drops whole super-packets, as a NIC's ring does.
 
 :data:`FAULTS` maps each kind to the IDs a correct product raises on the faulty node. Slow link:
 NS-9 is the runbook's ID (utilisation against the link's rate), NS-5 where the rules split a
@@ -39,7 +46,7 @@ FAULTS: dict[str, FaultSpec] = {f.kind: f for f in (
     FaultSpec("straggler_cpu", ("EW-1",), "rank's CPU quota cut (cgroup)"),
     FaultSpec("slow_link", ("NS-9", "NS-5"), "collective port shaped below the collective's need"),
     FaultSpec("deep_queue", ("NS-5",), "collective port shaped, deep egress queue"),
-    FaultSpec("drops", ("NS-7", "EW-6"), "collective port shaped, tiny queue: tail drops"),
+    FaultSpec("drops", ("NS-7", "EW-6"), "collective port with a tiny queue: bursts tail-dropped"),
 )}
 
 
@@ -103,8 +110,13 @@ def _cpu_seconds(pid: int) -> float:
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def limit_cpu(name: str, pid: int, fraction: float, period_us: int = 10_000) -> dict[str, Any]:
-    """Put ``pid`` in a new cgroup ``name`` limited to ``fraction`` of one CPU."""
+#: CFS bandwidth period for the quota: short enough that a throttled rank loses a few ms per
+#: step rather than whole steps in lumps, long enough that the 1 ms minimum quota is 2 % of a CPU
+CPU_PERIOD_US = 50_000
+
+
+def limit_cpu(name: str, pid: int, fraction: float, period_us: int = CPU_PERIOD_US) -> dict[str, Any]:
+    """Put ``pid`` in the cgroup ``name`` (made if missing) limited to ``fraction`` of one CPU."""
     mode = cgroup_cpu_mode()
     if mode is None:
         raise FaultError(f"no cgroup cpu controller under {CGROUP_ROOT} (v2 cgroup.controllers without 'cpu', no v1 "
@@ -121,6 +133,32 @@ def limit_cpu(name: str, pid: int, fraction: float, period_us: int = 10_000) -> 
         (d / "cpu.cfs_quota_us").write_text(str(quota))
     (d / "cgroup.procs").write_text(str(pid))
     return {"cgroup": str(d), "version": kind, "quota_us": quota, "period_us": period_us}
+
+
+def steer_cpu(name: str, pid: int, step_log: Path, healthy_period: float, lag: float,
+              rounds: int = 6, settle: float = 3.0) -> dict[str, Any]:
+    """Throttle ``pid`` until its step period is ``healthy_period + lag`` (within -20/+50 %)."""
+    c0, t0 = _cpu_seconds(pid), time.monotonic()
+    time.sleep(2)
+    use = (_cpu_seconds(pid) - c0) / (time.monotonic() - t0)
+    fraction = use * healthy_period / (healthy_period + lag)
+    onset = time.time()
+    history = []
+    info: dict[str, Any] = {}
+    for _ in range(rounds):
+        info = limit_cpu(name, pid, fraction)
+        time.sleep(settle)
+        now = time.time()
+        p = measured_period(step_log, now - settle + 0.5, now) or healthy_period
+        extra = p - healthy_period
+        history.append({"fraction": round(fraction, 4), "period_s": round(p, 4), "healthy_s": round(healthy_period, 4)})
+        if 0.8 * lag <= extra <= 1.5 * lag:
+            break
+        # too little slow-down: less CPU; too much: more (damped, bounded steps)
+        ratio = lag / max(extra, 0.001)
+        fraction = max(0.02, fraction / min(2.0, max(0.5, ratio ** 0.5)))
+    return {"means": f"cpu quota {fraction:.3f} of a core (rank used {use:.3f}); steered: {history}",
+            "cpu_use": use, "onset": onset, "steering": history, **info}
 
 
 def cleanup_cgroups(prefix: str) -> list[str]:
@@ -168,16 +206,19 @@ def apply(plan: Plan, *, ns: str, iface: str, ctl_file: Path, step_log: Path, ra
                 "healthy_period_s": period}
     if kind == "straggler_cpu":
         assert plan.lag_s is not None
-        c0, t0 = _cpu_seconds(rank_pid), time.monotonic()
-        time.sleep(5)
-        use = (_cpu_seconds(rank_pid) - c0) / (time.monotonic() - t0)
-        p = period or plan.period_s
-        # steps need use*p CPU seconds each: at a quota q they take use*p/q, i.e. p + lag
-        fraction = use * p / (p + plan.lag_s)
-        info = limit_cpu(cgroup_name, rank_pid, fraction)
-        return {"means": f"cpu quota {fraction:.3f} of a core (rank used {use:.3f})", "cpu_use": use,
-                "healthy_period_s": period, **info}
-    if kind in ("slow_link", "deep_queue", "drops"):
+        return {**steer_cpu(cgroup_name, rank_pid, step_log, period or plan.period_s, plan.lag_s),
+                "healthy_period_s": period}
+    if kind == "drops":
+        assert plan.rate_fraction is not None and plan.queue is not None
+        need = need_bits_per_s(plan, period or plan.period_s)
+        rate = int(plan.rate_fraction * need)
+        burst = max(32 * 1024, rate // 8 // 100)
+        cmds = [tc(ns, "qdisc", "replace", "dev", iface, "root", "handle", "1:", "htb", "default", "10"),
+                tc(ns, "class", "add", "dev", iface, "parent", "1:", "classid", "1:10", "htb", "rate", f"{rate}bit",
+                   "ceil", f"{rate}bit", "burst", str(burst)),
+                tc(ns, "qdisc", "add", "dev", iface, "parent", "1:10", "handle", "10:", "pfifo", *plan.queue.split())]
+        return {"means": "; ".join(cmds), "need_bits_per_s": need, "rate_bits_per_s": rate, "healthy_period_s": period}
+    if kind in ("slow_link", "deep_queue"):
         assert plan.rate_fraction is not None and plan.queue is not None
         need = need_bits_per_s(plan, period or plan.period_s)
         rate = int(plan.rate_fraction * need)

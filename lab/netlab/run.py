@@ -19,6 +19,7 @@ and findings carry the agents' wall-clock times.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import signal
 import sys
@@ -90,6 +91,7 @@ class Lab:
         self.ranks: list[Proc] = []
         self.agents: list[Proc] = []
         self.nats_url = ""
+        self.owner = os.getpid()
 
     # -- paths -------------------------------------------------------------------------------
     def step_log(self, i: int) -> Path:
@@ -194,7 +196,8 @@ class Lab:
         self.info.fault_info = faults_mod.apply(
             p, ns=self.topo.node(i), iface=self.topo.coll_iface, ctl_file=self.ctl_file(i),
             step_log=self.step_log(i), rank_pid=self.ranks[i].pid, cgroup_name=f"{self.topo.base}n{i}")
-        self.info.onset = time.time()
+        # a fault that takes a while to set up says when it began to bite
+        self.info.onset = float(self.info.fault_info.pop("onset", time.time()))
         self.log(f"fault {p.fault} on {node_name(i)} at +{self.info.onset - self.info.t0:.0f}s: "
                  f"{self.info.fault_info.get('means')}")
 
@@ -217,6 +220,8 @@ class Lab:
         return out
 
     def close(self) -> None:
+        if os.getpid() != self.owner:
+            return  # a forked helper's copy of this object: the runner tears down, once
         try:
             self.procs.stop()
         finally:
@@ -325,7 +330,15 @@ def _trap_signals() -> Callable[[], None]:
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
 
+    owner = os.getpid()
+
     def handler(signum, frame):  # noqa: ARG001
+        if os.getpid() != owner:
+            # a forked helper (pyroute2 enters namespaces from a fork and stops it with SIGTERM):
+            # it must die as it would have, never unwind into the run and tear the lab down
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         raise Interrupted(signal.Signals(signum).name)
 
     old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}

@@ -41,7 +41,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("deep-queue", "deep_queue",
              "tbf at 60-90 % of the collective's need with a 1-2 s queue: bursts wait in the qdisc, NS-5"),
     Scenario("drops", "drops",
-             "tbf at 50-80 % of the need with a queue of 2-4 packets: tail drops and retransmits, NS-7 (EW-6)"),
+             "htb at 110-160 % of the need over a pfifo of 4-10 packets: every step's burst is tail-dropped, "
+             "NS-7 (EW-6)"),
 )}
 
 
@@ -99,8 +100,9 @@ def make_plan(name: str, seed: int, duration_s: float = 300.0, nodes: int = 4,
         rate_fraction = rnd.uniform(0.60, 0.90)
         queue = f"latency {rnd.uniform(1.0, 2.0):.2f}s"
     elif sc.fault == "drops":
-        rate_fraction = rnd.uniform(0.50, 0.80)
-        queue = f"limit {rnd.randint(2, 4) * 1514}"
+        # above the average need: the loss comes from the step's burst meeting a tiny queue
+        rate_fraction = rnd.uniform(1.1, 1.6)
+        queue = f"limit {rnd.randint(4, 10)}"  # pfifo packets (GSO super-packets of up to 64 KiB)
     period = float(ov.pop("period_s", period))
     msg = int(ov.pop("message_bytes", msg))
     capped = False
