@@ -136,6 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     a = parse_args(argv)
     t0 = time.time()
+    commit = git_commit()  # what the runs run: later commits during a long matrix do not count
     results: list[dict[str, Any]] = []
     if a.rescore:
         from skewd.lab.netlab.score import score_run
@@ -169,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                    or (i and argv[i - 1] in ("--json", "--runs-dir", "--rescore")))]
     meta = {
         "command": "python bench/detection_real.py" + ("" if not shown else " " + " ".join(shown)),
-        "commit": git_commit(),
+        "commit": commit,
         "runs": len(results),
         "run_minutes": sum(r["duration_s"] for r in ok) / 60,
         "node_hours": sum(r["node_hours"] for r in ok),

@@ -60,7 +60,8 @@ def aggregate(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 "bad_incident_runs": sum(1 for r in rs if r["incidents_naming_healthy"]),
                 "remaps": sum(r["remaps"] for r in rs),
                 "bad_remaps": sum(r["remaps_naming_healthy"] for r in rs),
-                "bad_remap_runs": sum(1 for r in rs if r["remaps_naming_healthy"])}
+                "bad_remap_runs": sum(1 for r in rs if r["remaps_naming_healthy"]),
+                "slowdown": _p50([r["slowdown_s"] for r in rs if r.get("slowdown_s") is not None])}
         ids = rs[0]["expected"] or [None]
         for pid in ids:
             row = dict(base, id=pid)
@@ -112,18 +113,21 @@ def render(results: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
              "nats-server, `skewd controller` and one `skewd agent` per node. Faults are made by real means "
              "at a drawn onset: an extra sleep in one rank's compute (straggler), a CPU quota (straggler-cpu), "
              "tbf/htb shapers on the collective port. Scored from every message on NATS against the run's "
-             "truth.json (`skewd.lab.netlab.score`).",
+             "truth.json (`skewd.lab.netlab.score`). Step slowdown: how much longer every rank's step got "
+             "after onset (median over runs, from the ranks' own step logs).",
              "",
-             "| scenario | ID | runs | found on the right node | latency p50 (max) | other findings fired "
-             "(before onset) | incidents (naming a healthy node) | remaps (naming a healthy node) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| scenario | step slowdown (p50) | ID | runs | found on the right node | latency p50 (max) | "
+             "other findings fired (before onset) | incidents (naming a healthy node) | "
+             "remaps (naming a healthy node) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         found = "-" if r["id"] is None else f"{r['found']}/{r['runs']}" + (
             f" ({', '.join(r['rules'])})" if r["rules"] else "")
         lat = "-" if r["id"] is None or r["p50"] is None else f"{_s(r['p50'])} ({_s(r['max'])})"
         other = f"{r['false']} ({r['false_before_onset']})" if r["id"] is not None else \
             f"{r['false']} ({r['false'] / r['node_hours']:.1f} per node-hour)" if r["node_hours"] else str(r["false"])
-        lines.append(f"| {r['scenario']} | {r['id'] or '-'} | {r['runs']} | {found} | {lat} | {other} | "
+        slow = "-" if r["slowdown"] is None else f"+{r['slowdown'] * 1e3:.0f} ms"
+        lines.append(f"| {r['scenario']} | {slow} | {r['id'] or '-'} | {r['runs']} | {found} | {lat} | {other} | "
                      f"{r['incidents']} ({r['bad_incidents']} in {r['bad_incident_runs']} runs) | "
                      f"{r['remaps']} ({r['bad_remaps']} in {r['bad_remap_runs']} runs) |")
     lines += ["", "### Targets (issue 19)", "", "| target | measured | met |", "|---|---|---|"]

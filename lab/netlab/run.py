@@ -247,6 +247,12 @@ def _step_stats(lab: Lab) -> dict[str, Any]:
                               "compute_s": statistics.median(s[2] - s[1] for s in seg),
                               "comm_s": statistics.median(s[3] - s[2] for s in seg), "steps": len(seg)}
         out[node_name(i)] = res
+    if lab.plan.faulty_node is not None:
+        # what the fault did to the group: every rank's step is longer by about this much
+        b = out[node_name(lab.plan.faulty_node)]
+        if "before" in b and "after" in b:
+            out["slowdown_s"] = b["after"]["period_s"] - b["before"]["period_s"]
+            out["faulty_extra_compute_s"] = b["after"]["compute_s"] - b["before"]["compute_s"]
     return out
 
 

@@ -107,6 +107,7 @@ def score_run(run_dir: Path) -> dict[str, Any]:
         "node": faulty, "expected": truth["expected"], "error": truth.get("error", ""),
         "duration_s": round(end - t0, 1), "node_hours": round(node_hours, 4), "nodes": len(truth["nodes"]),
         "onset_s": truth.get("onset_after_t0_s"),
+        "slowdown_s": (truth.get("steps") or {}).get("slowdown_s"),
         "detected": detected,
         "found": any(d["found"] for d in detected.values()) if detected else None,
         "false_findings": len(false),

@@ -27,7 +27,8 @@ def result(scenario: str, seed: int, found: bool, latency: float | None, bad_inc
             "node_hours": (600.0 if fault is None else 240.0) * 4 / 3600,
             "detected": {} if fault is None else {"EW-1": {"found": found, "latency_s": latency,
                                                            "rule_id": "EW-1-tp-straggler" if found else None}},
-            "found": None if fault is None else found, "false_findings": 0, "false_before_onset": 0,
+            "found": None if fault is None else found, "slowdown_s": None if fault is None else 0.020,
+            "false_findings": 0, "false_before_onset": 0,
             "incidents": bad_incidents, "incidents_naming_healthy": bad_incidents, "remaps": 0,
             "remaps_naming_healthy": 0, "firing": [],
             "incident_list": [{"pathology": "EW-9", "nodes": ["n0"], "t": 1.0}] * bad_incidents, "remap_list": []}
@@ -41,7 +42,7 @@ def test_the_straggler_target_needs_nine_of_ten_within_a_minute() -> None:
     healthy = [result("healthy", s, False, None) for s in (1, 2, 3)]
     nine = [result("straggler", s, s != 10, 40.0 + s if s != 10 else None) for s in range(1, 11)]
     text = render(healthy + nine, META)
-    assert "| straggler | EW-1 | 10 | 9/10 (EW-1-tp-straggler) | 45s (49s) |" in text
+    assert "| straggler | +20 ms | EW-1 | 10 | 9/10 (EW-1-tp-straggler) | 45s (49s) |" in text
     assert "9/10, p50 45s | yes |" in text
     assert "| healthy runs, >= 30 min x 4 nodes: 0 firing findings | 0 in 30 min x 4 nodes | yes |" in text
     eight = [result("straggler", s, s <= 8, 40.0 if s <= 8 else None) for s in range(1, 11)]
@@ -82,5 +83,5 @@ def test_the_benchmark_rescores_kept_runs_and_rewrites_only_its_section(tmp_path
     assert p.returncode == 0, p.stderr
     text = doc.read_text()
     assert text.startswith(SIM_PAGE) and "stale" not in text
-    assert "| straggler | EW-1 | 1 | 1/1 (EW-1-tp-straggler) | 30s (30s) | 1 (0) | 1 (1 in 1 runs) |" in text
+    assert "| straggler | - | EW-1 | 1 | 1/1 (EW-1-tp-straggler) | 30s (30s) | 1 (0) | 1 (1 in 1 runs) |" in text
     assert "| incident | EW-9 | 1 | straggler (1) |" in text
