@@ -9,6 +9,8 @@ summaries and health; ``skewd.controller.messages`` for incidents and remap sugg
   faulty node, fired at or after onset. **Latency**: onset → its ``fired_at``.
 - **False findings**: every other firing finding (in a healthy run: every firing finding).
   Per node-hour over the time the agents ran (t0 → end).
+- Incident times: ``t`` is the controller's ``opened_at`` (its group's first finding, which may
+  predate the incident's pathology joining it), ``published`` when a subscriber first saw it.
 - **Incidents / remaps naming a healthy node**: an incident whose culprit node (or, without a
   culprit, its group's node) is not the faulty node; a remap suggestion whose culprit or any
   action's target node is not the faulty node. In a healthy run every node is healthy.
@@ -84,7 +86,8 @@ def score_run(run_dir: Path) -> dict[str, Any]:
         elif kind == "incident" and msg.id not in incidents:
             incidents[msg.id] = {"id": msg.id, "pathology": msg.pathology, "rule_id": msg.rule_id,
                                  "state": msg.state, "nodes": incident_nodes(msg), "group": msg.group,
-                                 "t": round(msg.opened_at - t0, 1), "summary": msg.summary}
+                                 "t": round(msg.opened_at - t0, 1), "published": round(recv - t0, 1),
+                                 "summary": msg.summary}
         elif kind == "remap" and msg.key not in remaps:
             remaps[msg.key] = {"key": msg.key, "pathology": msg.pathology, "nodes": remap_nodes(msg),
                                "actions": [a.type.value for a in msg.actions], "t": round(msg.created_at - t0, 1),

@@ -69,7 +69,7 @@ def test_healthy_stays_silent_and_a_straggler_is_named(tmp_path, rank_runtime) -
     assert all(steps[n]["after"]["period_s"] > steps[n]["before"]["period_s"] + 0.010 for n in truth["nodes"]), steps
 
     healthy_findings = [f for f in res["firing"] if f["fired_at"] < truth["onset"]]
-    healthy_incidents = [i for i in res["incident_list"] if i["t"] < truth["onset"] - truth["t0"]]
+    healthy_incidents = [i for i in res["incident_list"] if i["published"] < truth["onset"] - truth["t0"]]
     assert not healthy_findings and not healthy_incidents, (
         f"the healthy stretch ({HEALTHY_S:.0f}s) was not silent: findings that fired (rule, node, count, "
         f"first after agents up):\n{seen}\nincidents: {[(i['pathology'], i['nodes']) for i in healthy_incidents]}")

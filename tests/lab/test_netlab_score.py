@@ -84,6 +84,8 @@ def test_a_straggler_run_is_scored_by_node_time_and_who_was_named(tmp_path: Path
     # i1 names healthy n0; i3 names no node; r2 moves traffic off healthy n3
     assert (r["incidents"], r["incidents_naming_healthy"]) == (3, 1)
     assert (r["remaps"], r["remaps_naming_healthy"]) == (2, 1)
+    # when a subscriber saw each incident first (the recorder's clock), not only when it opened
+    assert [(i["t"], i["published"]) for i in r["incident_list"]] == [(40.0, 0.0), (145.0, 0.0), (150.0, 0.0)]
     assert r["node_hours"] == round(4 * 300 / 3600, 4)
 
 
