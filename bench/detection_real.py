@@ -102,6 +102,7 @@ def load_result(parent: Path) -> dict[str, Any] | None:
     res["backend"] = truth.get("ranks", {}).get("detail")
     res["kernel_tcp"] = truth.get("kernel_tcp", {})
     res["plan"] = truth.get("plan", {})
+    res["product_commit"] = truth.get("product_commit")
     return res
 
 
@@ -123,8 +124,8 @@ def git_commit() -> str:
     try:
         c = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                            timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "agent", "collectors", "rules",
-                                "controller", "skewd", "lab"], capture_output=True, text=True, timeout=10).stdout
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "lab", "bench"],
+                               capture_output=True, text=True, timeout=10).stdout
         return c + ("+local changes" if dirty.strip() else "")
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
@@ -132,11 +133,12 @@ def git_commit() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from skewd.lab.netlab.report import render, replace_section
+    from skewd.lab.netlab.run import product_commit
 
     argv = list(sys.argv[1:] if argv is None else argv)
     a = parse_args(argv)
     t0 = time.time()
-    commit = git_commit()  # what the runs run: later commits during a long matrix do not count
+    commit = git_commit()  # the lab and scorer: later commits during a long matrix do not count
     results: list[dict[str, Any]] = []
     if a.rescore:
         from skewd.lab.netlab.score import score_run
@@ -171,6 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     meta = {
         "command": "python bench/detection_real.py" + ("" if not shown else " " + " ".join(shown)),
         "commit": commit,
+        # what was measured: the product as the runs ran it (recorded per run; older runs did not)
+        "product_commit": ", ".join(sorted({r.get("product_commit") or product_commit() for r in ok})) or product_commit(),
         "runs": len(results),
         "run_minutes": sum(r["duration_s"] for r in ok) / 60,
         "node_hours": sum(r["node_hours"] for r in ok),

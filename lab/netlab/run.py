@@ -31,6 +31,7 @@ from typing import Any, Callable
 
 from . import faults as faults_mod
 from . import product, score
+from . import steps as steps_mod
 from .procs import Proc, Procs
 from .scenario import Plan
 from .topology import DEFAULT_PREFIX, DEFAULT_SUBNET, Topology, list_namespaces
@@ -166,7 +167,7 @@ class Lab:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self.check_alive()
-            if all(len(faults_mod.read_steps(self.step_log(i))) > 40 for i in range(self.plan.nodes)):
+            if all(len(steps_mod.read_steps(self.step_log(i))) > 40 for i in range(self.plan.nodes)):
                 return
             time.sleep(0.5)
         raise TimeoutError(f"the ranks did not start stepping within {timeout:.0f}s:\n{self.ranks[0].tail()}")
@@ -229,33 +230,6 @@ class Lab:
             faults_mod.cleanup_cgroups(self.topo.base)
 
 
-def _step_stats(lab: Lab) -> dict[str, Any]:
-    """Ground truth from the ranks' logs: median step period and compute time per rank, before
-    and after onset (the whole run when healthy)."""
-    import statistics
-
-    out: dict[str, Any] = {}
-    cut = lab.info.onset or lab.info.end
-    for i in range(lab.plan.nodes):
-        st = faults_mod.read_steps(lab.step_log(i))
-        res: dict[str, Any] = {"steps": len(st)}
-        for label, lo, hi in (("before", lab.info.t0, cut), ("after", cut + 5, lab.info.end)):
-            seg = [s for s in st if lo <= s[1] < hi]
-            if len(seg) >= 3:
-                periods = [b[1] - a[1] for a, b in zip(seg, seg[1:])]
-                res[label] = {"period_s": statistics.median(periods),
-                              "compute_s": statistics.median(s[2] - s[1] for s in seg),
-                              "comm_s": statistics.median(s[3] - s[2] for s in seg), "steps": len(seg)}
-        out[node_name(i)] = res
-    if lab.plan.faulty_node is not None:
-        # what the fault did to the group: every rank's step is longer by about this much
-        b = out[node_name(lab.plan.faulty_node)]
-        if "before" in b and "after" in b:
-            out["slowdown_s"] = b["after"]["period_s"] - b["before"]["period_s"]
-            out["faulty_extra_compute_s"] = b["after"]["compute_s"] - b["before"]["compute_s"]
-    return out
-
-
 def run(plan: Plan, out: Path, opts: LabOptions | None = None, log: Callable[[str], None] = print) -> Path:
     """Run ``plan`` into the new directory ``out``; returns it (score.json included). A failure
     after the network was built still tears it down and writes truth.json with ``error``."""
@@ -307,6 +281,24 @@ def run(plan: Plan, out: Path, opts: LabOptions | None = None, log: Callable[[st
     return out
 
 
+PRODUCT_DIRS = ("agent", "collectors", "rules", "controller", "skewd")
+
+
+def product_commit() -> str:
+    """The last commit that changed the product (not the lab): what a run measured."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    try:
+        r = subprocess.run(["git", "-C", str(root), "log", "-1", "--format=%h", "--", *PRODUCT_DIRS],
+                           capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", *PRODUCT_DIRS],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return (r.stdout.strip() or "unknown") + ("+local changes" if dirty else "")
+
+
 def _write_truth(lab: Lab, kernel: dict[str, Any]) -> None:
     p, info = lab.plan, lab.info
     spec = faults_mod.FAULTS.get(p.fault) if p.fault else None
@@ -322,9 +314,10 @@ def _write_truth(lab: Lab, kernel: dict[str, Any]) -> None:
         "ranks": {"backend": info.runtime.backend if info.runtime else None,
                   "detail": info.runtime.detail if info.runtime else None},
         "collective_port": lab.topo.coll_iface,
-        "steps": _step_stats(lab) if info.t0 else {},
+        "steps": steps_mod.step_stats([lab.step_log(i) for i in range(p.nodes)], info.t0, info.onset, info.end,
+                                      p.faulty_node) if info.t0 else {},
         "kernel_tcp": kernel,
-        "error": info.error, "interrupted": info.interrupted,
+        "error": info.error, "interrupted": info.interrupted, "product_commit": product_commit(),
         "plan": asdict(p),
     }
     (lab.run_dir / "truth.json").write_text(json.dumps(truth, indent=1))

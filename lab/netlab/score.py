@@ -26,6 +26,8 @@ from skewd import wire
 from skewd.controller import messages as M
 from skewd.model import State
 
+from .steps import step_stats
+
 
 def read_messages(path: Path) -> list[dict[str, Any]]:
     """The recorder's JSONL; a line cut by a kill at the end is skipped."""
@@ -110,7 +112,7 @@ def score_run(run_dir: Path) -> dict[str, Any]:
         "node": faulty, "expected": truth["expected"], "error": truth.get("error", ""),
         "duration_s": round(end - t0, 1), "node_hours": round(node_hours, 4), "nodes": len(truth["nodes"]),
         "onset_s": truth.get("onset_after_t0_s"),
-        "slowdown_s": (truth.get("steps") or {}).get("slowdown_s"),
+        **_ground_truth(run_dir, truth),
         "detected": detected,
         "found": any(d["found"] for d in detected.values()) if detected else None,
         "false_findings": len(false),
@@ -123,6 +125,19 @@ def score_run(run_dir: Path) -> dict[str, Any]:
         "remap_list": sorted(remaps.values(), key=lambda r: r["t"]),
         "messages": counts,
     }
+
+
+def _ground_truth(run_dir: Path, truth: dict[str, Any]) -> dict[str, Any]:
+    """What the fault did, from the ranks' step logs (recomputed, so a re-score picks up a
+    better measure), else as truth.json recorded it."""
+    logs = sorted((run_dir / "steps").glob("rank*.log"), key=lambda p: int(p.stem[4:]))
+    st = truth.get("steps") or {}
+    if logs and truth.get("t0"):
+        faulty = int(truth["node"][1:]) if truth.get("node") else None
+        st = step_stats(logs, truth["t0"], truth.get("onset"), truth["end"], faulty)
+    lag = st.get("straggler_lag_s") or {}
+    return {"slowdown_s": st.get("slowdown_s"), "straggler_lag_s": lag.get("after"),
+            "straggler_lag_before_s": lag.get("before")}
 
 
 def firing_table(result: dict[str, Any]) -> str:

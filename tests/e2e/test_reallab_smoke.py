@@ -64,9 +64,8 @@ def test_healthy_stays_silent_and_a_straggler_is_named(tmp_path, rank_runtime) -
     res = json.loads((out / "score.json").read_text())
     truth = json.loads((out / "truth.json").read_text())
     seen = firing_table(res)
-    # the fault really happened: every rank's step got longer by about the straggler's lag
-    steps = truth["steps"]
-    assert all(steps[n]["after"]["period_s"] > steps[n]["before"]["period_s"] + 0.010 for n in truth["nodes"]), steps
+    # the fault really happened: the straggler entered every all-reduce >= 10 ms behind its peers
+    assert res["straggler_lag_s"] is not None and res["straggler_lag_s"] >= 0.010, truth["steps"]
 
     healthy_findings = [f for f in res["firing"] if f["fired_at"] < truth["onset"]]
     healthy_incidents = [i for i in res["incident_list"] if i["published"] < truth["onset"] - truth["t0"]]

@@ -28,13 +28,14 @@ def result(scenario: str, seed: int, found: bool, latency: float | None, bad_inc
             "detected": {} if fault is None else {"EW-1": {"found": found, "latency_s": latency,
                                                            "rule_id": "EW-1-tp-straggler" if found else None}},
             "found": None if fault is None else found, "slowdown_s": None if fault is None else 0.020,
+            "straggler_lag_s": None if fault is None else 0.015,
             "false_findings": 0, "false_before_onset": 0,
             "incidents": bad_incidents, "incidents_naming_healthy": bad_incidents, "remaps": 0,
             "remaps_naming_healthy": 0, "firing": [],
             "incident_list": [{"pathology": "EW-9", "nodes": ["n0"], "t": 1.0}] * bad_incidents, "remap_list": []}
 
 
-META = {"command": "python bench/detection_real.py", "commit": "abc1234", "runs": 0, "run_minutes": 0.0,
+META = {"command": "python bench/detection_real.py", "commit": "abc1234", "product_commit": "def5678", "runs": 0, "run_minutes": 0.0,
         "node_hours": 0.0, "nodes": 4, "backend": "torch", "machine": "x", "wall_minutes": 0.0, "date": "d"}
 
 
@@ -42,13 +43,13 @@ def test_the_straggler_target_needs_nine_of_ten_within_a_minute() -> None:
     healthy = [result("healthy", s, False, None) for s in (1, 2, 3)]
     nine = [result("straggler", s, s != 10, 40.0 + s if s != 10 else None) for s in range(1, 11)]
     text = render(healthy + nine, META)
-    assert "| straggler | +20 ms | EW-1 | 10 | 9/10 (EW-1-tp-straggler) | 45s (49s) |" in text
-    assert "9/10, p50 45s | yes |" in text
+    assert "| straggler | +20 ms (15 ms) | EW-1 | 10 | 9/10 (EW-1-tp-straggler) | 45s (49s) |" in text
+    assert "9/10, p50 45s (10 of the runs lagged >= 10 ms) | yes |" in text
     assert "| healthy runs, >= 30 min x 4 nodes: 0 firing findings | 0 in 30 min x 4 nodes | yes |" in text
     eight = [result("straggler", s, s <= 8, 40.0 if s <= 8 else None) for s in range(1, 11)]
-    assert "8/10, p50 40s | no |" in render(healthy + eight, META)
+    assert "8/10, p50 40s (10 of the runs lagged >= 10 ms) | no |" in render(healthy + eight, META)
     slow = [result("straggler", s, True, 75.0) for s in range(1, 11)]
-    assert "10/10, p50 75s | no |" in render(healthy + slow, META)
+    assert "10/10, p50 75s (10 of the runs lagged >= 10 ms) | no |" in render(healthy + slow, META)
 
 
 def test_incidents_naming_a_healthy_node_are_counted_once_per_run_and_fail_the_target() -> None:
