@@ -726,6 +726,8 @@ class Controller:
         try:
             async with self._lock:
                 if self.correlator.observe(f):
+                    if _agent_open(f):  # re-announced after its node's silence: it is open again
+                        self._silenced.pop(f.id, None)
                     await self.state.put_finding(f)  # type: ignore[union-attr]
                 else:
                     self.stats.findings_duplicate += 1
