@@ -978,7 +978,7 @@ class Controller:
             key = suggestion_key(self.cfg.cluster, inc.id)
             if key in self.remaps:
                 continue
-            s = self.planner.plan(inc, t, self.cfg.controller_id)
+            s = self.planner.plan(inc, t, self.cfg.controller_id, members=self.correlator.members(inc))
             if s is None:
                 self.remaps[key] = {"status": "none", "suggestion": None}  # nothing to suggest: remember that
                 continue
