@@ -30,7 +30,7 @@ def test_the_ew1_row_describes_the_clock_free_rule_and_the_aligned_variant_as_sh
                   "`alignment.unsynced_clock_error`"):
         assert words in row, words
     assert f"{free['lag']}" in row.replace(" ms", "ms") and f"{round(free['share'] * 100)} %" in row
-    assert "half that excess" in row and free["waited"] == 0.5
+    assert "a quarter of that excess" in row and free["waited"] == 0.25
     assert f"within {round(free['period_dev'] * 100)} %" in row and f"regularity {free['regular']}" in row
     assert f"{free['min_steps']}+ steps" in row and f"{free['min_step_bytes'] // 1024} kB" in row
     assert f"{aligned['lag']}".replace("ms", " ms") in row and f"{round(aligned['last_share'] * 100)} %" in row
