@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import sys
 import tempfile
@@ -54,29 +55,67 @@ def layout(cpus: int, flows: int) -> dict[str, list[str]]:
     }
 
 
-class NodeGen:
-    """Per collector: fixed entity/signal columns, and values for a run of collections."""
+#: counters that stay flat on a healthy node (errors, drops, retransmits, congestion marks,
+#: preemptions): a node whose every error counter grows fires dozens of rules for the whole
+#: recording, which no production node does for a day (and which no replay can split in time:
+#: an alert firing since the first second carries that start in every later transition)
+_FAULT_COUNTER = re.compile(r"err|drop|discard|missed|collision|retrans|retries|replay|rollover|timeout|fatal|"
+                            r"poison|malformed|bad_|surprise|wait|out_of|duplicate|nak|cnp|ecn|ce_packets|xid|"
+                            r"downed|recover|preempt|carrier|rsts|loss|dsack|spurious|reneging|fail|overlimits|"
+                            r"requeues|silences|symbol|overrun|vl15|restart|rcvbuf|sndbuf|aborted|heartbeat|"
+                            r"fifo|frame|crc|length|over_")
+#: gauges that hold still on a healthy node (counts, link state, limits): one value, 8, for all
+#: of them, so that active equals present and current equals max
+_STEADY_GAUGE = re.compile(r"links|mrs|qps|cpus_online|link_gen|link_width|transfers_per_second|numa|state|_up$|"
+                           r"active$|responding|speed|limit|total_bytes|max_|flows$|connections|egress|phase|rate_bytes")
+#: gauges that read 0 on a healthy node (flags, event reasons, backlogs, queue delays)
+_ZERO_GAUGE = re.compile(r"clocks_event|downtrained|closed|xid_last|backlog|qlen|delay|silence|waiting|"
+                         r"kv_cache|spread|busy_ratio|gini|share_max")
 
-    def __init__(self, catalogue, ents: dict[str, list[str]], hz: float, seed: int = 1) -> None:
+
+class NodeGen:
+    """Per collector: fixed entity/signal columns, and values for a run of collections.
+
+    A healthy node (values invented, NOTE): error-like counters flat, flag-like gauges 0, every
+    other gauge at one level per signal shared by all its entities (peers alike), with 1 %
+    noise. ``fault``: (signal, entity, start s, end s) - that counter grows in that span (an
+    AER error burst, say): a recording with a fault that fires and resolves."""
+
+    def __init__(self, catalogue, ents: dict[str, list[str]], hz: float, seed: int = 1,
+                 fault: tuple[str, str, float, float] | None = None) -> None:
         from skewd.model import Kind
 
         self.hz = hz
         self.rng = np.random.default_rng(seed)
+        self.fault = fault
+        self.collections: dict[str, int] = {}
+        self.steady: dict[str, np.ndarray] = {}
         self.cols: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
         for c in COLLECTORS:
             specs = sorted((s for s in catalogue.values() if s.collector == c), key=lambda s: s.name)
-            ent, sig, is_ctr = [], [], []
+            ent, sig, is_ctr, level, steady = [], [], [], [], []
             for s in specs:
+                ctr = s.kind is Kind.COUNTER
+                lv = 0.0 if (_FAULT_COUNTER.search(s.name) if ctr else _ZERO_GAUGE.search(s.name)) \
+                    else float(self.rng.random() * 100 + 1)
+                still = not ctr and (lv == 0.0 or bool(_STEADY_GAUGE.search(s.name)))
+                if still and lv:
+                    lv = 8.0
                 for e in ents.get(s.scope.value, []):
                     ent.append(e)
                     sig.append(s.name)
-                    is_ctr.append(s.kind is Kind.COUNTER)
+                    is_ctr.append(ctr)
+                    level.append(lv)
+                    steady.append(still)
             if not ent:
                 continue
             n = len(ent)
-            level = self.rng.random(n) * 100 + 1
-            state = np.where(is_ctr, self.rng.random(n) * 1e9, level)
-            self.cols[c] = (np.array(ent, dtype=object), np.array(sig, dtype=object), np.array(is_ctr), level, state)
+            lev = np.array(level)
+            # error counters start at 0 (a healthy device), the others anywhere
+            state = np.where(is_ctr, np.where(lev > 0, np.floor(self.rng.random(n) * 1e9), 0.0), lev)
+            self.cols[c] = (np.array(ent, dtype=object), np.array(sig, dtype=object), np.array(is_ctr), lev, state)
+            self.steady[c] = np.array(steady)
+            self.collections[c] = 0
         self.phase = {c: 0.003 * k for k, c in enumerate(self.cols)}  # collectors tick apart
 
     @property
@@ -87,15 +126,25 @@ class NodeGen:
         """(k, n) values of ``k`` successive collections of collector ``c``."""
         ent, sig, is_ctr, level, state = self.cols[c]
         n = len(ent)
-        noise = 1.0 + 0.05 * self.rng.standard_normal((k, n))
-        inc = np.cumsum(level * noise / self.hz, axis=0) + state  # counters
+        noise = np.where(self.steady[c], 1.0, 1.0 + 0.01 * self.rng.standard_normal((k, n)))
+        step = level * noise / self.hz
+        if self.fault is not None:
+            f_sig, f_ent, f_a, f_b = self.fault
+            at = (sig == f_sig) & (ent == f_ent)
+            if at.any():
+                secs = (self.collections[c] + np.arange(k)) / self.hz
+                live = (secs >= f_a) & (secs < f_b)
+                step[np.ix_(live, at)] = 50.0 / self.hz  # 50 errors a second
+        self.collections[c] += k
+        inc = np.cumsum(step, axis=0) + state  # counters
         out = np.where(is_ctr, inc, level * noise)
         state[:] = np.where(is_ctr, inc[-1], state)
         return out
 
 
-def record(directory: Path, hours: float, hz: float, cpus: int, flows: int) -> dict:
-    """Write the bundle with the agent's Recorder; returns counts."""
+def record(directory: Path, hours: float, hz: float, cpus: int, flows: int,
+           fault: tuple[str, str, float, float] | None = None) -> dict:
+    """Write the bundle with the agent's Recorder; returns counts. ``fault``: see NodeGen."""
     from skewd import __version__, wire
     from skewd.agent.record import Recorder
     from skewd.catalogue import full_catalogue
@@ -107,7 +156,7 @@ def record(directory: Path, hours: float, hz: float, cpus: int, flows: int) -> d
     res = load_rules([PACKS], cat)
     if not res.ok:
         raise RuntimeError("shipped packs do not load: " + "; ".join(map(str, res.issues)))
-    gen = NodeGen(cat, layout(cpus, flows), hz)
+    gen = NodeGen(cat, layout(cpus, flows), hz, fault=fault)
     rec = Recorder(directory, node=NODE, cluster=CLUSTER, labels={"tp_group": "tp0", "tp_rank": "0"},
                    ruleset=res.ruleset, catalogue=cat, max_bytes=1 << 50, max_duration=hours * 3600 + 3600,
                    rotate=max(1, int(np.ceil(hours + 1))),
