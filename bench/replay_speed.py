@@ -78,16 +78,16 @@ class NodeGen:
 
     A healthy node (values invented, NOTE): error-like counters flat, flag-like gauges 0, every
     other gauge at one level per signal shared by all its entities (peers alike), with 1 %
-    noise. ``fault``: (signal, entity, start s, end s) - that counter grows in that span (an
-    AER error burst, say): a recording with a fault that fires and resolves."""
+    noise. ``fault``: (signal, entity, start s, end s), or a list of them - that counter grows
+    in that span (an AER error burst, say): a recording with a fault that fires and resolves."""
 
     def __init__(self, catalogue, ents: dict[str, list[str]], hz: float, seed: int = 1,
-                 fault: tuple[str, str, float, float] | None = None) -> None:
+                 fault: tuple[str, str, float, float] | list | None = None) -> None:
         from skewd.model import Kind
 
         self.hz = hz
         self.rng = np.random.default_rng(seed)
-        self.fault = fault
+        self.faults = [fault] if isinstance(fault, tuple) else list(fault or [])
         self.collections: dict[str, int] = {}
         self.steady: dict[str, np.ndarray] = {}
         self.cols: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
@@ -128,8 +128,7 @@ class NodeGen:
         n = len(ent)
         noise = np.where(self.steady[c], 1.0, 1.0 + 0.01 * self.rng.standard_normal((k, n)))
         step = level * noise / self.hz
-        if self.fault is not None:
-            f_sig, f_ent, f_a, f_b = self.fault
+        for f_sig, f_ent, f_a, f_b in self.faults:
             at = (sig == f_sig) & (ent == f_ent)
             if at.any():
                 secs = (self.collections[c] + np.arange(k)) / self.hz
@@ -143,7 +142,7 @@ class NodeGen:
 
 
 def record(directory: Path, hours: float, hz: float, cpus: int, flows: int,
-           fault: tuple[str, str, float, float] | None = None) -> dict:
+           fault: tuple[str, str, float, float] | list | None = None) -> dict:
     """Write the bundle with the agent's Recorder; returns counts. ``fault``: see NodeGen."""
     from skewd import __version__, wire
     from skewd.agent.record import Recorder
