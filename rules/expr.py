@@ -1046,7 +1046,7 @@ _BATCH_ELEMS = 4096
 def _b_increase(W: np.ndarray, wrap_bits: int | None, span: Any) -> np.ndarray:
     prev = W[:, :-1]
     cur = W[:, 1:]
-    return F._add(F._unwrap(prev, cur, cur - prev, wrap_bits), axis=1)  # = functions._increase_dense
+    return F._rowsum(F._unwrap(prev, cur, cur - prev, wrap_bits))  # = functions._increase_dense
 
 
 def _b_rate(W: np.ndarray, wrap_bits: int | None, span: Any) -> np.ndarray:
