@@ -1136,10 +1136,19 @@ def _gather(ctx: EvalContext, sig: str, vals: np.ndarray) -> np.ndarray:
     al = align.get(sig) if align is not None else None  # (a signal's scope never changes)
     if al is None:
         rows, ok = _alignment(ctx, sig, ctx.store.catalogue[sig].scope == Scope.NODE)
-        al = (rows, ok, None if ok is None else rows[ok])
+        n_rows = sum(b.nrows for b in ctx.store.signal_blocks(sig))
+        if ok is None and len(rows) == n_rows and bool((rows == np.arange(n_rows)).all()):
+            al = (None, None, None)  # the rule's entities are the blocks' rows, in order
+        else:
+            al = (rows, ok, None if ok is None else rows[ok])
         if align is not None:
             align[sig] = al
     rows, ok, rows_ok = al
+    if rows is None:
+        # the kernel's own array (shared through the memo by every rule that reads it):
+        # nothing downstream writes into a value, and read-only makes sure of it
+        vals.flags.writeable = False
+        return vals
     if ok is None:
         return vals[rows] if vals.ndim == 1 else vals[..., rows]
     out = np.full(vals.shape[:-1] + (len(rows),), np.nan)
