@@ -480,9 +480,61 @@ def _nanmedian(v: np.ndarray) -> float:
     return _median_of_sorted(s, int(len(v) - np.isnan(s).sum()))
 
 
+# Peer groups of a node's GPUs, ports or engines hold a handful of members: there the peer
+# kernels below run on Python floats, where ~20 numpy calls on 8 values cost more than the
+# arithmetic. The values are those of the numpy paths, bit for bit: the middle values of a
+# sorted group are the same numbers whichever sort finds them (Python's and numpy's order
+# equal values differently, but only 0.0 and -0.0 are equal and distinct, and the medians
+# add them to 0.0 first), and Python float arithmetic is the same IEEE double arithmetic.
+_SMALL_PEERS = 32  # entities (all groups together) up to which the Python paths run
+
+
+def _group_lists(groups: np.ndarray) -> list[list[int]]:
+    """Members of each group in index order (as ``_groups``), as lists."""
+    members: dict = {}
+    for i, g in enumerate(groups.tolist()):
+        members.setdefault(g, []).append(i)
+    return list(members.values())
+
+
+def _median_list(s: list, m: int) -> float:
+    """``_median_of_sorted`` of a sorted list of ``m`` floats."""
+    if m == 0:
+        return _NAN
+    if m % 2:
+        return 0.0 + s[(m - 1) // 2]
+    return ((0.0 + s[m // 2 - 1]) + s[m // 2]) / 2.0
+
+
+def _peer_others_small(x: np.ndarray, groups: np.ndarray, dev: bool) -> np.ndarray:
+    """``peer_others`` (or with ``dev`` ``peer_dev``) of a few entities."""
+    xs = x.tolist()
+    out = [_NAN] * len(xs)
+    for idx in _group_lists(groups):
+        ok = [i for i in idx if xs[i] == xs[i]]
+        m = len(ok)
+        if m < 2:
+            continue
+        s = sorted(xs[i] for i in ok)
+        c = m - 1
+        lo, hi = (c - 1) // 2, c // 2
+        for i in ok:
+            v = xs[i]
+            # the others, sorted, are s without one slot holding v: their c-th value is
+            # s[c] below that slot and s[c + 1] from it on (which of equal values is left
+            # out does not change the values)
+            r = s.index(v)
+            a = s[lo + (lo >= r)]
+            med = 0.0 + a if c % 2 else ((0.0 + a) + s[hi + (hi >= r)]) / 2.0
+            out[i] = ((v - med) / abs(med) if med != 0 and med == med else _NAN) if dev else med
+    return np.array(out, dtype=float)
+
+
 @_quiet
 def peer_reduce(x: np.ndarray, groups: np.ndarray, how: str) -> np.ndarray:
     """Broadcast a per-group reduction of ``x`` back to every member."""
+    if how in ("median", "count") and len(x) <= _SMALL_PEERS:
+        return _peer_reduce_small(x, groups, how)
     out = np.full(len(x), _NAN)
     red = {
         "median": _nanmedian, "mean": np.nanmean, "min": np.nanmin, "max": np.nanmax,
@@ -494,6 +546,23 @@ def peer_reduce(x: np.ndarray, groups: np.ndarray, how: str) -> np.ndarray:
             continue
         out[idx] = red(v)
     return out
+
+
+def _peer_reduce_small(x: np.ndarray, groups: np.ndarray, how: str) -> np.ndarray:
+    """``peer_reduce`` median or count of a few entities."""
+    xs = x.tolist()
+    out = [_NAN] * len(xs)
+    for idx in _group_lists(groups):
+        vals = [xs[i] for i in idx if xs[i] == xs[i]]
+        if how == "count":
+            r = float(len(vals))
+        elif not vals:
+            continue
+        else:
+            r = _median_list(sorted(vals), len(vals))
+        for i in idx:
+            out[i] = r
+    return np.array(out, dtype=float)
 
 
 @_quiet
@@ -514,6 +583,8 @@ def peer_others(x: np.ndarray, groups: np.ndarray) -> np.ndarray:
     """Median of x over the OTHER members of each member's group (NaN where no other member has
     a value): what a member is compared with when it may be the odd one out - in a pair, the
     partner; in a larger group, a median its own value cannot move."""
+    if len(x) <= _SMALL_PEERS:
+        return _peer_others_small(x, groups, False)
     out = np.full(len(x), _NAN)
     for idx in _groups(groups):
         v = x[idx]
@@ -544,6 +615,8 @@ def peer_dev(x: np.ndarray, groups: np.ndarray) -> np.ndarray:
     """Robust deviation from peers: (x − median of the OTHER members) / that median.
     0.5 means 50 % above the others; the natural "one GPU much lower/higher than its peers"
     measure, stable with small groups where a z-score saturates."""
+    if len(x) <= _SMALL_PEERS:
+        return _peer_others_small(x, groups, True)
     med = peer_others(x, groups)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where((med != 0) & ~np.isnan(med), (x - med) / np.abs(med), _NAN)

@@ -92,3 +92,27 @@ def test_row_sums_follow_numpys_pairwise_order_on_any_layout() -> None:
             assert F._rowsum(V).tobytes() == want.tobytes(), k
             plain_differs += np.add.reduce(V, axis=1).tobytes() != want.tobytes()
     assert plain_differs > 100  # the reason _rowsum exists
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_peer_kernels_of_a_few_entities_equal_the_numpy_paths_bit_for_bit(seed, monkeypatch) -> None:
+    # a node's GPUs, ports or engines take Python paths (functions._SMALL_PEERS); ties, 0.0
+    # next to -0.0, infinities (a median of inf and -inf is NaN), NaN members, one-member and
+    # empty groups
+    rng = np.random.default_rng(seed)
+    kernels = {"peer_others": F.peer_others, "peer_dev": F.peer_dev,
+               "median": lambda x, g: F.peer_reduce(x, g, "median"),
+               "count": lambda x, g: F.peer_reduce(x, g, "count")}
+    cases = []
+    for _ in range(400):
+        n = int(rng.integers(0, F._SMALL_PEERS + 1))
+        x = rng.choice([0.0, -0.0, 1.0, -1.0, 2.5, 1e300, -1e300, np.inf, -np.inf, np.nan, 3.0], size=n)
+        x = np.where(rng.random(n) < 0.5, x, rng.standard_normal(n) * 10.0 ** rng.integers(-3, 6, size=n))
+        g = rng.integers(0, int(rng.integers(1, 4)), size=n)
+        cases.append((x, g))
+    with F.quiet():
+        small = [[k(x, g).tobytes() for k in kernels.values()] for x, g in cases]
+        monkeypatch.setattr(F, "_SMALL_PEERS", -1)
+        big = [[k(x, g).tobytes() for k in kernels.values()] for x, g in cases]
+    for (x, g), a, b in zip(cases, small, big):
+        assert a == b, (x, g)
