@@ -337,11 +337,11 @@ def _num_cmp(op: Callable, a: Any, b: Any) -> Any:
 
 
 def _any(m: Any) -> bool:
-    return np.count_nonzero(m) > 0  # (ndarray.any is a Python wrapper, several times slower)
+    return F.count_nonzero(m) > 0  # (ndarray.any and np.count_nonzero are Python wrappers, several times slower)
 
 
 def _all(m: Any) -> bool:
-    return np.count_nonzero(m) == np.size(m)
+    return F.count_nonzero(m) == (m.size if isinstance(m, np.ndarray) else 1)
 
 
 def _pos_of(n: _Node) -> Callable[[EvalContext], Any]:
@@ -1119,7 +1119,7 @@ def _batched(ctx: EvalContext, group: tuple) -> None:
             b = a + W.shape[0]
             got = todo.get(sig)
             if got is not None:
-                if bad is not None and np.count_nonzero(bad[a:b]):
+                if bad is not None and F.count_nonzero(bad[a:b]):
                     del todo[sig]  # a NaN: the kernel's own exact path
                 else:
                     got[i] = vals[a:b]

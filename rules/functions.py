@@ -59,6 +59,14 @@ _ACTIVE = [False]
 _add = np.add.reduce
 _max = np.maximum.reduce
 _min = np.minimum.reduce
+try:  # the C function itself: np.count_nonzero is a Python wrapper around it (~0.4 µs a call
+    # against ~0.25 µs here, and the engine counts a few hundred masks a tick)
+    from numpy._core.multiarray import count_nonzero
+except ImportError:  # numpy < 2 keeps it in numpy.core; a later numpy may move it again
+    try:
+        from numpy.core.multiarray import count_nonzero
+    except ImportError:
+        count_nonzero = np.count_nonzero
 
 
 #: from this many rows on, reductions run along the rows of a time-major view; with fewer, a C
@@ -129,14 +137,14 @@ def _extreme(W: np.ndarray, red) -> np.ndarray:
         return red(np.ascontiguousarray(W), axis=1)
     r = red(W, axis=1)
     zero = r == 0
-    if np.count_nonzero(zero) and np.count_nonzero(W.view(np.int64) == _NEG_ZERO):
+    if count_nonzero(zero) and count_nonzero(W.view(np.int64) == _NEG_ZERO):
         z = np.flatnonzero(zero)
         r[z] = red(np.ascontiguousarray(W[z]), axis=1)
     return r
 
 
 def _has_nan(x: np.ndarray) -> bool:
-    return np.count_nonzero(np.isnan(x)) > 0
+    return count_nonzero(np.isnan(x)) > 0
 
 
 def _valid(W: np.ndarray) -> np.ndarray:
@@ -218,7 +226,7 @@ def _unwrap(prev: np.ndarray, cur: np.ndarray, d: np.ndarray, wrap_bits: int | N
     """Counter differences ``d = cur - prev`` with resets (a decrease counts from zero) and,
     when the counter wraps at 2**wrap_bits and ``prev`` was in the top quarter, the wrapped distance."""
     neg = d < 0
-    if not np.count_nonzero(neg):
+    if not count_nonzero(neg):
         return d
     if wrap_bits:
         mod = float(2 ** wrap_bits)
