@@ -41,9 +41,10 @@ import numpy as np
 
 from skewd.model import Finding, Layer, Scope, Severity, State, fingerprint
 
-from . import functions as F
-from .expr import Compiled, EvalContext, batch_plan
+from . import functions
+from .expr import Compiled
 from .store import WindowStore
+from .windows import EvalContext, batch_plan
 
 ENGINE_VERSION = 1
 
@@ -202,12 +203,12 @@ class Engine:
     # -- evaluation --------------------------------------------------------------------------
     def evaluate(self, now: float) -> list[Finding]:
         """Evaluate every active rule at time ``now``; return the transitions, in rule order."""
-        with F.quiet():
-            F._ACTIVE[0] = True
+        with functions.quiet():
+            functions._ACTIVE[0] = True
             try:
                 return self._evaluate(now)
             finally:
-                F._ACTIVE[0] = False
+                functions._ACTIVE[0] = False
 
     def _evaluate(self, now: float) -> list[Finding]:
         memo: dict = {}
@@ -246,7 +247,7 @@ class Engine:
 
     def _batch_plan(self) -> dict:
         """Which window functions of the evaluated rules are computed together per tick
-        (``expr.batch_plan``), for the current rules and scopes."""
+        (``windows.batch_plan``), for the current rules and scopes."""
         plan = self._plan
         if plan is None or plan[0] is not self.rules or plan[1] != self.scopes:
             windows = [w for r in self.rules.rules if r.id not in self.inactive and self.evaluates(r)
@@ -304,12 +305,12 @@ class Engine:
         fails) are evaluated per tick."""
         ticks = np.asarray(ticks, dtype=float)
         ends = ticks if seen is None else np.minimum(ticks, np.asarray(seen, dtype=float))
-        with F.quiet():
-            F._ACTIVE[0] = True
+        with functions.quiet():
+            functions._ACTIVE[0] = True
             try:
                 return self._evaluate_range(ticks, ends, dict(births or {}))
             finally:
-                F._ACTIVE[0] = False
+                functions._ACTIVE[0] = False
 
     def _evaluate_range(self, ticks: np.ndarray, ends: np.ndarray, births: dict) -> list[list[Finding]]:
         T = len(ticks)

@@ -3,7 +3,7 @@
 Window kernels take the column times ``t`` (shape [k]) and values ``W`` (shape [rows, k], NaN =
 missing sample) of one block and return one value per row. ``W`` may be a row-major array or a
 view of the window store's time-major storage (``W.T`` contiguous along the rows); a kernel's
-result is the same, bit for bit, for either (see ``_rowsum``). Peer kernels take a per-entity
+result is the same, bit for bit, for either (see ``rowsum``). Peer kernels take a per-entity
 vector and integer group codes and return one value per entity. All are pure numpy; the
 per-entity reference implementations in tests/rules/test_functions_property.py check them.
 """
@@ -112,7 +112,7 @@ def _pairwise_columns(A: np.ndarray, n: int) -> np.ndarray:
     return _pairwise_columns(A[:n2], n2) + _pairwise_columns(A[n2:n], n - n2)
 
 
-def _rowsum(W: np.ndarray) -> np.ndarray:
+def rowsum(W: np.ndarray) -> np.ndarray:
     """``np.add.reduce(W, axis=1)`` as numpy computes it for a row-major ``W``, bit for bit,
     whatever ``W``'s layout. For a time-major view numpy would add each row's values one after
     the other; this reproduces the pairwise order with a few calls over all rows at once (984
@@ -143,7 +143,7 @@ def _extreme(W: np.ndarray, red) -> np.ndarray:
     return r
 
 
-def _has_nan(x: np.ndarray) -> bool:
+def has_nan(x: np.ndarray) -> bool:
     return count_nonzero(np.isnan(x)) > 0
 
 
@@ -151,7 +151,7 @@ def _valid(W: np.ndarray) -> np.ndarray:
     return ~np.isnan(W)
 
 
-def _ffill_index(valid: np.ndarray) -> np.ndarray:
+def ffill_index(valid: np.ndarray) -> np.ndarray:
     """For each cell, the column index of the latest valid cell at or before it (-1 = none)."""
     k = valid.shape[1]
     idx = np.where(valid, np.arange(k)[None, :], -1)
@@ -161,7 +161,7 @@ def _ffill_index(valid: np.ndarray) -> np.ndarray:
 def _ffill(W: np.ndarray, valid: np.ndarray | None = None) -> np.ndarray:
     if valid is None:
         valid = _valid(W)
-    idx = _ffill_index(valid)
+    idx = ffill_index(valid)
     rows = np.arange(W.shape[0])[:, None]
     out = W[rows, np.maximum(idx, 0)]
     out[idx < 0] = _NAN
@@ -200,7 +200,7 @@ def first_last(t: np.ndarray, W: np.ndarray) -> tuple[np.ndarray, np.ndarray, np
 def last(t: np.ndarray, W: np.ndarray) -> np.ndarray:
     if W.shape[1]:
         lv = W[:, -1].copy()
-        if not _has_nan(lv):  # every row's latest valid sample is in the last column
+        if not has_nan(lv):  # every row's latest valid sample is in the last column
             return lv
     return first_last(t, W)[1]
 
@@ -217,12 +217,12 @@ def _increase_dense(t: np.ndarray, W: np.ndarray, wrap_bits: int | None) -> np.n
         return None
     prev = W[:, :-1]
     cur = W[:, 1:]
-    d = _unwrap(prev, cur, cur - prev, wrap_bits)
-    r = _rowsum(d)
-    return None if _has_nan(r) else r
+    d = unwrap_counter(prev, cur, cur - prev, wrap_bits)
+    r = rowsum(d)
+    return None if has_nan(r) else r
 
 
-def _unwrap(prev: np.ndarray, cur: np.ndarray, d: np.ndarray, wrap_bits: int | None) -> np.ndarray:
+def unwrap_counter(prev: np.ndarray, cur: np.ndarray, d: np.ndarray, wrap_bits: int | None) -> np.ndarray:
     """Counter differences ``d = cur - prev`` with resets (a decrease counts from zero) and,
     when the counter wraps at 2**wrap_bits and ``prev`` was in the top quarter, the wrapped distance."""
     neg = d < 0
@@ -255,7 +255,7 @@ def _increase(t: np.ndarray, W: np.ndarray, wrap_bits: int | None = None) -> np.
     F = W if dense else _ffill(W, valid)
     prev = F[:, :-1]
     cur = W[:, 1:]
-    d = _unwrap(prev, cur, cur - prev, wrap_bits)
+    d = unwrap_counter(prev, cur, cur - prev, wrap_bits)
     if dense:
         return d.sum(axis=1) if W.shape[1] >= 2 else np.full(W.shape[0], _NAN)
     d = np.where(np.isnan(d), 0.0, d)
@@ -292,7 +292,7 @@ def resets(t: np.ndarray, W: np.ndarray) -> np.ndarray:
 def delta(t: np.ndarray, W: np.ndarray) -> np.ndarray:
     if W.shape[1] >= 2:
         d = W[:, -1] - W[:, 0]
-        if not _has_nan(d):  # first and last column valid in every row
+        if not has_nan(d):  # first and last column valid in every row
             return d
     fv, lv, _, _, cnt = first_last(t, W)
     return np.where(cnt >= 2, lv - fv, _NAN)
@@ -305,7 +305,7 @@ def _dense(W: np.ndarray) -> bool:
 
 def _reduce(W: np.ndarray, dense: np.ndarray, nan_fn) -> np.ndarray:
     """``dense`` (the plain reduction) unless the window has a missing sample."""
-    if _has_nan(dense) and not _dense(W):
+    if has_nan(dense) and not _dense(W):
         return nan_fn(_rows(W), axis=1)
     return dense
 
@@ -314,7 +314,7 @@ def _reduce(W: np.ndarray, dense: np.ndarray, nan_fn) -> np.ndarray:
 def avg(t: np.ndarray, W: np.ndarray) -> np.ndarray:
     if not W.shape[1]:
         return np.full(W.shape[0], _NAN)
-    return _reduce(W, _rowsum(W) / W.shape[1], np.nanmean)  # = W.mean(axis=1)
+    return _reduce(W, rowsum(W) / W.shape[1], np.nanmean)  # = W.mean(axis=1)
 
 
 @_quiet
@@ -334,8 +334,8 @@ def wmax(t: np.ndarray, W: np.ndarray) -> np.ndarray:
 @_quiet
 def wsum(t: np.ndarray, W: np.ndarray) -> np.ndarray:
     if W.shape[1]:
-        r = _rowsum(W)
-        if not _has_nan(r):  # no missing sample: nansum adds the very same values
+        r = rowsum(W)
+        if not has_nan(r):  # no missing sample: nansum adds the very same values
             return r
     cnt = _valid(W).sum(axis=1)
     return np.where(cnt > 0, np.nansum(_rows(W), axis=1), _NAN)
@@ -378,7 +378,7 @@ def quantile(t: np.ndarray, W: np.ndarray, q: float) -> np.ndarray:
         return np.full(rows, _NAN)
     S = np.array(W, order="C")  # = np.sort(W, axis=1), sorting a C copy in place: a time-major
     S.sort(axis=1)  # view's rows would each be gathered into a buffer and scattered back
-    if rows and not _has_nan(S[:, -1]):  # NaN sorts last: no row misses a sample
+    if rows and not has_nan(S[:, -1]):  # NaN sorts last: no row misses a sample
         pos = (k - 1) * q  # the general path below with n = k in every row
         lo = math.floor(pos)
         hi = min(lo + 1, k - 1)

@@ -80,7 +80,7 @@ def test_kernels_on_time_major_views_equal_row_major_bit_for_bit(kind, rows) -> 
 def test_row_sums_follow_numpys_pairwise_order_on_any_layout() -> None:
     # the order numpy adds a row's values in (8 interleaved sums up to 128 values, halves above)
     # decides a sum's last bits: numpy's own sequential reduction over the time-major view
-    # differs from it, _rowsum does not
+    # differs from it, rowsum does not
     rng = np.random.default_rng(5)
     plain_differs = 0
     with F.quiet():
@@ -89,9 +89,9 @@ def test_row_sums_follow_numpys_pairwise_order_on_any_layout() -> None:
             W[rng.random((70, k)) < 0.05] = -0.0
             want = np.add.reduce(np.ascontiguousarray(W), axis=1)
             V = _time_major(W)
-            assert F._rowsum(V).tobytes() == want.tobytes(), k
+            assert F.rowsum(V).tobytes() == want.tobytes(), k
             plain_differs += np.add.reduce(V, axis=1).tobytes() != want.tobytes()
-    assert plain_differs > 100  # the reason _rowsum exists
+    assert plain_differs > 100  # the reason rowsum exists
 
 
 @pytest.mark.parametrize("seed", range(6))
