@@ -109,6 +109,8 @@ class Block:
     last_seen: np.ndarray = field(default_factory=lambda: np.empty(0))  # row → last sample time
     cache: tuple | None = None  # (entities of the last append, their rows)
     time_major: bool = False  # ``data`` is [cap, rows] (set with it, see _empty_values)
+    #: a memoryview of ``times`` for ``window``'s bisection, made again when ``times`` is replaced
+    times_view: memoryview | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def new(cls, node: str, scope: Scope, cap: int = 64, rows: int = 4) -> "Block":
@@ -129,7 +131,9 @@ class Block:
         n = self.n
         # a bisection over the used columns (a memoryview: plain floats, none of numpy's
         # per-call set-up), and none at all for a window ending after the newest sample
-        tv = memoryview(times)
+        tv = self.times_view
+        if tv is None or tv.obj is not times:
+            tv = self.times_view = memoryview(times)
         lo = bisect_right(tv, start, 0, n)
         hi = n if not n or end >= tv[n - 1] else bisect_right(tv, end, lo, n)
         if self.time_major:
