@@ -214,12 +214,13 @@ class Engine:
         memo: dict = {}
         out: list[Finding] = []
         self.last_eval_errors = {}
+        batches = self._batch_plan()
         for rule in self.rules.rules:
             if rule.id in self.inactive or (self.scopes is not None and rule.scope not in self.scopes):
                 continue
             frame = self._frame(rule)
             try:
-                ctx, true_idx = self._tick_context(rule, frame, now, memo)
+                ctx, true_idx = self._tick_context(rule, frame, now, memo, batches)
             except _EVAL_ERRORS as e:  # defensive: never kill the loop
                 self.last_eval_errors[rule.id] = f"{type(e).__name__}: {e}"
                 continue
@@ -230,15 +231,16 @@ class Engine:
         self.evaluations += 1
         return out
 
-    def _tick_context(self, rule: Rule, frame: _Frame | None, now: float,
-                      memo: dict) -> tuple[EvalContext | None, np.ndarray]:
+    def _tick_context(self, rule: Rule, frame: _Frame | None, now: float, memo: dict,
+                      batches: dict | None = None) -> tuple[EvalContext | None, np.ndarray]:
         """(context, indices of the entities where the rule is true) of one rule over its
         frame at ``now``; the errors of ``fires`` propagate (the caller skips the rule at this
-        tick)."""
+        tick). ``batches``: this evaluation's ``_batch_plan()`` (found here when not given)."""
         if frame is None or len(frame.eids) == 0:
             return None, np.empty(0, dtype=np.int64)
         ctx = EvalContext(self.store, now, frame.eids, frame.node_eids, frame.groups, frame.names,
-                          frame.nodes, self.lookback, memo, [], frame.align, batches=self._batch_plan())
+                          frame.nodes, self.lookback, memo, [], frame.align,
+                          batches=self._batch_plan() if batches is None else batches)
         fires = rule.compiled.fires(ctx)
         if isinstance(fires, np.ndarray) and fires.ndim:
             return ctx, fires.nonzero()[0]
