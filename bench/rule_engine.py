@@ -1,6 +1,6 @@
 """Rule engine benchmark: every shipped pack over 1,024 entities of one node, 60 s windows.
 
-    python bench/rule_engine.py [--ticks 60] [--random] [--json] [--packs DIR]
+    python bench/rule_engine.py [--ticks 60] [--random] [--json] [--packs DIR] [--against RULES_DIR]
 
 Fills a window store with 10 minutes of 1 Hz samples for every catalogued signal of every
 entity (counters increase, gauges wander), then times ``Engine.evaluate`` once per tick while a
@@ -8,12 +8,21 @@ new second of samples arrives, as the agent does. The peer, measured in the same
 plain per-entity evaluation of the same window functions (the reference the property tests
 use): how an engine that loops over entities in Python would fare.
 Goal: <= 2 ms per tick. Exits non-zero only if it could not run.
+
+``--against DIR`` also loads another copy of the ``rules`` package (e.g. ``git archive main
+rules | tar -x -C /tmp/main``, then ``/tmp/main/rules``) and evaluates both engines over the
+same packs and samples, tick by tick in alternating order in this one process: on a shared
+machine whose load moves by the minute, the ratio of their thread CPU times is the figure that
+says what a change bought (their findings are compared too).
 """
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -111,11 +120,11 @@ def run(n_ticks: int, packs=PACKS) -> dict:
                     _ = sum(v for _, v in w) / len(w)
     peer = time.perf_counter() - a
     a = time.perf_counter()
-    from skewd.rules import functions as F
+    from skewd.rules import functions
     for s in sigs:
         for blk in store.signal_blocks(s.name):
             tt, W = blk.window(now - 60, now)
-            _ = F.rate(tt, W) if s.kind is Kind.COUNTER else F.avg(tt, W)
+            _ = functions.rate(tt, W) if s.kind is Kind.COUNTER else functions.avg(tt, W)
     ours_same = time.perf_counter() - a
     return {"entities": n_ent, "rules": len(evaluated), "ticks": n_ticks,
             "eval_ms_p50": statistics.median(times) * 1e3, "eval_ms_p99": float(np.percentile(times, 99)) * 1e3,
@@ -123,6 +132,57 @@ def run(n_ticks: int, packs=PACKS) -> dict:
             "ingest_ms_p50": statistics.median(ingest) * 1e3,
             "peer_python_ms": peer * 1e3, "ours_same_work_ms": ours_same * 1e3,
             "samples_per_tick": len(batches[0])}
+
+
+def _load_rules_copy(path: str):
+    """Another copy of the rules package, importable as ``rules_against`` (its relative imports
+    resolve inside the copy; ``skewd.model`` and the catalogue are shared)."""
+    name = "rules_against"
+    spec = importlib.util.spec_from_file_location(name, f"{path}/__init__.py", submodule_search_locations=[path])
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"--against {path}: not a package directory (no __init__.py)")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return (importlib.import_module(f"{name}.engine"), importlib.import_module(f"{name}.loader"),
+            importlib.import_module(f"{name}.store"))
+
+
+def against(n_ticks: int, path: str, packs=PACKS) -> dict:
+    """Thread CPU per tick of this checkout's engine and of the copy at ``path``, interleaved."""
+    cat = full_catalogue()
+    sides = []
+    for label, (eng_m, load_m, store_m) in (("this", (sys.modules[Engine.__module__],
+                                                      sys.modules[load_rules.__module__],
+                                                      sys.modules[WindowStore.__module__])),
+                                             ("against", _load_rules_copy(path))):
+        res = load_m.load_rules([packs], cat)
+        if not res.ok:
+            raise SystemExit(f"{label}: packs do not load:\n" + "\n".join(map(str, res.issues)))
+        store = store_m.WindowStore(cat, horizon=960.0)
+        sides.append((label, store, eng_m.Engine(res.ruleset, store, scopes=NODE_SCOPES)))
+    rng = np.random.default_rng(1)
+    state: dict = {}
+    t0 = 1_700_000_000.0
+    warm = 600
+    batches = [make_batch(cat, t0 + k, state, rng).build() for k in range(warm + n_ticks)]
+    for _, store, eng in sides:
+        for b in batches[:warm]:
+            store.ingest(b)
+        eng.evaluate(t0 + warm - 1)
+    cpu: dict[str, list[float]] = {label: [] for label, _, _ in sides}
+    found: dict[str, list] = {label: [] for label, _, _ in sides}
+    for k in range(warm, warm + n_ticks):
+        for label, store, eng in (sides if k % 2 else sides[::-1]):
+            store.ingest(batches[k])
+            c = time.thread_time()
+            fs = eng.evaluate(t0 + k)
+            cpu[label].append(time.thread_time() - c)
+            found[label].append([(f.rule_id, f.entity, str(f.state)) for f in fs])
+    this, other = (statistics.median(cpu[x]) * 1e3 for x in ("this", "against"))
+    return {"against": path, "this_cpu_ms_p50": this, "against_cpu_ms_p50": other, "ratio": this / other,
+            "same_findings": found["this"] == found["against"],
+            "findings": sum(map(len, found["this"]))}
 
 
 def main() -> int:
@@ -133,6 +193,8 @@ def main() -> int:
     ap.add_argument("--packs", default=str(PACKS),
                     help="rule packs directory (default: the shipped packs); a pinned copy keeps "
                          "before/after comparisons apart from pack edits")
+    ap.add_argument("--against", metavar="RULES_DIR",
+                    help="also evaluate another copy of the rules package, interleaved tick by tick (module doc)")
     args = ap.parse_args()
     RANDOM[0] = args.random
     r = run(args.ticks, args.packs)
@@ -143,9 +205,18 @@ def main() -> int:
     print(f"  ingest per tick:   p50 {r['ingest_ms_p50']:.2f} ms")
     print(f"  peer (per-entity Python, avg/rate of every flow signal): {r['peer_python_ms']:.1f} ms; "
           f"same work vectorised: {r['ours_same_work_ms']:.2f} ms; ratio {r['peer_python_ms'] / r['ours_same_work_ms']:.0f}x")
+    ab = None
+    if args.against:
+        ab = against(args.ticks, args.against, args.packs)
+        print(f"  interleaved with {ab['against']}: CPU p50 {ab['this_cpu_ms_p50']:.2f} ms here vs "
+              f"{ab['against_cpu_ms_p50']:.2f} ms there, ratio {ab['ratio']:.3f}; same findings: "
+              f"{ab['same_findings']} ({ab['findings']})")
+    la = open("/proc/loadavg").read().split()[:3] if os.path.exists("/proc/loadavg") else []
+    print(f"  load average {' '.join(la)} on {os.cpu_count()} cores")
     if args.json:  # for run_all.py's results file
         print(json.dumps({"benchmark": "rule_engine", "random": args.random, **r,
-                          "ratio": r["peer_python_ms"] / r["ours_same_work_ms"]}))
+                          "ratio": r["peer_python_ms"] / r["ours_same_work_ms"], "against": ab,
+                          "loadavg": " ".join(la)}))
     return 0
 
 

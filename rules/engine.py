@@ -41,9 +41,10 @@ import numpy as np
 
 from skewd.model import Finding, Layer, Scope, Severity, State, fingerprint
 
-from . import functions as F
-from .expr import Compiled, EvalContext, batch_plan
+from . import functions
+from .expr import Compiled
 from .store import WindowStore
+from .windows import EvalContext, batch_plan
 
 ENGINE_VERSION = 1
 
@@ -202,23 +203,24 @@ class Engine:
     # -- evaluation --------------------------------------------------------------------------
     def evaluate(self, now: float) -> list[Finding]:
         """Evaluate every active rule at time ``now``; return the transitions, in rule order."""
-        with F.quiet():
-            F._ACTIVE[0] = True
+        with functions.quiet():
+            functions._ACTIVE[0] = True
             try:
                 return self._evaluate(now)
             finally:
-                F._ACTIVE[0] = False
+                functions._ACTIVE[0] = False
 
     def _evaluate(self, now: float) -> list[Finding]:
         memo: dict = {}
         out: list[Finding] = []
         self.last_eval_errors = {}
+        batches = self._batch_plan()
         for rule in self.rules.rules:
             if rule.id in self.inactive or (self.scopes is not None and rule.scope not in self.scopes):
                 continue
             frame = self._frame(rule)
             try:
-                ctx, true_idx = self._tick_context(rule, frame, now, memo)
+                ctx, true_idx = self._tick_context(rule, frame, now, memo, batches)
             except _EVAL_ERRORS as e:  # defensive: never kill the loop
                 self.last_eval_errors[rule.id] = f"{type(e).__name__}: {e}"
                 continue
@@ -229,15 +231,16 @@ class Engine:
         self.evaluations += 1
         return out
 
-    def _tick_context(self, rule: Rule, frame: _Frame | None, now: float,
-                      memo: dict) -> tuple[EvalContext | None, np.ndarray]:
+    def _tick_context(self, rule: Rule, frame: _Frame | None, now: float, memo: dict,
+                      batches: dict | None = None) -> tuple[EvalContext | None, np.ndarray]:
         """(context, indices of the entities where the rule is true) of one rule over its
         frame at ``now``; the errors of ``fires`` propagate (the caller skips the rule at this
-        tick)."""
+        tick). ``batches``: this evaluation's ``_batch_plan()`` (found here when not given)."""
         if frame is None or len(frame.eids) == 0:
             return None, np.empty(0, dtype=np.int64)
         ctx = EvalContext(self.store, now, frame.eids, frame.node_eids, frame.groups, frame.names,
-                          frame.nodes, self.lookback, memo, [], frame.align, batches=self._batch_plan())
+                          frame.nodes, self.lookback, memo, [], frame.align,
+                          batches=self._batch_plan() if batches is None else batches)
         fires = rule.compiled.fires(ctx)
         if isinstance(fires, np.ndarray) and fires.ndim:
             return ctx, fires.nonzero()[0]
@@ -246,7 +249,7 @@ class Engine:
 
     def _batch_plan(self) -> dict:
         """Which window functions of the evaluated rules are computed together per tick
-        (``expr.batch_plan``), for the current rules and scopes."""
+        (``windows.batch_plan``), for the current rules and scopes."""
         plan = self._plan
         if plan is None or plan[0] is not self.rules or plan[1] != self.scopes:
             windows = [w for r in self.rules.rules if r.id not in self.inactive and self.evaluates(r)
@@ -304,12 +307,12 @@ class Engine:
         fails) are evaluated per tick."""
         ticks = np.asarray(ticks, dtype=float)
         ends = ticks if seen is None else np.minimum(ticks, np.asarray(seen, dtype=float))
-        with F.quiet():
-            F._ACTIVE[0] = True
+        with functions.quiet():
+            functions._ACTIVE[0] = True
             try:
                 return self._evaluate_range(ticks, ends, dict(births or {}))
             finally:
-                F._ACTIVE[0] = False
+                functions._ACTIVE[0] = False
 
     def _evaluate_range(self, ticks: np.ndarray, ends: np.ndarray, births: dict) -> list[list[Finding]]:
         T = len(ticks)

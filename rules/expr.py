@@ -12,168 +12,45 @@ Python parser accepts them; error columns are mapped back to the original text.
 Three-valued logic: a comparison with a missing value is *unknown* (NaN); ``and``/``or``/``not``
 follow Kleene logic, and a rule fires only where its expression is exactly true, so missing
 data never fires a rule through a negation.
+
+This module is the compiler; the lexical pre-pass (``lexer``), the error codes (``codes``), the
+function tables (``vocabulary``) and the window evaluation the closures call (``windows``) are
+their own modules.
 """
 from __future__ import annotations
 
 import ast
 import difflib
-import math
 import re
 import warnings
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from skewd.model import Catalogue, Kind, Scope, parse_duration
+from skewd.model import Catalogue, Kind, Scope, format_duration, parse_duration
 
-from . import functions as F
+from . import functions
+from .codes import Code, ExprError
+from .lexer import PLACEHOLDER, map_offset, rewrite_durations, split_strings
+from .vocabulary import (CONDITION_WINDOW_FUNCTIONS, ELEMENTWISE_FUNCTIONS, FUNCTION_DOCS, FUNCTIONS,
+                         PEER_FUNCTIONS, WINDOW_FUNCTIONS)
+from .windows import BATCHED_KINDS, EvalContext, identity, peer_range, window_vec
 
 MAX_EXPR_LEN = 8192
 MAX_DEPTH = 64
 
 
-class Code(str, Enum):
-    YAML_SYNTAX = "E001"
-    UNKNOWN_KEY = "E002"
-    MISSING_KEY = "E003"
-    DUPLICATE_ID = "E004"
-    UNCATALOGUED_SIGNAL = "E005"
-    EXPR_SYNTAX = "E006"
-    UNKNOWN_FUNCTION = "E007"
-    WRONG_TYPE = "E008"
-    BAD_DURATION = "E009"
-    UNKNOWN_PARAM = "E010"
-    BAD_VALUE = "E011"
-    ENGINE_VERSION = "E012"
-    MACRO_CYCLE = "E013"
-    OVERRIDE_TARGET = "E014"
-    FORBIDDEN_SYNTAX = "E015"
-    SCOPE_MISMATCH = "E016"
-    REQUIRES_MISMATCH = "E017"
-    IO = "E018"
-
-    @property
-    def slug(self) -> str:
-        return self.name.lower().replace("_", "-")
-
-
-class ExprError(Exception):
-    """A compile error inside an expression. ``offset`` is 0-based into the original text."""
-
-    def __init__(self, code: Code, message: str, offset: int = 0) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.offset = offset
-
-
 class T(str, Enum):
+    """The static type of a compiled node: the compiler checks every operand against it."""
+
     NUM = "number"
     DUR = "duration"
     VEC = "per-entity value"
     STR = "string"
     STRVEC = "per-entity name"
     LIST = "list"
-
-
-# -- duration literals ------------------------------------------------------------------------
-_DUR_LIT = re.compile(r"(?<![\w.])((?:\d+(?:\.\d+)?(?:ms|s|m|h|d))+)(?![\w.])")
-_PLACEHOLDER = "_d{}_"
-
-
-def _split_strings(text: str) -> list[tuple[int, int, bool]]:
-    """Segments (start, end, is_string_literal) so duration rewriting skips quoted text."""
-    segs = []
-    i = 0
-    start = 0
-    n = len(text)
-    while i < n:
-        c = text[i]
-        if c in "'\"":
-            if i > start:
-                segs.append((start, i, False))
-            j = i + 1
-            while j < n and text[j] != c:
-                j += 2 if text[j] == "\\" else 1
-            j = min(j + 1, n)
-            segs.append((i, j, True))
-            i = start = j
-        else:
-            i += 1
-    if start < n:
-        segs.append((start, n, False))
-    return segs
-
-
-def rewrite_durations(text: str) -> tuple[str, list[float], list[tuple[int, int, int]]]:
-    """Replace duration literals by placeholder names.
-
-    Returns (new text, durations by placeholder index, spans (new_start, new_len, orig_len))."""
-    out: list[str] = []
-    durs: list[float] = []
-    spans: list[tuple[int, int, int]] = []
-    pos = 0
-    for a, b, is_str in _split_strings(text):
-        seg = text[a:b]
-        if is_str:
-            out.append(seg)
-            pos += len(seg)
-            continue
-        last = 0
-        for m in _DUR_LIT.finditer(seg):
-            out.append(seg[last: m.start()])
-            pos += m.start() - last
-            name = _PLACEHOLDER.format(len(durs))
-            durs.append(parse_duration(m.group(1)))
-            spans.append((pos, len(name), len(m.group(1))))
-            out.append(name)
-            pos += len(name)
-            last = m.end()
-        out.append(seg[last:])
-        pos += len(seg) - last
-    return "".join(out), durs, spans
-
-
-def map_offset(new_off: int, spans: Sequence[tuple[int, int, int]]) -> int:
-    shift = 0
-    for start, new_len, orig_len in spans:
-        if new_off >= start + new_len:
-            shift += new_len - orig_len
-        elif new_off >= start:
-            return start - shift
-    return new_off - shift
-
-
-# -- compiled program --------------------------------------------------------------------------
-@dataclass
-class EvalContext:
-    """Per-rule, per-tick evaluation state handed to compiled closures."""
-
-    store: Any  # rules.store.WindowStore
-    now: float
-    eids: np.ndarray  # entity ids, one per evaluated entity
-    node_eids: np.ndarray  # the node-scope entity id of each evaluated entity
-    groups: np.ndarray  # peer-group code per entity
-    names: np.ndarray  # entity names (object array)
-    nodes: np.ndarray  # node names (object array)
-    lookback: float
-    memo: dict  # per-tick results shared by every rule of one evaluation (see _window_vec)
-    evidence: list = field(default_factory=list)
-    # signal → where each evaluated entity's value sits among the signal's block rows; the
-    # engine keeps one per entity frame, valid as long as the frame (store shape unchanged)
-    align: dict | None = None
-    # Range evaluation (Engine.evaluate_range): ``ticks`` holds the tick times and every value
-    # is [ticks x entities]; ``now`` is the tick a per-tick kernel is being run for. ``exist``
-    # [ticks x entities] says which entities were in the rule's frame at each tick (None: all),
-    # ``born`` maps id(block) → the first tick index of each of its rows (None: all rows old).
-    ticks: np.ndarray | None = None
-    exist: np.ndarray | None = None
-    born: dict | None = None
-    ends: np.ndarray | None = None  # per tick, the latest sample time the store held (<= tick)
-    # memo key → the group of window functions computed with it (Engine: _batch_plan); None: alone
-    batches: dict | None = None
 
 
 @dataclass
@@ -198,6 +75,9 @@ class Compiled:
 
 @dataclass
 class CompileEnv:
+    """What names in one rule's expression resolve to: the catalogue, the rule's scope, its
+    params, and the pack's macros and lists (the loader builds one per rule)."""
+
     catalogue: Catalogue
     scope: Scope
     params: Mapping[str, Any] = field(default_factory=dict)  # name → number or duration string
@@ -207,6 +87,8 @@ class CompileEnv:
 
 @dataclass
 class _Node:
+    """One compiled sub-expression: its type, its value closure, and for conditions the masks."""
+
     t: T
     fn: Callable[[EvalContext], Any]
     const: Any = None  # for NUM/DUR/STR/LIST constants
@@ -216,77 +98,6 @@ class _Node:
     neg: Callable[[EvalContext], Any] | None = None
     #: a string param's name: where a duration is needed it is reported as that param's bad duration
     param: str = ""
-
-
-# window functions: name → (kernel, needs counter, needs gauge)
-_WINDOW: dict[str, tuple[Callable, str | None]] = {
-    "rate": (F.rate, "counter"),
-    "increase": (F.increase, "counter"),
-    "resets": (F.resets, "counter"),
-    "delta": (F.delta, "gauge"),
-    "avg": (F.avg, None),
-    "min": (F.wmin, None),
-    "max": (F.wmax, None),
-    "sum": (F.wsum, None),
-    "count": (F.count, None),
-    "stddev": (F.stddev, None),
-    "cov": (F.cov, None),
-    "burstiness": (F.burstiness, None),
-    "changes": (F.changes, None),
-    "absent": (F.absent, None),
-    "present": (F.present, None),
-    "p50": (lambda t, W: F.quantile(t, W, 0.5), None),
-    "p90": (lambda t, W: F.quantile(t, W, 0.9), None),
-    "p95": (lambda t, W: F.quantile(t, W, 0.95), None),
-    "p99": (lambda t, W: F.quantile(t, W, 0.99), None),
-}
-_COND_WINDOW = {"gaps", "longest_gap"}
-_PEER = {
-    "peer_median": lambda x, g: F.peer_reduce(x, g, "median"),
-    "peer_mean": lambda x, g: F.peer_reduce(x, g, "mean"),
-    "peer_min": lambda x, g: F.peer_reduce(x, g, "min"),
-    "peer_max": lambda x, g: F.peer_reduce(x, g, "max"),
-    "peer_count": lambda x, g: F.peer_reduce(x, g, "count"),
-    "peer_zscore": F.peer_zscore,
-    "peer_dev": F.peer_dev,
-    "peer_others": F.peer_others,
-    "spread": F.spread,
-    "rank": F.rank,
-}
-_ELEMENTWISE = {"abs", "greatest", "least", "default", "bitand"}
-FUNCTIONS = sorted(set(_WINDOW) | _COND_WINDOW | set(_PEER) | _ELEMENTWISE | {"quantile", "age", "last"})
-
-FUNCTION_DOCS = {
-    "rate": "rate(counter, 1m): per-second increase over the window; survives resets and wraps",
-    "increase": "increase(counter, 1m): total increase over the window",
-    "resets": "resets(counter, 1h): number of counter resets in the window",
-    "delta": "delta(gauge, 1m): last minus first value in the window",
-    "avg": "avg(x, 1m)", "min": "min(x, 1m)", "max": "max(x, 1m)", "sum": "sum(x, 1m)",
-    "count": "count(x, 1m): number of samples",
-    "stddev": "stddev(x, 1m): population standard deviation",
-    "cov": "cov(x, 1m): coefficient of variation, stddev / mean",
-    "burstiness": "burstiness(x, 1m): peak / mean",
-    "changes": "changes(x, 10m): how many times the value changed",
-    "absent": "absent(x, 1m): 1 when the entity has no sample in the window",
-    "present": "present(x, 1m): 1 when it has at least one",
-    "p50": "p50(x, 1m)", "p90": "p90(x, 1m)", "p95": "p95(x, 1m)", "p99": "p99(x, 1m)",
-    "quantile": "quantile(x, 0.9, 1m)",
-    "gaps": "gaps(x > t, 1m): number of runs of samples where the condition is false",
-    "longest_gap": "longest_gap(x > t, 1m): longest seconds between samples where the condition holds",
-    "age": "age(x): seconds since the entity's latest sample",
-    "last": "last(x, 5m): latest value within the window (a bare name uses the engine's lookback)",
-    "peer_median": "peer_median(v): median of v across the entity's peer group",
-    "peer_mean": "peer_mean(v)", "peer_min": "peer_min(v)", "peer_max": "peer_max(v)",
-    "peer_count": "peer_count(v): members with a value",
-    "peer_zscore": "peer_zscore(v): (v - group mean) / group stddev",
-    "peer_dev": "peer_dev(v): (v - median of the other members) / that median",
-    "peer_others": "peer_others(v): median of v over the other members of the group",
-    "spread": "spread(v): group max - group min",
-    "rank": "rank(v): 1 = largest in the group",
-    "abs": "abs(v)", "greatest": "greatest(a, b, ...)", "least": "least(a, b, ...)",
-    "default": "default(v, 0): v, or the number where v is missing",
-    "bitand": "bitand(v, 0x8): bitwise and of integer values (clock event reason masks)",
-}
 
 
 def _err(code: Code, msg: str, node: ast.AST | None) -> ExprError:
@@ -339,11 +150,11 @@ def _num_cmp(op: Callable, a: Any, b: Any) -> Any:
 
 
 def _any(m: Any) -> bool:
-    return np.count_nonzero(m) > 0  # (ndarray.any is a Python wrapper, several times slower)
+    return functions.count_nonzero(m) > 0  # (ndarray.any and np.count_nonzero are Python wrappers, several times slower)
 
 
 def _all(m: Any) -> bool:
-    return np.count_nonzero(m) == np.size(m)
+    return functions.count_nonzero(m) == (m.size if isinstance(m, np.ndarray) else 1)
 
 
 def _pos_of(n: _Node) -> Callable[[EvalContext], Any]:
@@ -466,7 +277,7 @@ class Compiler:
         except ValueError as e:
             raise ExprError(Code.BAD_DURATION, str(e), 0) from None
         self._durs, self._spans = durs, spans
-        for a, b, is_str in _split_strings(src):
+        for a, b, is_str in split_strings(src):
             if not is_str and "#" in src[a:b]:
                 raise ExprError(Code.EXPR_SYNTAX, "comments are not allowed inside expr (use a YAML comment)",
                                 a + src[a:b].index("#"))
@@ -500,7 +311,7 @@ class Compiler:
     def _label(self, node: ast.AST) -> str:
         seg = ast.get_source_segment(self._src, node) or ""
         for i, d in enumerate(self._durs):
-            seg = seg.replace(_PLACEHOLDER.format(i), _fmt_dur(d))
+            seg = seg.replace(PLACEHOLDER.format(i), format_duration(d))
         return " ".join(seg.split())
 
     # -- nodes -------------------------------------------------------------------------------
@@ -730,7 +541,7 @@ class Compiler:
             key = ("last", name)
 
             def instant(ctx, name=name, key=key, label=label):
-                v = _window_vec(ctx, name, ctx.lookback, key, lambda t, W: F.last(t, W))
+                v = window_vec(ctx, name, ctx.lookback, key, lambda t, W: functions.last(t, W))
                 ctx.evidence.append((label, v))
                 return v
 
@@ -770,7 +581,7 @@ class Compiler:
             raise self._fix(_err(Code.FORBIDDEN_SYNTAX, "*args are not allowed", node))
         name = node.func.id
         args = node.args
-        if name in _WINDOW or name in _COND_WINDOW or name in ("quantile", "last"):
+        if name in WINDOW_FUNCTIONS or name in CONDITION_WINDOW_FUNCTIONS or name in ("quantile", "last"):
             return self._window_call(node, name, args, depth)
         if name == "age":
             if len(args) != 1:
@@ -782,24 +593,24 @@ class Compiler:
             self.uses_horizon = True
 
             def age_fn(ctx, sig=sig, label=label):
-                v = _window_vec(ctx, sig, ctx.store.horizon, ("age", sig),
-                                lambda t, W: F.age(t, W, ctx.now))
+                v = window_vec(ctx, sig, ctx.store.horizon, ("age", sig),
+                                lambda t, W: functions.age(t, W, ctx.now))
                 ctx.evidence.append((label, v))
                 return v
 
             return _Node(T.VEC, age_fn)
-        if name in _PEER:
+        if name in PEER_FUNCTIONS:
             if len(args) != 1:
                 raise self._fix(_err(Code.WRONG_TYPE, f"{name}(v) takes one argument", node))
             inner = self._need(self._expr(args[0], depth), (T.VEC,), args[0], name)
             self.uses_peers = True
-            f, kernel = inner.fn, _PEER[name]
+            f, kernel = inner.fn, PEER_FUNCTIONS[name]
             label = self._label(node)
             self.evidence_labels.append(label)
 
             def peer(ctx, f=f, kernel=kernel, label=label):
                 if ctx.ticks is not None:
-                    v = _peer_range(ctx, np.asarray(f(ctx), dtype=float), kernel)
+                    v = peer_range(ctx, np.asarray(f(ctx), dtype=float), kernel)
                     ctx.evidence.append((label, v))
                     return v
                 v = kernel(np.asarray(f(ctx), dtype=float), ctx.groups)
@@ -807,7 +618,7 @@ class Compiler:
                 return v
 
             return _Node(T.VEC, peer)
-        if name in _ELEMENTWISE:
+        if name in ELEMENTWISE_FUNCTIONS:
             return self._elementwise(node, name, args, depth)
         hint = difflib.get_close_matches(name, FUNCTIONS, n=1)
         extra = ""
@@ -875,7 +686,7 @@ class Compiler:
         names = [n for n in ast.walk(arg) if isinstance(n, ast.Name)]
         sigs = {n.id for n in names if n.id in self.env.catalogue}
         if isinstance(arg, ast.Name):
-            return self._series_signal(arg), _identity, ""
+            return self._series_signal(arg), identity, ""
         if len(sigs) != 1:
             raise self._fix(_err(Code.WRONG_TYPE, "a window function's first argument must use exactly one "
                                                  "signal (e.g. x or x > 0.9)", arg))
@@ -953,16 +764,16 @@ class Compiler:
         self.max_window = max(self.max_window, dur)
         label = self._label(node)
         self.evidence_labels.append(label)
-        if name in _COND_WINDOW:
+        if name in CONDITION_WINDOW_FUNCTIONS:
             sig, tf, tkey = self._series_expr(args[0], depth)
             key = (name, sig, tf, dur)
 
             def cond_win(ctx, sig=sig, key=key, tf=tf, name=name, label=label):
                 if name == "gaps":
-                    k = lambda t, W: F.gaps(t, _truth(tf(W)))
+                    k = lambda t, W: functions.gaps(t, _truth(tf(W)))
                 else:
-                    k = lambda t, W: F.longest_gap(t, _truth(tf(W)), ctx.now - dur, ctx.now)
-                v = _window_vec(ctx, sig, dur, key, k)
+                    k = lambda t, W: functions.longest_gap(t, _truth(tf(W)), ctx.now - dur, ctx.now)
+                v = window_vec(ctx, sig, dur, key, k)
                 ctx.evidence.append((label, v))
                 return v
 
@@ -972,12 +783,12 @@ class Compiler:
             if q.t is not T.NUM or not (0.0 <= q.const <= 1.0):
                 raise self._fix(_err(Code.WRONG_TYPE, "quantile(x, q, 1m): q must be a number in [0, 1]", args[1]))
             qq = float(q.const)
-            kernel = lambda t, W, qq=qq: F.quantile(t, W, qq)
+            kernel = lambda t, W, qq=qq: functions.quantile(t, W, qq)
             need = None
         elif name == "last":
-            kernel, need = F.last, None
+            kernel, need = functions.last, None
         else:
-            kernel, need = _WINDOW[name]
+            kernel, need = WINDOW_FUNCTIONS[name]
         sig, tf, tkey = self._series_expr(args[0], depth)
         spec = self.env.catalogue[sig]
         if need == "counter" and spec.kind is not Kind.COUNTER:
@@ -996,329 +807,17 @@ class Compiler:
             inner = kernel
             kernel = lambda t, W, inner=inner, tf=tf: inner(t, tf(W))
         key = (name, sig, tf, dur) if name != "quantile" else (name, sig, tf, dur, qq)
-        if not tkey and name in _BATCH_KINDS:
+        if not tkey and name in BATCHED_KINDS:
             self.windows.append((key, sig, name, dur, spec.wrap_bits))
 
         def win(ctx, sig=sig, key=key, kernel=kernel, dur=dur, label=label):
-            v = _window_vec(ctx, sig, dur, key, kernel)
+            v = window_vec(ctx, sig, dur, key, kernel)
             ctx.evidence.append((label, v))
             return v
 
         return _Node(T.VEC, win)
 
 
-def _identity(W: np.ndarray) -> np.ndarray:
-    """The shared no-op transform: window results over a bare signal are memoised across rules
-    (a transformed series gets its own closure, so params never leak between rules)."""
-    return W
-
-
-def _fmt_dur(d: float) -> str:
-    from skewd.model import format_duration
-
-    return format_duration(d)
-
-
-def _window_vec(ctx: EvalContext, sig: str, dur: float, key: tuple, kernel: Callable) -> np.ndarray:
-    """Evaluate a window kernel over every block of ``sig`` and align to the rule's entities.
-
-    Per tick (``ctx.memo`` lives for one evaluation) each kernel result is computed once for
-    all rules that use it (common: many rules read the same rate), and each signal's window
-    slices are found once for all kernels over them. Results are kept in block row order and
-    gathered for the rule's entities with an alignment that depends only on the store's shape."""
-    if ctx.ticks is not None:
-        return _window_range(ctx, sig, dur, key, kernel)
-    memo = ctx.memo
-    vals = memo.get(key)
-    if vals is None and ctx.batches:
-        group = ctx.batches.get(key)
-        if group is not None:
-            _batched(ctx, group)
-            vals = memo.get(key)
-    if vals is None:
-        parts = _slices(ctx, sig, dur)
-        if len(parts) == 1:
-            vals = kernel(*parts[0])
-        else:
-            vals = np.concatenate([np.asarray(kernel(t, W), dtype=float) for t, W in parts]) if parts \
-                else np.empty(0)
-        memo[key] = vals
-    return _gather(ctx, sig, vals)
-
-
-# -- counter rates computed together ------------------------------------------------------------
-# rate() and increase() are the packs' most common window functions (~30 a tick) and on an
-# agent's small blocks (a few ports, engines, GPUs) they cost their ~10 numpy calls, not their
-# arithmetic. Those of one window length and wrap width are computed in one pass over their
-# windows stacked row-wise: the dense fast path of functions.increase/rate is a per-row
-# reduction (a row's result does not depend on the rows stacked with it), and a signal's value
-# is taken from the stack only when it has no NaN, exactly when the kernel itself returns its
-# dense value. A signal with a missing sample, an empty window or a large block (an agent's
-# flows gain nothing from stacking) is left to its own kernel call, which takes the path it
-# always took. The same memo keys hold the same values; a group is computed when the first of
-# its members is needed. (Stacking the cheaper kernels - avg, max, last... - costs more
-# bookkeeping than the calls it saves.)
-_BATCH_ELEMS = 4096
-
-
-def _b_increase(W: np.ndarray, wrap_bits: int | None, span: Any) -> np.ndarray:
-    prev = W[:, :-1]
-    cur = W[:, 1:]
-    return F._add(F._unwrap(prev, cur, cur - prev, wrap_bits), axis=1)  # = functions._increase_dense
-
-
-def _b_rate(W: np.ndarray, wrap_bits: int | None, span: Any) -> np.ndarray:
-    return _b_increase(W, wrap_bits, span) / span  # = functions.rate's dense path (span > 0)
-
-
-_BATCH: dict[str, Callable] = {"increase": _b_increase, "rate": _b_rate}
-_BATCH_KINDS = set(_BATCH)
-
-
-def batch_plan(windows: Iterable[tuple]) -> dict:
-    """memo key → its group: the window functions (``Compiled.windows``) of one kind, window
-    length and wrap width, as ((kind, window, wrap bits), {signal: [memo keys]}). Groups of one
-    signal are left out (nothing to share)."""
-    groups: dict[tuple, dict[str, list]] = {}
-    for key, sig, kind, dur, wrap_bits in windows:
-        keys = groups.setdefault((kind, float(dur), wrap_bits), {}).setdefault(sig, [])
-        if key not in keys:
-            keys.append(key)
-    plan = {}
-    for gk, members in groups.items():
-        if len(members) > 1:
-            group = (gk, members)
-            for keys in members.values():
-                for key in keys:
-                    plan[key] = group
-    return plan
-
-
-def _batched(ctx: EvalContext, group: tuple) -> None:
-    """Compute ``group`` (see ``batch_plan``) at this tick and memoise the value of every member
-    whose windows all took the dense path; the others are left to their own kernel call. Done
-    once per tick and group."""
-    memo = ctx.memo
-    done = ("batched", id(group))
-    if done in memo:
-        return
-    memo[done] = True
-    (kind, dur, wrap_bits), members = group
-    fn = _BATCH[kind]
-    buckets: dict[tuple, list] = {}  # (columns, span) → [(signal, block index, rows, W)]
-    todo: dict[str, list] = {}  # signal → its blocks' values
-    for sig, keys in members.items():
-        if keys[0] in memo:
-            continue
-        parts = _slices(ctx, sig, dur)
-        if not parts:
-            continue
-        segs = []
-        for i, (t, W) in enumerate(parts):
-            k = W.shape[1]
-            if k < 2 or W.size > _BATCH_ELEMS:
-                break
-            span = None
-            if kind == "rate":
-                span = t[-1] - t[0]
-                if not span > 0:
-                    break
-            segs.append(((k, span), (sig, i, W)))
-        else:
-            todo[sig] = [None] * len(parts)
-            for bk, seg in segs:
-                buckets.setdefault(bk, []).append(seg)
-    for (_, span), segs in buckets.items():
-        Ws = [W for _, _, W in segs]
-        vals = fn(np.concatenate(Ws) if len(Ws) > 1 else Ws[0], wrap_bits, span)
-        bad = np.isnan(vals) if F._has_nan(vals) else None
-        a = 0
-        for sig, i, W in segs:
-            b = a + W.shape[0]
-            got = todo.get(sig)
-            if got is not None:
-                if bad is not None and np.count_nonzero(bad[a:b]):
-                    del todo[sig]  # a NaN: the kernel's own exact path
-                else:
-                    got[i] = vals[a:b]
-            a = b
-    for sig, got in todo.items():
-        v = got[0] if len(got) == 1 else np.concatenate(got)
-        for key in members[sig]:
-            memo[key] = v
-
-
-def _gather(ctx: EvalContext, sig: str, vals: np.ndarray) -> np.ndarray:
-    """Kernel results in block row order (last axis) → the rule's entities (NaN: no row)."""
-    align = ctx.align
-    al = align.get(sig) if align is not None else None  # (a signal's scope never changes)
-    if al is None:
-        rows, ok = _alignment(ctx, sig, ctx.store.catalogue[sig].scope == Scope.NODE)
-        al = (rows, ok, None if ok is None else rows[ok])
-        if align is not None:
-            align[sig] = al
-    rows, ok, rows_ok = al
-    if ok is None:
-        return vals[rows] if vals.ndim == 1 else vals[..., rows]
-    out = np.full(vals.shape[:-1] + (len(rows),), np.nan)
-    out[..., ok] = vals[..., rows_ok]
-    return out
-
-
-def _peer_range(ctx: EvalContext, x: np.ndarray, kernel: Callable) -> np.ndarray:
-    """A peer kernel at every tick of a range, over exactly the entities that were in the
-    rule's frame at that tick (the per-tick call's members, in the same order)."""
-    T = len(ctx.ticks)
-    E = len(ctx.eids)
-    x = np.broadcast_to(x, (T, E))
-    out = np.empty((T, E))
-    exist = ctx.exist
-    for j in range(T):
-        if exist is None or exist[j].all():
-            out[j] = kernel(np.ascontiguousarray(x[j]), ctx.groups)
-        else:
-            m = exist[j]
-            out[j] = np.nan
-            if m.any():
-                out[j, m] = kernel(np.ascontiguousarray(x[j][m]), ctx.groups[m])
-    return out
-
-
-# Range kernels: window functions whose value at every tick of a range can be computed from the
-# block at once with results bit for bit those of the per-tick kernel. Only counting and picking
-# samples qualify: sums, means and quantiles are computed per tick (a running sum adds in another
-# order), and min/max too (their sign of zero depends on the reduction order). Each takes the
-# block's times [n] and values [rows, n] and each tick's column range [lo, hi), returns [T, rows].
-def _r_count_valid(W: np.ndarray, los: np.ndarray, his: np.ndarray) -> np.ndarray:
-    c = np.zeros((W.shape[0], W.shape[1] + 1), dtype=np.int64)
-    np.cumsum(~np.isnan(W), axis=1, out=c[:, 1:])
-    return (c[:, his] - c[:, los]).T
-
-
-def _r_count(t, W, los, his, ticks):
-    return _r_count_valid(W, los, his).astype(float)
-
-
-def _r_present(t, W, los, his, ticks):
-    return (_r_count_valid(W, los, his) > 0).astype(float)
-
-
-def _r_absent(t, W, los, his, ticks):
-    return (_r_count_valid(W, los, his) == 0).astype(float)
-
-
-def _r_last_index(W: np.ndarray, los: np.ndarray, his: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per tick and row, the column of the latest valid sample in [lo, hi) and whether there is one."""
-    idx = F._ffill_index(~np.isnan(W)) if W.shape[1] else np.full((W.shape[0], 0), -1)
-    li = idx[:, np.maximum(his - 1, 0)].T if W.shape[1] else np.full((len(his), W.shape[0]), -1)
-    ok = (li >= los[:, None]) & (his > los)[:, None]
-    return li, ok
-
-
-def _r_last(t, W, los, his, ticks):
-    li, ok = _r_last_index(W, los, his)
-    rows = np.arange(W.shape[0])[None, :]
-    v = W[rows, np.maximum(li, 0)] if W.shape[1] else np.full(li.shape, _NAN_)
-    return np.where(ok, v, _NAN_)
-
-
-def _r_delta(t, W, los, his, ticks):
-    k = W.shape[1]
-    if not k:
-        return np.full((len(los), W.shape[0]), _NAN_)
-    li, ok = _r_last_index(W, los, his)
-    valid = ~np.isnan(W)
-    # the earliest valid column at or after each column (k = none)
-    nxt = np.where(valid, np.arange(k)[None, :], k)
-    nxt = np.minimum.accumulate(nxt[:, ::-1], axis=1)[:, ::-1]
-    fi = nxt[:, np.minimum(los, k - 1)].T
-    cnt = _r_count_valid(W, los, his)
-    rows = np.arange(W.shape[0])[None, :]
-    lv = W[rows, np.maximum(li, 0)]
-    fv = W[rows, np.minimum(fi, k - 1)]
-    return np.where(cnt >= 2, lv - fv, _NAN_)
-
-
-_NAN_ = np.nan
-RANGE_KERNELS: dict[str, Callable] = {"count": _r_count, "present": _r_present, "absent": _r_absent,
-                                      "last": _r_last, "delta": _r_delta}
-
-
-def _range_kernel(key: tuple) -> Callable | None:
-    """The range kernel for a memo key of a window function over the bare signal, if any."""
-    rk = RANGE_KERNELS.get(key[0])
-    if rk is None or (len(key) > 2 and key[2] is not _identity):
-        return None
-    return rk
-
-
-def _window_range(ctx: EvalContext, sig: str, dur: float, key: tuple, kernel: Callable) -> np.ndarray:
-    """``_window_vec`` for every tick of a range: [ticks x entities]. Each block's window bounds
-    are found for all ticks with one ``searchsorted`` each (the same columns ``Block.window``
-    gives per tick); values come from a range kernel or from the per-tick kernel at each tick.
-    Rows the store created after a tick read NaN at that tick, as a missing row does per tick."""
-    memo = ctx.memo
-    ticks = ctx.ticks
-    T = len(ticks)
-    vals = memo.get(key)
-    if vals is None:
-        parts = []
-        rk = _range_kernel(key)
-        saved = ctx.now
-        for blk in ctx.store.signal_blocks(sig):
-            times = blk.times[: blk.n]
-            nr = blk.nrows
-            his = np.searchsorted(times, ctx.ends if ctx.ends is not None else ticks, side="right")
-            los = np.minimum(np.searchsorted(times, ticks - dur, side="right"), his)
-            W = blk.values[:nr, : blk.n]
-            if rk is not None:
-                v = rk(times, W, los, his, ticks)
-            else:
-                v = np.empty((T, nr))
-                lo_l, hi_l = los.tolist(), his.tolist()
-                try:
-                    for j in range(T):
-                        ctx.now = float(ticks[j])
-                        lo, hi = lo_l[j], hi_l[j]
-                        v[j] = kernel(times[lo:hi], W[:, lo:hi])
-                finally:
-                    ctx.now = saved
-            born = ctx.born.get(id(blk)) if ctx.born else None
-            if born is not None:
-                late = born[:nr][None, :] > np.arange(T)[:, None]
-                if late.any():
-                    v = np.where(late, np.nan, v)
-            parts.append(v)
-        vals = np.concatenate(parts, axis=1) if len(parts) > 1 else (parts[0] if parts else np.empty((T, 0)))
-        memo[key] = vals
-    return _gather(ctx, sig, vals)
-
-
-def _slices(ctx: EvalContext, sig: str, dur: float) -> list:
-    """(times, values) of ``sig``'s window ending now, per block; found once per tick."""
-    key = ("slices", sig, dur)
-    parts = ctx.memo.get(key)
-    if parts is None:
-        start = ctx.now - dur
-        parts = [blk.window(start, ctx.now) for blk in ctx.store.signal_blocks(sig)]
-        ctx.memo[key] = parts
-    return parts
-
-
-def _alignment(ctx: EvalContext, sig: str, node_scope: bool) -> tuple[np.ndarray, np.ndarray | None]:
-    """For each evaluated entity (its node for a node-scope signal), its row among ``sig``'s
-    blocks taken in order, and which entities have a row at all (None: every one)."""
-    want = ctx.node_eids if node_scope else ctx.eids
-    blocks = list(ctx.store.signal_blocks(sig))
-    have = np.concatenate([b.eids[: b.nrows] for b in blocks]) if blocks else np.empty(0, dtype=np.int64)
-    if not len(have):
-        return np.zeros(len(want), dtype=np.int64), np.zeros(len(want), dtype=bool)
-    order = np.argsort(have, kind="stable")
-    pos = np.minimum(np.searchsorted(have[order], want), len(have) - 1)
-    rows = order[pos]
-    ok = have[rows] == want
-    return rows, (None if ok.all() else ok)
-
-
 def compile_expr(text: str, env: CompileEnv) -> Compiled:
+    """Compile one rule expression (or raise ``ExprError`` with its code and offset)."""
     return Compiler(env, text).compile()

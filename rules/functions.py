@@ -1,7 +1,9 @@
 """Vectorised kernels behind the rule language's functions.
 
 Window kernels take the column times ``t`` (shape [k]) and values ``W`` (shape [rows, k], NaN =
-missing sample) of one block and return one value per row. Peer kernels take a per-entity
+missing sample) of one block and return one value per row. ``W`` may be a row-major array or a
+view of the window store's time-major storage (``W.T`` contiguous along the rows); a kernel's
+result is the same, bit for bit, for either (see ``rowsum``). Peer kernels take a per-entity
 vector and integer group codes and return one value per entity. All are pure numpy; the
 per-entity reference implementations in tests/rules/test_functions_property.py check them.
 """
@@ -57,17 +59,99 @@ _ACTIVE = [False]
 _add = np.add.reduce
 _max = np.maximum.reduce
 _min = np.minimum.reduce
+try:  # the C function itself: np.count_nonzero is a Python wrapper around it (~0.4 µs a call
+    # against ~0.25 µs here, and the engine counts a few hundred masks a tick)
+    from numpy._core.multiarray import count_nonzero
+except ImportError:  # numpy < 2 keeps it in numpy.core; a later numpy may move it again
+    try:
+        from numpy.core.multiarray import count_nonzero
+    except ImportError:
+        count_nonzero = np.count_nonzero
 
 
-def _has_nan(x: np.ndarray) -> bool:
-    return np.count_nonzero(np.isnan(x)) > 0
+#: from this many rows on, reductions run along the rows of a time-major view; with fewer, a C
+#: copy and numpy's own row reductions cost less (a few calls instead of up to ~50). The window
+#: store keeps blocks of fewer rows row-major (store.WIDE_ROWS) anyway.
+_WIDE = 64
+_NEG_ZERO = np.float64(-0.0).view(np.int64)
+
+
+def _row_major(W: np.ndarray) -> bool:
+    """Whether numpy reduces ``W`` along its rows (axis 1) the way it does a C array: each
+    row's values are adjacent (or there is only one row). A reduction over a time-major view
+    instead runs along the entities, one column at a time: another order of additions."""
+    return W.strides[1] == W.itemsize or W.shape[0] <= 1 or W.shape[1] <= 1
+
+
+def _rows(W: np.ndarray) -> np.ndarray:
+    """``W`` as numpy's row-major reductions see it: a C copy of a time-major view. The
+    kernels' general (missing-sample) paths and the rarely used ones take it, so their results
+    are those they always gave."""
+    return W if _row_major(W) else np.ascontiguousarray(W)
+
+
+def _pairwise_columns(A: np.ndarray, n: int) -> np.ndarray:
+    """numpy's pairwise summation (``pairwise_sum`` in numpy's loops_utils.h) of each column of
+    ``A[:n]`` ([n, rows]), vectorised along the rows, up to the sign of a zero result: under 8
+    values one running sum; up to 128, eight interleaved running sums (value i goes to sum
+    i % 8) combined as ((s0+s1)+(s2+s3))+((s4+s5)+(s6+s7)), then the remaining n % 8 values
+    added in turn; above 128, the two halves (the first a multiple of 8 long) summed apart."""
+    if n < 8:
+        return _add(A[:n], axis=0)  # 0.0 + a0 + a1 ...: numpy starts a reduction from 0.0 too
+    if n <= 128:
+        n8 = n - n % 8
+        r = _add(A[:n8].reshape(n8 // 8, 8, A.shape[1]), axis=0)  # r[j] = a[j] + a[j+8] + ...
+        s = r[0::2] + r[1::2]
+        s = s[0::2] + s[1::2]
+        res = s[0] + s[1]
+        if n8 < n:
+            res = _add(np.concatenate((res[None, :], A[n8:n])), axis=0)
+        return res
+    n2 = n // 2
+    n2 -= n2 % 8
+    return _pairwise_columns(A[:n2], n2) + _pairwise_columns(A[n2:n], n - n2)
+
+
+def rowsum(W: np.ndarray) -> np.ndarray:
+    """``np.add.reduce(W, axis=1)`` as numpy computes it for a row-major ``W``, bit for bit,
+    whatever ``W``'s layout. For a time-major view numpy would add each row's values one after
+    the other; this reproduces the pairwise order with a few calls over all rows at once (984
+    flows x 60 s: about a third of the time numpy's row-by-row reduction of a C array takes). Results differ from
+    the pairwise ones only in the sign of a zero partial sum, and numpy's reduction starts from
+    +0.0, so ``+ 0.0`` makes them equal (a sum starting from +0.0 is never -0.0)."""
+    if _row_major(W):
+        return _add(W, axis=1)
+    if W.shape[0] < _WIDE:
+        return _add(np.ascontiguousarray(W), axis=1)
+    return _pairwise_columns(W.T, W.shape[1]) + 0.0
+
+
+def _extreme(W: np.ndarray, red) -> np.ndarray:
+    """``red`` (np.maximum.reduce or np.minimum.reduce) along the rows, bit for bit as for a
+    row-major ``W``. Along a time-major view the values are compared in another order, which
+    only matters for the sign of a zero result when a row holds both 0.0 and -0.0: those rows
+    are reduced again row-major."""
+    if _row_major(W):
+        return red(W, axis=1)
+    if W.shape[0] < _WIDE:
+        return red(np.ascontiguousarray(W), axis=1)
+    r = red(W, axis=1)
+    zero = r == 0
+    if count_nonzero(zero) and count_nonzero(W.view(np.int64) == _NEG_ZERO):
+        z = np.flatnonzero(zero)
+        r[z] = red(np.ascontiguousarray(W[z]), axis=1)
+    return r
+
+
+def has_nan(x: np.ndarray) -> bool:
+    return count_nonzero(np.isnan(x)) > 0
 
 
 def _valid(W: np.ndarray) -> np.ndarray:
     return ~np.isnan(W)
 
 
-def _ffill_index(valid: np.ndarray) -> np.ndarray:
+def ffill_index(valid: np.ndarray) -> np.ndarray:
     """For each cell, the column index of the latest valid cell at or before it (-1 = none)."""
     k = valid.shape[1]
     idx = np.where(valid, np.arange(k)[None, :], -1)
@@ -77,7 +161,7 @@ def _ffill_index(valid: np.ndarray) -> np.ndarray:
 def _ffill(W: np.ndarray, valid: np.ndarray | None = None) -> np.ndarray:
     if valid is None:
         valid = _valid(W)
-    idx = _ffill_index(valid)
+    idx = ffill_index(valid)
     rows = np.arange(W.shape[0])[:, None]
     out = W[rows, np.maximum(idx, 0)]
     out[idx < 0] = _NAN
@@ -116,7 +200,7 @@ def first_last(t: np.ndarray, W: np.ndarray) -> tuple[np.ndarray, np.ndarray, np
 def last(t: np.ndarray, W: np.ndarray) -> np.ndarray:
     if W.shape[1]:
         lv = W[:, -1].copy()
-        if not _has_nan(lv):  # every row's latest valid sample is in the last column
+        if not has_nan(lv):  # every row's latest valid sample is in the last column
             return lv
     return first_last(t, W)[1]
 
@@ -133,16 +217,16 @@ def _increase_dense(t: np.ndarray, W: np.ndarray, wrap_bits: int | None) -> np.n
         return None
     prev = W[:, :-1]
     cur = W[:, 1:]
-    d = _unwrap(prev, cur, cur - prev, wrap_bits)
-    r = _add(d, axis=1)
-    return None if _has_nan(r) else r
+    d = unwrap_counter(prev, cur, cur - prev, wrap_bits)
+    r = rowsum(d)
+    return None if has_nan(r) else r
 
 
-def _unwrap(prev: np.ndarray, cur: np.ndarray, d: np.ndarray, wrap_bits: int | None) -> np.ndarray:
+def unwrap_counter(prev: np.ndarray, cur: np.ndarray, d: np.ndarray, wrap_bits: int | None) -> np.ndarray:
     """Counter differences ``d = cur - prev`` with resets (a decrease counts from zero) and,
     when the counter wraps at 2**wrap_bits and ``prev`` was in the top quarter, the wrapped distance."""
     neg = d < 0
-    if not np.count_nonzero(neg):
+    if not count_nonzero(neg):
         return d
     if wrap_bits:
         mod = float(2 ** wrap_bits)
@@ -165,12 +249,13 @@ def increase(t: np.ndarray, W: np.ndarray, wrap_bits: int | None = None) -> np.n
 def _increase(t: np.ndarray, W: np.ndarray, wrap_bits: int | None = None) -> np.ndarray:
     if W.shape[1] == 0:
         return np.full(W.shape[0], _NAN)
+    W = _rows(W)
     valid = _valid(W)
     dense = valid.all()
     F = W if dense else _ffill(W, valid)
     prev = F[:, :-1]
     cur = W[:, 1:]
-    d = _unwrap(prev, cur, cur - prev, wrap_bits)
+    d = unwrap_counter(prev, cur, cur - prev, wrap_bits)
     if dense:
         return d.sum(axis=1) if W.shape[1] >= 2 else np.full(W.shape[0], _NAN)
     d = np.where(np.isnan(d), 0.0, d)
@@ -207,7 +292,7 @@ def resets(t: np.ndarray, W: np.ndarray) -> np.ndarray:
 def delta(t: np.ndarray, W: np.ndarray) -> np.ndarray:
     if W.shape[1] >= 2:
         d = W[:, -1] - W[:, 0]
-        if not _has_nan(d):  # first and last column valid in every row
+        if not has_nan(d):  # first and last column valid in every row
             return d
     fv, lv, _, _, cnt = first_last(t, W)
     return np.where(cnt >= 2, lv - fv, _NAN)
@@ -220,8 +305,8 @@ def _dense(W: np.ndarray) -> bool:
 
 def _reduce(W: np.ndarray, dense: np.ndarray, nan_fn) -> np.ndarray:
     """``dense`` (the plain reduction) unless the window has a missing sample."""
-    if _has_nan(dense) and not _dense(W):
-        return nan_fn(W, axis=1)
+    if has_nan(dense) and not _dense(W):
+        return nan_fn(_rows(W), axis=1)
     return dense
 
 
@@ -229,31 +314,31 @@ def _reduce(W: np.ndarray, dense: np.ndarray, nan_fn) -> np.ndarray:
 def avg(t: np.ndarray, W: np.ndarray) -> np.ndarray:
     if not W.shape[1]:
         return np.full(W.shape[0], _NAN)
-    return _reduce(W, _add(W, axis=1) / W.shape[1], np.nanmean)  # = W.mean(axis=1)
+    return _reduce(W, rowsum(W) / W.shape[1], np.nanmean)  # = W.mean(axis=1)
 
 
 @_quiet
 def wmin(t: np.ndarray, W: np.ndarray) -> np.ndarray:
     if not W.shape[1]:
         return np.full(W.shape[0], _NAN)
-    return _reduce(W, _min(W, axis=1), np.nanmin)
+    return _reduce(W, _extreme(W, _min), np.nanmin)
 
 
 @_quiet
 def wmax(t: np.ndarray, W: np.ndarray) -> np.ndarray:
     if not W.shape[1]:
         return np.full(W.shape[0], _NAN)
-    return _reduce(W, _max(W, axis=1), np.nanmax)
+    return _reduce(W, _extreme(W, _max), np.nanmax)
 
 
 @_quiet
 def wsum(t: np.ndarray, W: np.ndarray) -> np.ndarray:
     if W.shape[1]:
-        r = _add(W, axis=1)
-        if not _has_nan(r):  # no missing sample: nansum adds the very same values
+        r = rowsum(W)
+        if not has_nan(r):  # no missing sample: nansum adds the very same values
             return r
     cnt = _valid(W).sum(axis=1)
-    return np.where(cnt > 0, np.nansum(W, axis=1), _NAN)
+    return np.where(cnt > 0, np.nansum(_rows(W), axis=1), _NAN)
 
 
 def count(t: np.ndarray, W: np.ndarray) -> np.ndarray:
@@ -265,7 +350,7 @@ def stddev(t: np.ndarray, W: np.ndarray) -> np.ndarray:
     """Population standard deviation (as Prometheus' stddev_over_time)."""
     if not W.shape[1]:
         return np.full(W.shape[0], _NAN)
-    return _reduce(W, W.std(axis=1), np.nanstd)
+    return _reduce(W, _rows(W).std(axis=1), np.nanstd)
 
 
 @_quiet
@@ -291,8 +376,9 @@ def quantile(t: np.ndarray, W: np.ndarray, q: float) -> np.ndarray:
     rows, k = W.shape
     if k == 0:
         return np.full(rows, _NAN)
-    S = np.sort(W, axis=1)
-    if rows and not _has_nan(S[:, -1]):  # NaN sorts last: no row misses a sample
+    S = np.array(W, order="C")  # = np.sort(W, axis=1), sorting a C copy in place: a time-major
+    S.sort(axis=1)  # view's rows would each be gathered into a buffer and scattered back
+    if rows and not has_nan(S[:, -1]):  # NaN sorts last: no row misses a sample
         pos = (k - 1) * q  # the general path below with n = k in every row
         lo = math.floor(pos)
         hi = min(lo + 1, k - 1)
@@ -340,6 +426,7 @@ def gaps(t: np.ndarray, C: np.ndarray) -> np.ndarray:
     nor end a run."""
     if C.shape[1] == 0:
         return np.full(C.shape[0], _NAN)
+    C = _rows(C)
     valid = _valid(C)
     F = _ffill(C, valid)
     false = F == 0.0
@@ -355,6 +442,7 @@ def longest_gap(t: np.ndarray, C: np.ndarray, start: float, now: float) -> np.nd
     and ``now`` as the outer edges (a row that was never true inside the window scores the
     whole window). NaN for a row with no sample at all."""
     rows, k = C.shape
+    C = _rows(C)
     valid = _valid(C)
     cnt = valid.sum(axis=1)
     if k == 0:
@@ -400,9 +488,61 @@ def _nanmedian(v: np.ndarray) -> float:
     return _median_of_sorted(s, int(len(v) - np.isnan(s).sum()))
 
 
+# Peer groups of a node's GPUs, ports or engines hold a handful of members: there the peer
+# kernels below run on Python floats, where ~20 numpy calls on 8 values cost more than the
+# arithmetic. The values are those of the numpy paths, bit for bit: the middle values of a
+# sorted group are the same numbers whichever sort finds them (Python's and numpy's order
+# equal values differently, but only 0.0 and -0.0 are equal and distinct, and the medians
+# add them to 0.0 first), and Python float arithmetic is the same IEEE double arithmetic.
+_SMALL_PEERS = 32  # entities (all groups together) up to which the Python paths run
+
+
+def _group_lists(groups: np.ndarray) -> list[list[int]]:
+    """Members of each group in index order (as ``_groups``), as lists."""
+    members: dict = {}
+    for i, g in enumerate(groups.tolist()):
+        members.setdefault(g, []).append(i)
+    return list(members.values())
+
+
+def _median_list(s: list, m: int) -> float:
+    """``_median_of_sorted`` of a sorted list of ``m`` floats."""
+    if m == 0:
+        return _NAN
+    if m % 2:
+        return 0.0 + s[(m - 1) // 2]
+    return ((0.0 + s[m // 2 - 1]) + s[m // 2]) / 2.0
+
+
+def _peer_others_small(x: np.ndarray, groups: np.ndarray, dev: bool) -> np.ndarray:
+    """``peer_others`` (or with ``dev`` ``peer_dev``) of a few entities."""
+    xs = x.tolist()
+    out = [_NAN] * len(xs)
+    for idx in _group_lists(groups):
+        ok = [i for i in idx if xs[i] == xs[i]]
+        m = len(ok)
+        if m < 2:
+            continue
+        s = sorted(xs[i] for i in ok)
+        c = m - 1
+        lo, hi = (c - 1) // 2, c // 2
+        for i in ok:
+            v = xs[i]
+            # the others, sorted, are s without one slot holding v: their c-th value is
+            # s[c] below that slot and s[c + 1] from it on (which of equal values is left
+            # out does not change the values)
+            r = s.index(v)
+            a = s[lo + (lo >= r)]
+            med = 0.0 + a if c % 2 else ((0.0 + a) + s[hi + (hi >= r)]) / 2.0
+            out[i] = ((v - med) / abs(med) if med != 0 and med == med else _NAN) if dev else med
+    return np.array(out, dtype=float)
+
+
 @_quiet
 def peer_reduce(x: np.ndarray, groups: np.ndarray, how: str) -> np.ndarray:
     """Broadcast a per-group reduction of ``x`` back to every member."""
+    if how in ("median", "count") and len(x) <= _SMALL_PEERS:
+        return _peer_reduce_small(x, groups, how)
     out = np.full(len(x), _NAN)
     red = {
         "median": _nanmedian, "mean": np.nanmean, "min": np.nanmin, "max": np.nanmax,
@@ -414,6 +554,23 @@ def peer_reduce(x: np.ndarray, groups: np.ndarray, how: str) -> np.ndarray:
             continue
         out[idx] = red(v)
     return out
+
+
+def _peer_reduce_small(x: np.ndarray, groups: np.ndarray, how: str) -> np.ndarray:
+    """``peer_reduce`` median or count of a few entities."""
+    xs = x.tolist()
+    out = [_NAN] * len(xs)
+    for idx in _group_lists(groups):
+        vals = [xs[i] for i in idx if xs[i] == xs[i]]
+        if how == "count":
+            r = float(len(vals))
+        elif not vals:
+            continue
+        else:
+            r = _median_list(sorted(vals), len(vals))
+        for i in idx:
+            out[i] = r
+    return np.array(out, dtype=float)
 
 
 @_quiet
@@ -434,6 +591,8 @@ def peer_others(x: np.ndarray, groups: np.ndarray) -> np.ndarray:
     """Median of x over the OTHER members of each member's group (NaN where no other member has
     a value): what a member is compared with when it may be the odd one out - in a pair, the
     partner; in a larger group, a median its own value cannot move."""
+    if len(x) <= _SMALL_PEERS:
+        return _peer_others_small(x, groups, False)
     out = np.full(len(x), _NAN)
     for idx in _groups(groups):
         v = x[idx]
@@ -464,6 +623,8 @@ def peer_dev(x: np.ndarray, groups: np.ndarray) -> np.ndarray:
     """Robust deviation from peers: (x − median of the OTHER members) / that median.
     0.5 means 50 % above the others; the natural "one GPU much lower/higher than its peers"
     measure, stable with small groups where a z-score saturates."""
+    if len(x) <= _SMALL_PEERS:
+        return _peer_others_small(x, groups, True)
     med = peer_others(x, groups)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where((med != 0) & ~np.isnan(med), (x - med) / np.abs(med), _NAN)

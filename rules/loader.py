@@ -25,8 +25,9 @@ from skewd.model import Catalogue, Layer, Scope, Severity, parse_duration
 
 from . import paths as _paths
 
+from .codes import Code, ExprError
 from .engine import ENGINE_VERSION, Rule, RuleSet
-from .expr import Code, CompileEnv, ExprError, compile_expr
+from .expr import CompileEnv, compile_expr
 from .pathologies import PATHOLOGIES
 from .yamlpos import PList, PMap, Pos, YamlError, load, scalar_offset_pos
 

@@ -10,9 +10,9 @@ from typing import Any
 from skewd.model import Layer, Scope, Severity
 
 from .engine import ENGINE_VERSION
-from .expr import FUNCTION_DOCS
 from .loader import MATURITY, OVERRIDABLE
 from .pathologies import PATHOLOGIES
+from .vocabulary import FUNCTION_DOCS
 
 DURATION = {"type": "string", "pattern": r"^((\d+(\.\d+)?)(ms|s|m|h|d))+$",
             "description": "a duration such as 30s, 5m, 1h30m, 250ms"}

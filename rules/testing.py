@@ -31,7 +31,7 @@ import numpy as np
 from skewd.model import BatchBuilder, Catalogue, SampleBatch, State, parse_duration
 
 from .engine import Engine
-from .expr import Code
+from .codes import Code
 from .loader import LoadIssue, _suggest, load_rules
 from .store import WindowStore
 from .yamlpos import PList, PMap, Pos, YamlError, load

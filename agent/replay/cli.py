@@ -135,10 +135,11 @@ def explain(run: Replayer | ClusterReplay) -> list[str]:
     """How replay evaluates each rule: node rules by range (window functions with a range kernel
     computed for all ticks at once, the others by their per-tick kernel at each tick inside the
     range), group rules in the controller at its evaluation times."""
-    from skewd.rules.expr import _COND_WINDOW, _WINDOW, RANGE_KERNELS
+    from skewd.rules.vocabulary import CONDITION_WINDOW_FUNCTIONS, WINDOW_FUNCTIONS
+    from skewd.rules.windows import RANGE_KERNELS
 
     rep = _nodes_of(run)
-    window_functions = set(_WINDOW) | set(_COND_WINDOW) | {"quantile", "last", "age"}
+    window_functions = set(WINDOW_FUNCTIONS) | CONDITION_WINDOW_FUNCTIONS | {"quantile", "last", "age"}
     lines = []
     mode = "ranges of up to %d ticks" % rep.max_range if rep.range_eval else "per tick (--per-tick or --speed)"
     group = (f"in the controller, every {run.cfg.evaluation_interval:g}s of the summaries' clock"

@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Sequence, TextIO
 
+import numpy as np
+
 from skewd import cliargs
 
 from .capfile import CaptureError, read_capture
@@ -105,6 +107,24 @@ def _table(iv: IntervalFeatures, top: int, out: TextIO) -> None:
               f"tcp retransmissions {p.tcp_retransmits_total}, non-IP frames {p.other_total}{extra}", file=out)
 
 
+def _flow_lines(iv: IntervalFeatures) -> str:
+    """The JSON lines of an interval's flows that carried packets: every column as a float
+    (NaN as null), keys sorted. Columns become Python lists once, not one numpy scalar per
+    value: with a thousand flows of ~40 columns the per-value conversions cost a tenth of
+    ``skewd pkt --json``'s time on a 1 M-packet file."""
+    packets = np.asarray(iv.flows["packets"], dtype=float)
+    keep = np.flatnonzero(~(packets <= 0)).tolist()
+    cols = [(k, np.asarray(v, dtype=float).tolist()) for k, v in iv.flows.items()]
+    lines = []
+    for i in keep:
+        row = {"type": "flow", "interval_start": iv.t0, "interval_end": iv.t1, "flow": iv.entities[i]}
+        for k, c in cols:
+            x = c[i]
+            row[k] = None if x != x else x
+        lines.append(json.dumps(row, sort_keys=True) + "\n")
+    return "".join(lines)
+
+
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
     out = out or sys.stdout
     err = err or sys.stderr
@@ -141,12 +161,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return 2
     if args.json:
         for iv in intervals:
-            for i, ent in enumerate(iv.entities):
-                if iv.flows["packets"][i] <= 0:
-                    continue
-                row = {"type": "flow", "interval_start": iv.t0, "interval_end": iv.t1, "flow": ent}
-                row.update({k: _num(float(v[i])) for k, v in iv.flows.items()})
-                print(json.dumps(row, sort_keys=True), file=out)
+            out.write(_flow_lines(iv))
             for p in iv.ports:
                 row = {"type": "port", "interval_start": iv.t0, "interval_end": iv.t1}
                 row.update({k: _num(v) for k, v in vars(p).items() if k != "silences"})

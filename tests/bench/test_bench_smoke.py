@@ -27,9 +27,15 @@ def run(script: str, *args: str) -> tuple[list[str], dict | None]:
 
 def test_pkt_offline_times_skewd_and_both_peers_on_the_same_file() -> None:
     lines, f = run("pkt_offline.py", "--packets", "3000", "--flows", "40", "--repeat", "1",
-                   "--scapy-packets", "300", "--json")
+                   "--scapy-packets", "300", "--cli", "--json")
     assert f is not None and f["benchmark"] == "pkt_offline"
     assert f["skewd"]["pps_cpu"] > 0 and f["skewd"]["flows"] == 40
+    # --cli: the command users run, timed as a new process against its wall-clock goal
+    cli = f["skewd_cli"]
+    assert cli["runs"] == 1 and cli["pps_wall_median"] > 0 and cli["cpu_s"][0] > 0
+    assert cli["ratio_wall_vs_scapy"] > 0
+    assert any("skewd pkt FILE --json (new process each run" in line and "goal >= 1.5 M packets/s wall" in line
+               for line in lines)
     # both peers ran on the generated file and computed the same per-flow numbers as skewd
     assert f["dpkt"]["packets"] == 3000 and not f["dpkt"]["prefix"] and f["dpkt"]["agrees_with_skewd"]
     assert f["scapy"]["packets"] == 300 and f["scapy"]["prefix"] and f["scapy"]["agrees_with_skewd"]

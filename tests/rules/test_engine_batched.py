@@ -1,4 +1,4 @@
-"""Counter rates computed together (``expr.batch_plan``/``_batched``) are bit for bit the rates
+"""Counter rates computed together (``windows.batch_plan``/``_batched``) are bit for bit the rates
 each signal's own kernel call gives, and an engine that stacks them publishes the same findings,
 evidence included, as one that computes every window function alone.
 
@@ -11,13 +11,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from skewd.model import BatchBuilder, Catalogue, Scope, signal
-from skewd.rules import expr as X
-from skewd.rules import functions as F
+from skewd.model import BatchBuilder, Catalogue, signal
+from skewd.rules import functions, windows
 from skewd.rules.engine import Engine
-from skewd.rules.expr import EvalContext, batch_plan
 from skewd.rules.loader import load_rules
 from skewd.rules.store import WindowStore
+from skewd.rules.windows import EvalContext, batch_plan
 
 SIGS = [("c0", None), ("c1", None), ("c2", 8), ("c3", None), ("c4", 8)]
 CAT = Catalogue([signal(n, "counter", "1", "gpu", "a counter", "t", wb) for n, wb in SIGS]
@@ -93,40 +92,40 @@ def test_stacked_rates_are_the_kernels_rates_bit_for_bit(seed):
     rng = np.random.default_rng(1000 + seed)
     names = [s for s, _ in SIGS] + ["big"]
     stacked = 0
-    with F.quiet():
-        F._ACTIVE[0] = True
+    with functions.quiet():
+        functions._ACTIVE[0] = True
         try:
             for _ in range(12):
                 kind = str(rng.choice(["rate", "increase"]))
                 dur = float(rng.choice([0.5, 1.0, 2.0, 3.0, 7.0, 15.0, 100.0]))
                 now = float(rng.choice([-1.0, 0.0, 5.0, 17.5, 39.0, 60.0]))
-                windows = [((kind, s, X._identity, dur), s, kind, dur, CAT[s].wrap_bits) for s in names]
-                plan = batch_plan(windows)
+                wanted = [((kind, s, windows.identity, dur), s, kind, dur, CAT[s].wrap_bits) for s in names]
+                plan = batch_plan(wanted)
                 ctx = _ctx(store, now, plan)
-                base = F.rate if kind == "rate" else F.increase
-                for key, s, _, _, wb in windows:
+                base = functions.rate if kind == "rate" else functions.increase
+                for key, s, _, _, wb in wanted:
                     kernel = lambda t, W, wb=wb: base(t, W, wb)
-                    X._window_vec(ctx, s, dur, key, kernel)
+                    windows.window_vec(ctx, s, dur, key, kernel)
                     alone = _ctx(store, now, None)
-                    X._window_vec(alone, s, dur, key, kernel)
+                    windows.window_vec(alone, s, dur, key, kernel)
                     got, ref = ctx.memo[key], alone.memo[key]  # per block row, before any gather
                     assert _bits(got) == _bits(ref), (kind, s, dur, now, got, ref)
                 # the values came from the stack when _batched memoised them
                 alone = _ctx(store, now, plan)
-                X._batched(alone, plan[windows[0][0]])
-                stacked += sum(w[0] in alone.memo for w in windows)
+                windows._batched(alone, plan[wanted[0][0]])
+                stacked += sum(w[0] in alone.memo for w in wanted)
         finally:
-            F._ACTIVE[0] = False
+            functions._ACTIVE[0] = False
     assert stacked  # the stacked path was taken, not only the kernels
 
 
 def test_groups_are_one_kind_window_and_wrap():
-    w = [(("rate", "a", X._identity, 60.0), "a", "rate", 60.0, None),
-         (("rate", "b", X._identity, 60.0), "b", "rate", 60.0, None),
-         (("rate", "c", X._identity, 60.0), "c", "rate", 60.0, 32),
-         (("rate", "d", X._identity, 30.0), "d", "rate", 30.0, None),
-         (("increase", "e", X._identity, 60.0), "e", "increase", 60.0, None),
-         (("rate", "a", X._identity, 60.0), "a", "rate", 60.0, None)]
+    w = [(("rate", "a", windows.identity, 60.0), "a", "rate", 60.0, None),
+         (("rate", "b", windows.identity, 60.0), "b", "rate", 60.0, None),
+         (("rate", "c", windows.identity, 60.0), "c", "rate", 60.0, 32),
+         (("rate", "d", windows.identity, 30.0), "d", "rate", 30.0, None),
+         (("increase", "e", windows.identity, 60.0), "e", "increase", 60.0, None),
+         (("rate", "a", windows.identity, 60.0), "a", "rate", 60.0, None)]
     plan = batch_plan(w)
     assert set(plan) == {w[0][0], w[1][0]}  # c wraps, d has another window, e another function
     assert plan[w[0][0]] is plan[w[1][0]]

@@ -14,7 +14,7 @@ import pytest
 
 from skewd.model import BatchBuilder
 from skewd.rules.engine import Engine
-from skewd.rules.expr import EvalContext
+from skewd.rules.windows import EvalContext
 from skewd.rules.loader import load_rules
 from skewd.rules.store import WindowStore
 

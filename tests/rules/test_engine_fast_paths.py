@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from skewd.model import BatchBuilder, Catalogue, Scope, signal
 from skewd.rules import functions as F
 from skewd.rules.engine import Engine
-from skewd.rules.expr import CompileEnv, EvalContext, compile_expr
+from skewd.rules.expr import CompileEnv, compile_expr
+from skewd.rules.windows import EvalContext
 from skewd.rules.loader import load_rules
 from skewd.rules.store import WindowStore
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from skewd.model import BatchBuilder
 from skewd.rules.engine import Engine
-from skewd.rules.expr import RANGE_KERNELS
+from skewd.rules.windows import RANGE_KERNELS
 from skewd.rules.store import WindowStore
 
 from .test_engine_fast_paths import CAT, _engine, _rules_yaml, build_store, root, tables

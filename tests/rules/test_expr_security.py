@@ -9,7 +9,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from skewd.model import Scope
-from skewd.rules.expr import FUNCTIONS, Code, CompileEnv, ExprError, compile_expr
+from skewd.rules.codes import Code, ExprError
+from skewd.rules.expr import CompileEnv, compile_expr
+from skewd.rules.vocabulary import FUNCTIONS
 
 from .conftest import make_catalogue
 

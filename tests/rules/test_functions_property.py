@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from skewd.model import BatchBuilder, Catalogue, signal
-from skewd.rules.expr import CompileEnv, EvalContext, compile_expr
+from skewd.rules.expr import CompileEnv, compile_expr
+from skewd.rules.windows import EvalContext
 from skewd.model import Scope
 from skewd.rules.store import WindowStore
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from skewd.rules.loader import load_rules
-from skewd.rules.expr import Code
+from skewd.rules.codes import Code
 
 from .conftest import DATA
 

@@ -29,6 +29,14 @@ ENTITIES = {
     "netdev_qdisc_backlog_bytes": ["eth0", "eth1"],
     "not_catalogued_signal": ["x"],
 }
+#: blocks of many rows: stored time-major from store.WIDE_ROWS rows on (an agent's flows), and
+#: back to row-major when gc leaves fewer
+WIDE = {
+    "gpu_util_ratio": [f"gpu{i}" for i in range(90)],
+    "pcie_rx_bytes_total": [f"gpu{i}" for i in range(70)],
+    "rdma_port_xmit_bytes_total": [f"mlx5_{i}/1" for i in range(150)],
+    "netdev_qdisc_backlog_bytes": ["eth0", "eth1"],
+}
 
 
 def snapshot(store: WindowStore) -> dict:
@@ -45,16 +53,16 @@ def snapshot(store: WindowStore) -> dict:
             "uncatalogued": list(store.dropped_uncatalogued.items()), "latest": store.latest_t}
 
 
-def stream(seed: int, steps: int = 300) -> list:
+def stream(seed: int, steps: int = 300, entities: dict = ENTITIES) -> list:
     """Collector batches as an agent sees them: a few collectors at 10 Hz whose entity sets change
     (a flow appears, a GPU goes quiet), counters that reset, late and out-of-order batches, a
     batch spanning two timestamps or two nodes, a repeated entity, uncatalogued signals - and gc
     calls between them (``("gc", t)``)."""
     rng = random.Random(seed)
-    names = list(ENTITIES)
+    names = list(entities)
     collectors = []
     for _ in range(3):
-        cols = [(s, e) for s in rng.sample(names, rng.randint(1, 3)) for e in ENTITIES[s]]
+        cols = [(s, e) for s in rng.sample(names, rng.randint(1, 3)) for e in entities[s]]
         collectors.append(cols)
     counters: dict = {}
     out: list = []
@@ -71,7 +79,7 @@ def stream(seed: int, steps: int = 300) -> list:
                 cols.pop(rng.randrange(len(cols)))
             else:
                 s = rng.choice(names)
-                cols.append((s, rng.choice(ENTITIES[s] + [f"new{rng.randint(0, 3)}"])))
+                cols.append((s, rng.choice(entities[s] + [f"new{rng.randint(0, 3)}"])))
             collectors[c] = cols
         t += rng.choice([0.1, 0.1, 0.1, 0.0, 0.7, 4.0, 15.0])
         cols = list(rng.choice(collectors))
@@ -132,7 +140,7 @@ def play(store: WindowStore, events: list, group: random.Random | None, shared: 
 @pytest.mark.parametrize("seed", range(40))
 @pytest.mark.parametrize("horizon,cap", [(600.0, 64), (5.0, 4), (2.0, 2)])
 def test_fast_ingest_leaves_the_store_of_the_general_path(cat, seed, horizon, cap) -> None:
-    events = stream(seed)
+    events = stream(seed, entities=WIDE if seed % 4 == 3 else ENTITIES)
     want = snapshot(play(GeneralPathStore(cat, horizon=horizon, initial_cap=cap), events, None))
     assert snapshot(play(WindowStore(cat, horizon=horizon, initial_cap=cap), events, None)) == want
     assert snapshot(play(WindowStore(cat, horizon=horizon, initial_cap=cap), events, random.Random(seed))) == want
@@ -223,13 +231,13 @@ def test_a_full_layout_cache_is_forgotten_not_trusted(cat, monkeypatch) -> None:
 
 
 def _window_reference(blk, start: float, end: float):
-    """Block.window as it was: both searches over the used columns only."""
+    """Block.window as it was: both numpy searches over the used columns only."""
     lo = int(np.searchsorted(blk.times[: blk.n], start, side="right"))
     hi = int(np.searchsorted(blk.times[: blk.n], end, side="right"))
     return blk.times[lo:hi], blk.values[: blk.nrows, lo:hi]
 
 
-@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("seed", range(16))
 @pytest.mark.parametrize("horizon,cap", [(600.0, 64), (5.0, 4)])
 def test_window_searches_the_whole_time_axis_with_the_same_columns(cat, seed, horizon, cap) -> None:
     # Block.window searches times[:cap] (unused columns are +inf) instead of times[:n]: the
@@ -238,7 +246,7 @@ def test_window_searches_the_whole_time_axis_with_the_same_columns(cat, seed, ho
     rng = random.Random(seed)
     store = WindowStore(cat, horizon=horizon, initial_cap=cap)
     checked = 0
-    for kind, x in stream(seed, 200):
+    for kind, x in stream(seed, 200, WIDE if seed >= 12 else ENTITIES):
         if kind == "gc":
             store.gc(x)
         else:
@@ -256,3 +264,33 @@ def test_window_searches_the_whole_time_axis_with_the_same_columns(cat, seed, ho
                     assert np.array_equal(w1, w2, equal_nan=True)
                     checked += 1
     assert checked > 100
+
+
+def test_wide_blocks_are_time_major_and_read_as_the_samples_written(cat) -> None:
+    # GPUs join two a second while samples accumulate: the block grows through 4, 8, ... 64 rows
+    # (there it turns time-major) to 128; gc then leaves 20 and the block is row-major again -
+    # every window reads the samples as written all along
+    from skewd.rules.store import WIDE_ROWS
+
+    store = WindowStore(cat, horizon=30.0, initial_cap=4)
+    written: dict = {}
+    layouts = set()
+    for k in range(120):
+        t = 100.0 + k
+        n_ent = min(90, 10 + 2 * k) if k < 60 else 20
+        b = BatchBuilder("n1")
+        for i in range(n_ent):
+            v = float(k * 1000 + i) if (k + i) % 7 else np.nan
+            b.add(t, f"gpu{i}", "gpu_util_ratio", v)
+            written[t, f"gpu{i}"] = v
+        store.ingest(b.build())
+        store.gc(t)
+        blk = store.blocks["gpu_util_ratio"]["n1"]
+        assert blk.time_major == (blk.values.shape[0] >= WIDE_ROWS)  # the layout follows the row capacity
+        layouts.add(blk.time_major)
+        tt, W = blk.window(t - 12.0, t)
+        for e, r in blk.rows.items():
+            want = [written.get((x, e), np.nan) for x in tt.tolist()]
+            assert np.array_equal(W[r], want, equal_nan=True), (k, e)
+        assert tt.tolist() == [x for x in np.arange(max(100.0, t - 11.0), t + 0.5)]
+    assert layouts == {True, False}
