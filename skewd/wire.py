@@ -36,7 +36,9 @@ import math
 import re
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Mapping, Union
+from typing import Annotated, Any, Mapping, Optional, Union
+
+import msgspec
 
 from skewd.model import SCHEMA_VERSION as FINDING_SCHEMA_VERSION
 from skewd.model import Finding, Layer, Scope, Severity, State
@@ -680,6 +682,62 @@ def _fast_summary(d: Mapping[str, Any]) -> Summary | None:
                    agent_version=version, labels={str(k): v for k, v in labels.items()}, schema=WIRE_SCHEMA)
 
 
+_Name = Annotated[str, msgspec.Meta(max_length=MAX_NAME_CHARS)]
+
+
+class _TypedClockSync(msgspec.Struct, forbid_unknown_fields=True):
+    synced: bool
+    max_error_s: Optional[Annotated[float, msgspec.Meta(ge=0.0, le=MAX_TIME)]] = None
+
+
+class _TypedSummary(msgspec.Struct, forbid_unknown_fields=True):
+    """A summary exactly as :func:`to_dict` writes it, typed for msgspec's C decoder. Unknown
+    keys are *refused* here (not ignored): the strict reader then decides, so the nesting a
+    payload can have on this path is the three levels of these types, and the strict reader's
+    depth limit never has anything to catch."""
+
+    schema: int
+    kind: str
+    node: _Name
+    cluster: _Name
+    t: Annotated[float, msgspec.Meta(ge=0.0, le=MAX_TIME)]
+    interval: Annotated[float, msgspec.Meta(ge=0.0)]
+    signals: dict[str, dict[str, Optional[float]]]
+    clock_sync: _TypedClockSync
+    agent_version: str
+    labels: dict[_Name, _Name] = {}
+
+
+_TYPED_SUMMARY = msgspec.json.Decoder(_TypedSummary)
+#: an integer literal that may not fit int64 (the strict reader refuses those; msgspec would
+#: read it as a float): such payloads take the strict path
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+
+
+def _typed_summary(data: bytes | str) -> Summary | None:
+    """The summary in ``data`` decoded and validated in one C pass (msgspec), or None when the
+    payload is anything but the plain shape agents send: then :func:`decode` decides, so what
+    is accepted, refused and how an error is worded never depends on the path. None for
+    non-ASCII text (UTF-8 edge cases are the strict reader's), 19-digit numbers (int64 bound),
+    unknown keys (see :class:`_TypedSummary`), a wrong ``schema``/``kind`` and every msgspec
+    error. Four times faster than ``json.loads`` plus the checks, for the same result
+    (tests/test_wire.py compares the two on arbitrary JSON)."""
+    raw = data if type(data) is bytes else (data.encode("utf-8", "surrogatepass") if isinstance(data, str)
+                                             else bytes(data))
+    if len(raw) > MAX_PAYLOAD_BYTES or not raw.isascii() or _LONG_DIGITS.search(raw) is not None:
+        return None
+    try:
+        m = _TYPED_SUMMARY.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, ValueError):
+        return None
+    if m.schema != WIRE_SCHEMA or m.kind != "summary" or m.interval - m.interval != 0.0:
+        return None
+    cs = m.clock_sync
+    return Summary(node=m.node, cluster=m.cluster, t=m.t, interval=m.interval, signals=m.signals,
+                   clock_sync=ClockSync(synced=cs.synced, max_error_s=cs.max_error_s),
+                   agent_version=m.agent_version, labels=m.labels, schema=WIRE_SCHEMA)
+
+
 def summary_from_dict(d: Mapping[str, Any]) -> Summary:
     """A summary from its JSON object; every problem raises :class:`WireError`."""
     fast = _fast_summary(d)
@@ -809,7 +867,10 @@ def decode_finding(data: bytes | str) -> Finding:
 
 
 def decode_summary(data: bytes | str) -> Summary:
-    return decode(data, MessageKind.SUMMARY)  # type: ignore[return-value]
+    """:func:`decode` of a summary, through the typed C decoder when the payload has the plain
+    shape agents send (:func:`_typed_summary`; same result, a quarter of the time)."""
+    fast = _typed_summary(data)
+    return fast if fast is not None else decode(data, MessageKind.SUMMARY)  # type: ignore[return-value]
 
 
 def decode_health(data: bytes | str) -> Health:

@@ -318,3 +318,52 @@ def test_summary_fast_path_matches_the_strict_reader_on_any_json(path, value) ->
         parent = parent[k]
     parent[path[-1]] = value
     assert _outcome(wire.summary_from_dict, d) == _outcome(wire._strict_summary_from_dict, d)
+
+
+# ---- the typed (msgspec) summary decoder: same results, same errors -------------------------
+
+def _strict_decode(raw: bytes):
+    return wire.decode(raw, wire.MessageKind.SUMMARY)
+
+
+def _raw_with(path, value, *, text_value: str | None = None) -> bytes:
+    d = _good_summary_dict()
+    parent = d
+    for k in path[:-1]:
+        parent = parent[k]
+    if value == "<missing>":
+        parent.pop(path[-1], None)
+    else:
+        parent[path[-1]] = value
+    raw = json.dumps(d, allow_nan=True)
+    if text_value is not None:  # a literal JSON cannot produce from a Python value
+        raw = raw.replace('"@@"', text_value)
+    return raw.encode()
+
+
+@pytest.mark.parametrize("path", _PATHS + [("extra",), ("clock_sync", "extra")])
+def test_typed_summary_decoder_accepts_and_rejects_exactly_like_the_strict_reader(path) -> None:
+    literals = ["1e400", "-1e400", "12345678901234567890", "123456789012345678901234567890.5", "1.0", "-0",
+                '"\\ud800"', '"caf\\u00e9"', "[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]", "1E3"]
+    for value in [*_ODD, "<missing>", "n" * 257]:
+        raw = _raw_with(path, value)
+        assert _outcome(wire.decode_summary, raw) == _outcome(_strict_decode, raw), (path, value)
+    for lit in literals:
+        raw = _raw_with(path, "@@", text_value=lit)
+        assert _outcome(wire.decode_summary, raw) == _outcome(_strict_decode, raw), (path, lit)
+
+
+def test_typed_summary_decoder_is_taken_for_what_agents_send() -> None:
+    raw = json.dumps(_good_summary_dict()).encode()
+    fast = wire._typed_summary(raw)
+    assert fast is not None and repr(fast) == repr(_strict_decode(raw))
+    # a repeated key: the last one counts on both paths (json.loads' rule)
+    dup = raw[:-1] + b',"t":1700000099}'
+    assert _outcome(wire.decode_summary, dup) == _outcome(_strict_decode, dup)
+    assert wire.decode_summary(dup).t == 1700000099.0
+
+
+@given(st.sampled_from(_PATHS + [("extra",)]), _json_values)
+def test_typed_summary_decoder_matches_the_strict_reader_on_any_json(path, value) -> None:
+    raw = _raw_with(path, value)
+    assert _outcome(wire.decode_summary, raw) == _outcome(_strict_decode, raw)
