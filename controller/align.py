@@ -25,6 +25,8 @@ from typing import Generator, Iterable, Mapping, Sequence
 
 import numpy as np
 
+_NAN = float("nan")
+
 
 @dataclass
 class Step:
@@ -376,6 +378,17 @@ class BurstLog:
                 ts.append(t)
                 bs.append(b)
 
+    def add_starts(self, starts: list[float]) -> None:
+        """:meth:`add` of finite, sorted starts without bytes (what agents send): appended in
+        bulk when none is older than the newest burst (what :meth:`add` does with them one
+        by one: unknown bytes never equal, so a repeated start is kept), else one by one."""
+        ts = self.ts
+        if starts and (not ts or starts[0] >= ts[-1]):
+            ts.extend(starts)
+            self.bs.extend([_NAN] * len(starts))
+            return
+        self.add([(t, float("nan")) for t in starts])
+
     def prune(self, before: float) -> None:
         ts = self.ts
         k = 0
@@ -451,6 +464,21 @@ class Aligner:
         c.clock_error = float(max_error) if synced and max_error is not None else self.unsynced_clock_error
         if bursts:
             self.bursts.setdefault(node, BurstLog()).add(bursts)
+
+    def observe_starts(self, node: str, t: float, synced: bool, max_error: float | None,
+                       starts: list[float]) -> None:
+        """:meth:`observe` of sorted, finite burst starts without bytes (the common summary)."""
+        c = self.clocks.get(node)
+        if c is None:
+            c = self.clocks[node] = NodeClock()
+        if t > c.last_summary_t:
+            c.last_summary_t = t
+        c.clock_error = float(max_error) if synced and max_error is not None else self.unsynced_clock_error
+        if starts:
+            log = self.bursts.get(node)
+            if log is None:
+                log = self.bursts[node] = BurstLog()
+            log.add_starts(starts)
 
     def live(self, nodes: Iterable[str], now: float) -> list[str]:
         return [n for n in nodes if n in self.clocks and now - self.clocks[n].last_summary_t <= self.stale_after]

@@ -471,16 +471,25 @@ class Controller:
         self.stats.summaries += 1
         if labels:
             self.topology.observe(s.node, labels)
-        starts = s.signals.get(BURST_STARTS) or {}
-        nbytes = s.signals.get(BURST_BYTES) or {}
-        bursts = []
-        for k, v in starts.items():
-            if v is None:
-                continue
-            b = nbytes.get(k)
-            bursts.append((float(v), float(b) if b is not None else float("nan")))
-        bursts.sort()
-        self.aligner.observe(s.node, s.t, s.clock_sync.synced, s.clock_sync.max_error_s, bursts)
+        starts = s.signals.get(BURST_STARTS)
+        nbytes = s.signals.get(BURST_BYTES)
+        if starts and not nbytes and None not in starts.values():
+            # the common shape: starts without bytes, as the agent sends them. Sorted as the
+            # tuples below would be (a NaN start, which JSON cannot carry, goes the long way)
+            ts = sorted(map(float, starts.values()))
+            if math.isfinite(math.fsum(ts)):
+                self.aligner.observe_starts(s.node, s.t, s.clock_sync.synced, s.clock_sync.max_error_s, ts)
+                starts = None
+        if starts is not None:
+            nbytes = nbytes or {}
+            bursts = []
+            for k, v in (starts or {}).items():
+                if v is None:
+                    continue
+                b = nbytes.get(k)
+                bursts.append((float(v), float(b) if b is not None else float("nan")))
+            bursts.sort()
+            self.aligner.observe(s.node, s.t, s.clock_sync.synced, s.clock_sync.max_error_s, bursts)
         self.timelines.add_summary(s.node, s.t, s.signals)
         # buffered: one store ingest per tick (or per FLUSH_ROWS) instead of one per summary
         names: list[str] = []
