@@ -222,8 +222,10 @@ class StateStore:
         await self.kv.delete(self.key("incident", self.incident_slot(group_key)))
 
     # -- engine ------------------------------------------------------------------------------
-    async def put_engine(self, engine: Engine, t: float) -> None:
-        await self._put(self.key("engine"), engine_snapshot(engine, t))
+    async def put_engine(self, engine: Engine, t: float, name: str | None = None) -> None:
+        """The engine's alert states under ``engine`` (or ``engine.<name>``: a controller
+        worker's partition, docs/controller.md "Scale-out")."""
+        await self._put(self.key("engine", name) if name else self.key("engine"), engine_snapshot(engine, t))
 
     # -- remaps ------------------------------------------------------------------------------
     async def create_remap(self, key: str, record: dict[str, Any]) -> bool:

@@ -166,9 +166,81 @@ def finding_subject(cluster: str, node: str, rule_id: str) -> str:
     return _subject(MessageKind.FINDING, cluster, node, rule_id)
 
 
-def summary_subject(cluster: str, node: str) -> str:
-    """``skewd.v1.summary.<cluster>.<node>``."""
-    return _subject(MessageKind.SUMMARY, cluster, node)
+def summary_subject(cluster: str, node: str, placement: str | None = None) -> str:
+    """``skewd.v1.summary.<cluster>.<node>``, or ``...<node>.<placement>`` when the node
+    belongs to a TP group or pipeline (:func:`placement_of`): the token the server's partition
+    mapping hashes, so every member of a group reaches the same controller worker."""
+    if placement is None:
+        return _subject(MessageKind.SUMMARY, cluster, node)
+    return _subject(MessageKind.SUMMARY, cluster, node, placement)
+
+
+# ---- partitions (controller scale-out) -----------------------------------------------------
+#
+# The server rewrites every summary subject to ``skewd.v1.psummary.<cluster>.<partition>.<node>.
+# <placement>`` with its deterministic ``partition(N, token)`` mapping function
+# (:func:`partition_mappings`; nats-server >= 2.8): a controller worker owns partitions and
+# subscribes to theirs only. The partition is a hash of the *placement* token alone: the
+# pipeline a node serves in, else its TP group, else the node itself, so a group's members
+# share one. :func:`partition_of` computes the server's function (FNV-1a, 32 bit, of the token
+# text, modulo N) so the controller can say which partition a node belongs in.
+
+#: kind token of a summary subject after the server's partition mapping
+PARTITIONED_SUMMARY = "psummary"
+
+
+def placement_of(labels: Mapping[str, str] | None) -> str | None:
+    """The group a node's summaries are placed by: its ``pp_group`` label, else ``tp_group``,
+    else None (a node alone: its own name places it)."""
+    if not labels:
+        return None
+    return labels.get("pp_group") or labels.get("tp_group") or None
+
+
+def partition_of(placement: str, partitions: int) -> int:
+    """The partition nats-server's ``{{partition(N, k)}}`` gives the token of ``placement``."""
+    h = 0x811C9DC5
+    for b in token(placement).encode():
+        h = ((h ^ b) * 0x01000193) & 0xFFFFFFFF
+    return h % partitions
+
+
+def partition_mappings(partitions: int) -> dict[str, str]:
+    """The subject mappings (server or account ``mappings``) that partition summaries: with a
+    placement token the partition hashes it, without one the node token (the node is then its
+    own placement, and the mapped subject says so)."""
+    if partitions < 1:
+        raise ValueError("partitions must be at least 1")
+    base = f"{SUBJECT_PREFIX}.{MessageKind.SUMMARY.value}"
+    dest = f"{SUBJECT_PREFIX}.{PARTITIONED_SUMMARY}"
+    return {f"{base}.*.*": f"{dest}.{{{{wildcard(1)}}}}.{{{{partition({partitions},2)}}}}.{{{{wildcard(2)}}}}"
+                           f".{{{{wildcard(2)}}}}",
+            f"{base}.*.*.*": f"{dest}.{{{{wildcard(1)}}}}.{{{{partition({partitions},3)}}}}.{{{{wildcard(2)}}}}"
+                             f".{{{{wildcard(3)}}}}"}
+
+
+def partition_mapping_conf(partitions: int, indent: str = "") -> str:
+    """The ``mappings { ... }`` block of a nats-server config (server level: the global
+    account; inside an account block: that account) for :func:`partition_mappings`."""
+    rows = [f'{indent}  "{k}": "{v}"' for k, v in partition_mappings(partitions).items()]
+    return "\n".join([f"{indent}mappings {{", *rows, f"{indent}}}"]) + "\n"
+
+
+def digest_subject(cluster: str, partition: int | str) -> str:
+    """``skewd.v1.digest.<cluster>.<partition>``: what a controller worker hands the leader
+    about its partition at each evaluation (controller/scaleout.py); controller to controller."""
+    return f"{SUBJECT_PREFIX}.digest.{token(cluster)}.{partition}"
+
+
+def summary_filters(cluster: str, partition: int | None = None) -> list[str]:
+    """What to subscribe to for ``cluster``'s summaries: every partition's mapped subjects (or
+    one partition's), and, for all of them, the unmapped forms a server without the mapping
+    delivers."""
+    c = token(cluster)
+    mapped = f"{SUBJECT_PREFIX}.{PARTITIONED_SUMMARY}.{c}.{'*' if partition is None else partition}.*.*"
+    if partition is not None:
+        return [mapped]
+    return [f"{SUBJECT_PREFIX}.{MessageKind.SUMMARY.value}.{c}.>", mapped]
 
 
 def health_subject(cluster: str, node: str) -> str:
@@ -219,12 +291,18 @@ def parse_subject(subject: str) -> ParsedSubject:
     prefix = SUBJECT_PREFIX.split(".")
     if parts[:len(prefix)] != prefix or len(parts) < len(prefix) + 1:
         raise WireError(f"subject {subject!r} is not under {SUBJECT_PREFIX}.")
-    try:
-        kind = MessageKind(parts[len(prefix)])
-    except ValueError:
-        raise WireError(f"subject {subject!r}: unknown message kind {parts[len(prefix)]!r}") from None
-    names = SUBJECT_TOKENS[kind]
     rest = parts[len(prefix) + 1:]
+    word = parts[len(prefix)]
+    if word == PARTITIONED_SUMMARY:  # a summary as the partition mapping delivers it
+        kind, names = MessageKind.SUMMARY, ("cluster", "partition", "node", "placement")
+    else:
+        try:
+            kind = MessageKind(word)
+        except ValueError:
+            raise WireError(f"subject {subject!r}: unknown message kind {word!r}") from None
+        names = SUBJECT_TOKENS[kind]
+        if kind is MessageKind.SUMMARY and len(rest) == 3:
+            names = ("cluster", "node", "placement")
     if len(rest) != len(names):
         raise WireError(f"subject {subject!r}: {kind.value} subjects have {len(names)} tokens "
                         f"({'.'.join(names)}), got {len(rest)}")
@@ -432,7 +510,7 @@ def subject_for(msg: WireMessage, cluster: str | None = None) -> str:
     if isinstance(msg, Finding):
         return finding_subject(c, msg.node, msg.rule_id)
     if isinstance(msg, Summary):
-        return summary_subject(c, msg.node)
+        return summary_subject(c, msg.node, placement_of(msg.labels))
     if isinstance(msg, Health):
         return health_subject(c, msg.node)
     raise TypeError(f"not a skewd wire message: {type(msg).__name__}")
