@@ -65,6 +65,10 @@ log = logging.getLogger("skewd.controller")
 BURST_STARTS = "collective_burst_starts"
 BURST_BYTES = "collective_burst_bytes"
 FLUSH_ROWS = 250_000  # pending samples that force a flush between ticks (a few MB of Python lists)
+#: pending samples of layouts the store does not know yet that force a flush: new nodes go the
+#: store's general path (seconds for 250,000 rows, the event loop blocked); a small early flush
+#: teaches the store their layouts, and later flushes take the fast path
+FLUSH_NEW_ROWS = 20_000
 LAYOUTS_PER_NODE = 4  # a node whose values come and go (None) sends a few layouts
 LAYOUT_BUDGET_PER_SAMPLE = 4  # store layout-cache budget per sample of the layouts we know (see _flush)
 LIVE_STATUSES = (M.SuggestionStatus.PLANNED.value, M.SuggestionStatus.PUBLISHED.value, M.SuggestionStatus.ACKED.value)
@@ -220,6 +224,7 @@ class Controller:
         self._open_keys: set[str] = set()  # incident group keys whose ids are stored in KV
         self._pending: list[_Pending] = []  # summary samples not yet in the store
         self._pending_rows = 0
+        self._pending_new = 0  # ... of them from summaries whose layout the store does not know yet
         self._layouts: dict[str, list[_Layout]] = {}  # node → its summaries' layouts the store holds rows for
         self._store_gcs = 0  # store.gc calls that forgot entities (rows our layouts may point at)
         self._layouts_gcs = -1  # ... when _layouts was last known valid
@@ -240,12 +245,16 @@ class Controller:
         self._shared = False  # started on another instance's connection (a scaled-out worker's)
         #: partition role: each node's latest summary samples since the last digest (for the leader)
         self._digest_rows: dict[str, tuple] = {}
+        self._leader_ctl: frozenset[str] | None = None
         #: leader role: digests received, taken in at the next tick; the groups' alignment reports
         self._digests: list[Any] = []
         self._reports: dict[str, Any] = {}
         self.digests_in = 0
         self.unpartitioned = 0  # leader: summaries that reached the unmapped subject (no server mapping)
         self.misplaced: dict[str, str] = {}  # partition: node → why its summaries may split its group
+        self._shapes: dict[str, tuple] = {}  # node → its summaries' last shape (see _samples)
+        self._placed: set[str] = set()  # nodes whose placement was checked at topology version ...
+        self._placed_version = -1
 
     # ------------------------------------------------------------------------------------------
     # lifecycle
@@ -516,7 +525,7 @@ class Controller:
     async def _on_summary(self, msg: Any) -> None:
         subject = msg.subject
         try:
-            s = wire.decode_summary(msg.data)
+            s = wire.summary_view(msg.data)  # the typed decoder's object: read-only from here on
         except wire.WireError as e:
             self._reject("summary", ingest.reason_of(e), subject, str(e))
             return
@@ -544,7 +553,12 @@ class Controller:
         """A partition worker notes a node whose summaries carry another placement token than
         its configured TP group or pipeline: such a group may be split over partitions (the
         agent lacks its ``tp_group``/``pp_group`` label), and its alignment would be blind."""
-        if node in self.misplaced or self.topology.group_of(node) is None:
+        if self._placed_version != self.topology.version:
+            self._placed_version, self._placed = self.topology.version, set()
+        if node in self._placed:
+            return
+        self._placed.add(node)
+        if self.topology.group_of(node) is None:
             return
         parsed = ingest.parsed_subject(subject)
         got = parsed.tokens.get("placement") if isinstance(parsed, wire.ParsedSubject) else None
@@ -563,14 +577,15 @@ class Controller:
             self.topology.observe(s.node, labels)
         starts = s.signals.get(BURST_STARTS)
         nbytes = s.signals.get(BURST_BYTES)
+        observed = False
         if starts and not nbytes and None not in starts.values():
             # the common shape: starts without bytes, as the agent sends them. Sorted as the
             # tuples below would be (a NaN start, which JSON cannot carry, goes the long way)
             ts = sorted(map(float, starts.values()))
             if math.isfinite(math.fsum(ts)):
                 self.aligner.observe_starts(s.node, s.t, s.clock_sync.synced, s.clock_sync.max_error_s, ts)
-                starts = None
-        if starts is not None:
+                observed = True
+        if not observed:
             nbytes = nbytes or {}
             bursts = []
             for k, v in (starts or {}).items():
@@ -582,22 +597,46 @@ class Controller:
             self.aligner.observe(s.node, s.t, s.clock_sync.synced, s.clock_sync.max_error_s, bursts)
         self.timelines.add_summary(s.node, s.t, s.signals)
         # buffered: one store ingest per tick (or per FLUSH_ROWS) instead of one per summary
-        names: list[str] = []
-        ents_of: list[str] = []
-        values: list[float] = []
-        for name, ents in s.signals.items():
-            if name in _NOT_SAMPLES:
-                continue
-            for ent, v in ents.items():
-                if v is not None:
-                    names.append(name)
-                    ents_of.append(ent)
-                    values.append(float(v))
+        names, ents_of, values = self._samples(s.node, s.signals)
         if values:
             names, ents_of = self._add_pending(s.node, s.t, names, ents_of, values)
         if self.role == ROLE_PARTITION:  # the leader's copy, sent with the next digest
             self._digest_rows[s.node] = (s.t, s.interval, labels or {}, names, ents_of, values)
         self._advance(s.node, s.t)
+
+    def _samples(self, node: str, sig: dict[str, dict[str, float | None]]) -> tuple[list, list, list]:
+        """A summary's samples as (signal names, entities, values), None values left out. A node
+        sends the same signals and entities summary after summary: when this one has the
+        node's last shape (same signal keys in the same order, the same entity count per
+        sample signal, no None), the values are read in one comprehension and the names and
+        entities are the shape's own lists; anything else is walked and becomes the new shape."""
+        sh = self._shapes.get(node)
+        if sh is not None and sh[0] == tuple(sig):
+            _, pairs, names, ents, counts = sh
+            try:
+                if all(len(sig[n]) == c for n, c in counts):
+                    values = [sig[n][e] for n, e in pairs]
+                    if None not in values:
+                        return names, ents, values
+            except KeyError:  # an entity renamed: the walk below
+                pass
+        names, ents, values = [], [], []
+        counts = []
+        complete = True
+        for name, es in sig.items():
+            if name in _NOT_SAMPLES:
+                continue
+            counts.append((name, len(es)))
+            for ent, v in es.items():
+                if v is not None:
+                    names.append(name)
+                    ents.append(ent)
+                    values.append(float(v))
+                else:
+                    complete = False
+        if complete:
+            self._shapes[node] = (tuple(sig), list(zip(names, ents)), names, ents, counts)
+        return names, ents, values
 
     def _add_pending(self, node: str, t: float, names: list[str], ents: list[str],
                      values: list[float]) -> tuple[list[str], list[str]]:
@@ -612,7 +651,9 @@ class Controller:
             names, ents = lay.names, lay.entities
         self._pending.append(_Pending(node, t, names, ents, values, lay))
         self._pending_rows += len(values)
-        if self._pending_rows >= FLUSH_ROWS:
+        if lay is None:
+            self._pending_new += len(values)
+        if self._pending_rows >= FLUSH_ROWS or self._pending_new >= FLUSH_NEW_ROWS:
             self._flush()
         return names, ents
 
@@ -633,6 +674,11 @@ class Controller:
         from .scaleout import encode_digests
 
         rows, self._digest_rows = self._digest_rows, {}
+        if self._leader_ctl is None:  # the ctl_* values the cluster-wide rules read: all the leader needs of them
+            self._leader_ctl = frozenset(s for r in self.engine.rules.rules if r.scope is Scope.CLUSTER
+                                         for s in r.requires if s in CTL_SIGNALS)
+        derived = {n: {k: v for k, v in vals.items() if k in self._leader_ctl} for n, vals in derived.items()}
+        derived = {n: vals for n, vals in derived.items() if vals}
         for data in encode_digests(self.cfg.cluster, self.partition or 0, t, rows, derived, self.aligner.reports):
             try:
                 await self.nc.publish(wire.digest_subject(self.cfg.cluster, self.partition or 0), data)
@@ -701,7 +747,7 @@ class Controller:
         new entities get their ids in the same order as always."""
         if not self._pending:
             return
-        pend, self._pending, self._pending_rows = self._pending, [], 0
+        pend, self._pending, self._pending_rows, self._pending_new = self._pending, [], 0, 0
         store = self.store
         # a known layout means the store holds a row for each of its catalogued samples: only a
         # gc that forgets entities, or a catalogue that grows, can make that untrue (new rows
@@ -1343,6 +1389,7 @@ class Controller:
         if self.store.forget_node(node):
             self._store_gcs += 1  # the store's rows moved: layouts learned before are void
         self._layouts.pop(node, None)
+        self._shapes.pop(node, None)
         self._derived_layouts.pop(node, None)
         self._health.pop(node, None)
 

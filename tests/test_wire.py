@@ -344,6 +344,8 @@ def _raw_with(path, value, *, text_value: str | None = None) -> bytes:
 @pytest.mark.parametrize("path", _PATHS + [("extra",), ("clock_sync", "extra")])
 def test_typed_summary_decoder_accepts_and_rejects_exactly_like_the_strict_reader(path) -> None:
     literals = ["1e400", "-1e400", "12345678901234567890", "123456789012345678901234567890.5", "1.0", "-0",
+                "-98765432109876543210", "0.00012345678901234567", "1e-12345678901234567890",
+                "12345678901234567890e3", "9223372036854775807", "9223372036854775808",
                 '"\\ud800"', '"caf\\u00e9"', "[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]", "1E3"]
     for value in [*_ODD, "<missing>", "n" * 257]:
         raw = _raw_with(path, value)
@@ -357,6 +359,11 @@ def test_typed_summary_decoder_is_taken_for_what_agents_send() -> None:
     raw = json.dumps(_good_summary_dict()).encode()
     fast = wire._typed_summary(raw)
     assert fast is not None and repr(fast) == repr(_strict_decode(raw))
+    # a float whose repr has a long run of digits after the point is no long integer
+    d = _good_summary_dict()
+    d["interval"] = 0.00012345678901234567
+    tiny = json.dumps(d).encode()
+    assert b"00012345678901234567" in tiny and wire._typed_summary(tiny) is not None
     # a repeated key: the last one counts on both paths (json.loads' rule)
     dup = raw[:-1] + b',"t":1700000099}'
     assert _outcome(wire.decode_summary, dup) == _outcome(_strict_decode, dup)
@@ -367,3 +374,19 @@ def test_typed_summary_decoder_is_taken_for_what_agents_send() -> None:
 def test_typed_summary_decoder_matches_the_strict_reader_on_any_json(path, value) -> None:
     raw = _raw_with(path, value)
     assert _outcome(wire.decode_summary, raw) == _outcome(_strict_decode, raw)
+
+
+def test_summary_view_reads_as_the_decoded_summary() -> None:
+    """The controller's hot path reads the msgspec object: every attribute it reads equals the
+    decoded Summary's, and a payload the typed decoder leaves to the strict reader comes back
+    as that reader's Summary (or error)."""
+    raw = json.dumps(_good_summary_dict()).encode()
+    v, s = wire.summary_view(raw), wire.decode_summary(raw)
+    assert type(v) is not wire.Summary
+    for attr in ("node", "cluster", "t", "interval", "signals", "labels", "agent_version", "schema"):
+        assert getattr(v, attr) == getattr(s, attr), attr
+    assert (v.clock_sync.synced, v.clock_sync.max_error_s) == (s.clock_sync.synced, s.clock_sync.max_error_s)
+    odd = raw[:-1] + b',"future_field":1}'
+    assert type(wire.summary_view(odd)) is wire.Summary
+    with pytest.raises(wire.WireError):
+        wire.summary_view(raw.replace(b'"schema": 1', b'"schema": 2'))
