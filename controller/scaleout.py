@@ -243,10 +243,11 @@ class Worker:
         self._stopping = False
         self.rounds = 0
         self.takeovers = 0  # partitions (and the leader role) started here after another worker held them
+        self.errors: list[str] = []  # the connection's latest asynchronous errors (permissions, ...)
 
     async def start(self) -> None:
         cfg = self.cfg
-        self.nc = await connect(cfg.nats, initial_timeout=30.0)
+        self.nc = await connect(cfg.nats, initial_timeout=30.0, error_cb=self._on_error)
         self.js = self.nc.jetstream()
         await ensure_streams(self.js, [wire.FINDINGS_STREAM], update=False)
         await ensure_streams(self.js, [wire.REMAPS_STREAM, M.INCIDENTS_STREAM], update=True)
@@ -255,6 +256,13 @@ class Worker:
             lease.key = self.state.key("lease", f"p{k}" if k != LEADER else LEADER)
         await self._beat()
         self._task = asyncio.create_task(self._run(), name="skewd-ctl-leases")
+
+    async def _on_error(self, e: Exception) -> None:
+        if self._stopping:
+            return
+        self.errors.append(str(e)[:300])
+        del self.errors[:-20]
+        log.warning("nats: %s", e)
 
     async def _beat(self) -> None:
         assert self.state is not None

@@ -231,3 +231,9 @@ def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(mapped_server, tmp
                 p.wait(10)
             except subprocess.TimeoutExpired:
                 p.kill()
+
+
+def test_shipped_partition_config_is_the_codes() -> None:
+    shipped = (Path(__file__).resolve().parents[2] / "deploy" / "nats" / "partitions.conf").read_text()
+    body = "".join(ln + "\n" for ln in shipped.splitlines() if not ln.startswith("#"))
+    assert body == wire.partition_mapping_conf(8)
