@@ -462,7 +462,7 @@ async def test_partitioned_summaries_keep_every_role_to_its_own(secured_partitio
         async def spy(m: Any) -> None:
             seen.append(m.subject)
 
-        await r1.nc.subscribe(f"skewd.v1.psummary.{CLUSTER}.>", cb=spy)  # inference controllers may read them
+        await r1.nc.subscribe(wire.summary_filters(CLUSTER)[1], cb=spy)  # inference controllers may read them
         await r1.nc.flush()
         part = wire.partition_of("tp0", PARTITIONS)
         g = ScriptedGroup(cluster=CLUSTER, late_s=0.0)
@@ -475,9 +475,13 @@ async def test_partitioned_summaries_keep_every_role_to_its_own(secured_partitio
         assert seen and all(x == f"skewd.v1.psummary.{CLUSTER}.{part}.n1.tp0" for x in seen)
         leader = next(w for w in workers if w.leader is not None).leader
         await _wait(lambda: leader.digests_in > 0, 10, "a digest at the leader")
-        # an agent speaks only for its own node, mapped or not
-        await a1.publish_denied(wire.summary_subject(CLUSTER, "n2", "tp0"), g.summary(9, "n2"))
-        await a1.publish_denied(wire.summary_subject(CLUSTER, "n2"), g.summary(9, "n2"))
+        # an agent speaks only for its own node, mapped or not: the server checks (and names) the
+        # subject the mapping made
+        for subject, mapped in ((wire.summary_subject(CLUSTER, "n2", "tp0"), f"{part}.n2.tp0"),
+                                (wire.summary_subject(CLUSTER, "n2"), f"{wire.partition_of('n2', PARTITIONS)}.n2.n2")):
+            await a1.nc.publish(subject, g.summary(9, "n2"))
+            await a1.nc.flush()
+            await a1.denied(f'Publish to "skewd.v1.psummary.{CLUSTER}.{mapped}"')
         await a1.publish_denied(f"skewd.v1.psummary.{CLUSTER}.{part}.n2.tp0", g.summary(9, "n2"))
         await a1.publish_denied(wire.digest_subject(CLUSTER, part))
         await a1.subscribe_denied(f"skewd.v1.psummary.{CLUSTER}.>")
