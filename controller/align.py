@@ -61,9 +61,25 @@ class GroupReport:
 
 
 def estimate_period(events: Mapping[str, np.ndarray]) -> float:
-    """Median of the per-node median gaps between consecutive bursts (NaN if unknown)."""
-    gaps = [float(np.median(np.diff(v))) for v in events.values() if len(v) >= 3]
-    return float(np.median(gaps)) if gaps else float("nan")
+    """Median of the per-node median gaps between consecutive bursts (NaN if unknown).
+
+    The per-node medians come from one sort of the group's gaps padded to a matrix (the middle
+    one or two of each row, averaged as ``np.median`` does): one numpy call instead of one
+    ``np.median`` per node, the slowest part of a group's alignment. A NaN gap takes the
+    per-node way, whose NaN handling it is."""
+    diffs = [np.diff(v) for v in events.values() if len(v) >= 3]
+    if not diffs:
+        return float("nan")
+    n = np.array([len(d) for d in diffs])
+    m = np.full((len(diffs), int(n.max())), np.inf)
+    for i, d in enumerate(diffs):
+        m[i, :len(d)] = d
+    if np.isnan(m).any():
+        return float(np.median([float(np.median(d)) for d in diffs]))
+    m.sort(axis=1)
+    rows = np.arange(len(diffs))
+    med = (m[rows, (n - 1) // 2] + m[rows, n // 2]) / 2
+    return float(np.median(med))
 
 
 def align(events: Mapping[str, np.ndarray], nbytes: Mapping[str, np.ndarray] | None, window: float) -> list[Step]:

@@ -612,21 +612,22 @@ class Controller:
         entities are the shape's own lists; anything else is walked and becomes the new shape."""
         sh = self._shapes.get(node)
         if sh is not None and sh[0] == tuple(sig):
-            _, pairs, names, ents, counts = sh
+            _, pairs, names, ents, sample_names, counts = sh
             try:
-                if all(len(sig[n]) == c for n, c in counts):
+                if list(map(len, map(sig.__getitem__, sample_names))) == counts:
                     values = [sig[n][e] for n, e in pairs]
                     if None not in values:
                         return names, ents, values
             except KeyError:  # an entity renamed: the walk below
                 pass
         names, ents, values = [], [], []
-        counts = []
+        sample_names, counts = [], []
         complete = True
         for name, es in sig.items():
             if name in _NOT_SAMPLES:
                 continue
-            counts.append((name, len(es)))
+            sample_names.append(name)
+            counts.append(len(es))
             for ent, v in es.items():
                 if v is not None:
                     names.append(name)
@@ -635,7 +636,7 @@ class Controller:
                 else:
                     complete = False
         if complete:
-            self._shapes[node] = (tuple(sig), list(zip(names, ents)), names, ents, counts)
+            self._shapes[node] = (tuple(sig), list(zip(names, ents)), names, ents, sample_names, counts)
         return names, ents, values
 
     def _add_pending(self, node: str, t: float, names: list[str], ents: list[str],
