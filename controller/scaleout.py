@@ -217,6 +217,11 @@ class Heartbeats:
             del self._seen[key]
         return out
 
+    def long_dead(self, factor: float = 10.0) -> dict[str, int]:
+        """Keys unchanged for ``factor`` leases (a killed worker's), with their revision."""
+        now = self.clock()
+        return {k: rev for k, (rev, at) in self._seen.items() if now - at > factor * self.ttl}
+
 
 # ---------------------------------------------------------------------------------------------
 # the worker
@@ -284,13 +289,18 @@ class Worker:
         assert self.state is not None
         prefix = self.state.key("worker") + "."
         revs: dict[str, int] = {}
-        for key in await self.state.keys():
-            if key.startswith(prefix):
-                try:
-                    revs[key] = (await self.state.kv.get(key)).revision
-                except Exception:  # noqa: BLE001 - deleted meanwhile
-                    continue
-        return self.beats.live(revs) | {prefix + self.id}
+        for key in await self.state.keys("worker"):
+            try:
+                revs[key] = (await self.state.kv.get(key)).revision
+            except Exception:  # noqa: BLE001 - deleted meanwhile
+                continue
+        live = self.beats.live(revs) | {prefix + self.id}
+        for key, rev in self.beats.long_dead().items():  # killed workers' heartbeats: tidy up
+            try:
+                await self.state.kv.delete(key, last=rev)
+            except Exception:  # noqa: BLE001 - it moved (alive after all) or another worker deleted it
+                pass
+        return live
 
     def share(self, live: int) -> int:
         fair = math.ceil(self.cfg.partitions / max(1, live))
@@ -305,9 +315,9 @@ class Worker:
         await self._beat()
         share = self.share(len(await self.live_workers()))
         held = sorted(k for k in self.partitions)
-        for k in held:  # renew; drop what we lost
+        for k in held:  # renew; drop what we lost (its snapshot is the new holder's to write now)
             if not await self.leases[k].step(kv, True):
-                await self._stop_partition(k, "lease lost")
+                await self._stop_partition(k, "lease lost", save=False)
         for k in sorted(self.partitions)[share:]:  # above the share: hand back the highest
             await self._stop_partition(k, f"share is {share}")
             await self.leases[k].step(kv, False)
@@ -334,6 +344,7 @@ class Worker:
                 log.info("worker %s leads cluster %s", self.id, self.cfg.cluster)
         elif self.leader is not None:
             ctl, self.leader = self.leader, None
+            ctl.save_on_stop = False
             await ctl.stop()
             log.warning("worker %s lost the leader lease", self.id)
 
@@ -344,9 +355,10 @@ class Worker:
         self.partitions[k] = ctl
         log.info("worker %s holds partition %d", self.id, k)
 
-    async def _stop_partition(self, k: int, why: str) -> None:
+    async def _stop_partition(self, k: int, why: str, save: bool = True) -> None:
         ctl = self.partitions.pop(k, None)
         if ctl is not None:
+            ctl.save_on_stop = save
             await ctl.stop()
             log.info("worker %s released partition %d (%s)", self.id, k, why)
 

@@ -243,6 +243,9 @@ class Controller:
         self._deferred: set[str] = set()  # incident ids whose publication waits for their node
         self._silenced: dict[str, float] = {}  # finding id → controller time it was resolved for silence
         self._shared = False  # started on another instance's connection (a scaled-out worker's)
+        #: save the engine snapshot at stop (a worker that lost this partition's lease must not
+        #: write over its new holder's)
+        self.save_on_stop = True
         #: partition role: each node's latest summary samples since the last digest (for the leader)
         self._digest_rows: dict[str, tuple] = {}
         self._leader_ctl: frozenset[str] | None = None
@@ -326,7 +329,7 @@ class Controller:
                     async def goodbye() -> None:
                         for sub in self._subs:
                             await sub.unsubscribe()
-                        if self.state is not None and self.next_eval is not None:
+                        if self.state is not None and self.next_eval is not None and self.save_on_stop:
                             await self._save_engine(self.now)
                         await self.nc.flush()
                     await asyncio.wait_for(goodbye(), left(0.6))
@@ -865,6 +868,10 @@ class Controller:
         self._health[h.node] = h
 
     async def _on_phase(self, msg: Any) -> None:
+        if self.role == ROLE_PARTITION:  # only the engines on this partition's nodes
+            parsed = ingest.parsed_subject(msg.subject)
+            if not isinstance(parsed, wire.ParsedSubject) or parsed.tokens.get("node") not in self.aligner.clocks:
+                return
         try:
             rec = M.decode(msg.data, M.Kind.PHASE)
         except wire.WireError as e:

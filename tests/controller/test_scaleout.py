@@ -237,3 +237,35 @@ def test_shipped_partition_config_is_the_codes() -> None:
     shipped = (Path(__file__).resolve().parents[2] / "deploy" / "nats" / "partitions.conf").read_text()
     body = "".join(ln + "\n" for ln in shipped.splitlines() if not ln.startswith("#"))
     assert body == wire.partition_mapping_conf(8)
+
+
+def test_a_lease_is_held_by_one_and_taken_over_only_after_a_silent_lease(mapped_server) -> None:
+    """Lease expiry by observation on each contender's own clock: a renewing holder keeps its
+    key; one that stops renewing loses it a lease after a contender first saw its last
+    revision, to exactly one of two contenders; a released key is free at once."""
+    from skewd.controller.scaleout import Lease
+
+    async def run() -> None:
+        nc = await nats.connect(mapped_server.url)
+        try:
+            kv = await nc.jetstream().create_key_value(bucket="LEASETEST")
+            now = [0.0]
+            clock = lambda: now[0]  # noqa: E731
+            a, b, c = (Lease("c.lease.p0", who, 3.0, clock=clock) for who in ("a", "b", "c"))
+            assert await a.step(kv, True) and not await b.step(kv, True)
+            for _ in range(5):  # a renews every second: b never takes it
+                now[0] += 1.0
+                assert await a.step(kv, True) and not await b.step(kv, True) and not await c.step(kv, True)
+            now[0] += 2.9  # a stops renewing; b and c have seen its last revision for 2.9 s
+            assert not await b.step(kv, True) and not await c.step(kv, True)
+            now[0] += 0.2
+            won = [await b.step(kv, True), await c.step(kv, True)]
+            assert won == [True, False]  # one compare-and-set wins
+            assert not await a.step(kv, True)  # the old holder finds out at its next renewal
+            assert not a.held and b.held
+            assert not await b.step(kv, False)  # released ...
+            assert await c.step(kv, True)  # ... and free at once
+        finally:
+            await nc.close()
+
+    asyncio.run(asyncio.wait_for(run(), 30))
