@@ -64,7 +64,10 @@ log = logging.getLogger("skewd.controller")
 #: summary keys that carry per-burst data for alignment, not signals
 BURST_STARTS = "collective_burst_starts"
 BURST_BYTES = "collective_burst_bytes"
-FLUSH_ROWS = 250_000  # pending samples that force a flush between ticks (a few MB of Python lists)
+#: pending samples that force a flush between ticks: at a rate the ticks cannot keep up with, a
+#: tick's flush would otherwise grow to seconds with the event loop blocked (250,000 rows took
+#: ~1 s on this machine under load); 50,000 bound it to a few hundred ms
+FLUSH_ROWS = 50_000
 #: pending samples of layouts the store does not know yet that force a flush: new nodes go the
 #: store's general path (seconds for 250,000 rows, the event loop blocked); a small early flush
 #: teaches the store their layouts, and later flushes take the fast path
