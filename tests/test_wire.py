@@ -390,3 +390,16 @@ def test_summary_view_reads_as_the_decoded_summary() -> None:
     assert type(wire.summary_view(odd)) is wire.Summary
     with pytest.raises(wire.WireError):
         wire.summary_view(raw.replace(b'"schema": 1', b'"schema": 2'))
+
+
+def test_a_grouped_nodes_summary_carries_its_placement_in_the_subject() -> None:
+    """Members of a TP group or pipeline share the placement token the server's partition
+    mapping hashes; a pipeline wins over the TP group (a pipeline's stages must stay together)."""
+    assert wire.subject_for(_summary(labels={"tp_group": "tp0", "tp_rank": "3"})) == "skewd.v1.summary.prod-a.gpu-node-07.tp0"
+    assert wire.subject_for(_summary(labels={"tp_group": "tp0", "pp_group": "pp.1"})) == \
+        "skewd.v1.summary.prod-a.gpu-node-07.pp%2E1"
+    assert wire.subject_for(_summary()) == "skewd.v1.summary.prod-a.gpu-node-07"
+    p = wire.parse_subject("skewd.v1.psummary.prod-a.5.gpu-node-07.pp%2E1")
+    assert p.kind is wire.MessageKind.SUMMARY and p.tokens == {
+        "cluster": "prod-a", "partition": "5", "node": "gpu-node-07", "placement": "pp.1"}
+    assert wire.partition_of("pp.1", 8) == wire.partition_of("pp.1", 8) < 8
