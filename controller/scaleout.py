@@ -36,7 +36,7 @@ import dataclasses
 import logging
 import math
 import time
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Optional
 
 import msgspec
 
@@ -51,8 +51,10 @@ from .state import StateStore
 log = logging.getLogger("skewd.controller.scaleout")
 
 DIGEST_SCHEMA = 1
-#: nodes per digest message: ~230 bytes a node (22 values), well under NATS's 1 MiB max_payload
-DIGEST_NODES_PER_MESSAGE = 1000
+#: nodes per digest message: ~1 kB a node (22 summary signals), well under NATS's 1 MiB max_payload
+DIGEST_NODES_PER_MESSAGE = 500
+#: summary keys a digest leaves out: the collective bursts, read by the partition's aligner only
+_PARTITION_ONLY = frozenset({"collective_burst_starts", "collective_burst_bytes"})
 LEADER = "leader"
 
 
@@ -61,27 +63,26 @@ LEADER = "leader"
 # ---------------------------------------------------------------------------------------------
 
 class DigestRow(msgspec.Struct, array_like=True):
-    """One node's latest summary: its time, interval, labels and samples (``cols`` index the
-    digest's ``names`` table of (signal, entity))."""
+    """One node's latest summary as the partition took it in, less its collective bursts (the
+    partition's aligner is their only reader): the leader takes it in as the single-process
+    controller takes a summary (topology, engine timelines, window store)."""
 
     node: str
     t: float
     interval: float
     labels: dict[str, str]
-    cols: list[int]
-    values: list[float]
+    signals: dict[str, dict[str, Optional[float]]]
 
 
 class Digest(msgspec.Struct, array_like=True):
     """What a partition hands the leader at evaluation time ``t`` (MessagePack): the nodes
-    that sent a summary since the last digest, the derived ctl_* values of its nodes and the
-    alignment reports of its TP groups (incident evidence)."""
+    that sent a summary since the last digest, the derived ctl_* values of its nodes that the
+    cluster-wide rules read and the alignment reports of its TP groups (incident evidence)."""
 
     schema: int
     cluster: str
     partition: int
     t: float
-    names: list[tuple[str, str]]
     rows: list[DigestRow]
     derived: dict[str, dict[str, float]]
     reports: dict[str, dict[str, Any]]
@@ -94,22 +95,21 @@ _ENCODER = msgspec.msgpack.Encoder()
 def encode_digests(cluster: str, partition: int, t: float, rows: Mapping[str, tuple],
                    derived: Mapping[str, Mapping[str, float]], reports: Mapping[str, Any]) -> list[bytes]:
     """The digest messages of one evaluation, at most :data:`DIGEST_NODES_PER_MESSAGE` nodes
-    each (``rows``: node → (t, interval, labels, names, entities, values) of its latest summary)."""
+    each (``rows``: node → (t, interval, labels, signals) of its latest summary)."""
     nodes = list(dict.fromkeys([*rows, *derived]))
     reps = {g: dataclasses.asdict(r) for g, r in reports.items()}
     out = []
     for i in range(0, max(1, len(nodes)), DIGEST_NODES_PER_MESSAGE):
         chunk = nodes[i:i + DIGEST_NODES_PER_MESSAGE]
-        table: dict[tuple[str, str], int] = {}
         drows = []
         for node in chunk:
             r = rows.get(node)
             if r is None:
                 continue
-            st, ival, labels, names, ents, values = r
-            cols = [table.setdefault((n, e), len(table)) for n, e in zip(names, ents)]
-            drows.append(DigestRow(node, st, ival, dict(labels), cols, list(values)))
-        d = Digest(DIGEST_SCHEMA, cluster, partition, t, list(table), drows,
+            st, ival, labels, signals = r
+            drows.append(DigestRow(node, st, ival, dict(labels),
+                                   {k: v for k, v in signals.items() if k not in _PARTITION_ONLY}))
+        d = Digest(DIGEST_SCHEMA, cluster, partition, t, drows,
                    {n: {k: v for k, v in derived[n].items() if v == v} for n in chunk if n in derived},
                    reps if i == 0 else {})
         out.append(_ENCODER.encode(d))
@@ -125,9 +125,6 @@ def decode_digest(data: bytes) -> Digest:
         raise ValueError(str(e)) from None
     if d.schema != DIGEST_SCHEMA:
         raise ValueError(f"digest schema {d.schema}; this controller reads {DIGEST_SCHEMA}")
-    for r in d.rows:
-        if len(r.cols) != len(r.values) or any(not 0 <= c < len(d.names) for c in r.cols):
-            raise ValueError(f"digest row of {r.node!r} does not match its names table")
     return d
 
 

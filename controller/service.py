@@ -92,8 +92,7 @@ def _agent_open(f: Finding) -> bool:
 
 #: summary keys that are not window-store samples
 _NOT_SAMPLES = frozenset({BURST_STARTS, BURST_BYTES}) | frozenset(CTL_SIGNALS)
-#: summary signals the engine timelines read (Timelines.add_summary): the leader rebuilds them from digests
-_TIMELINE_SIGNALS = frozenset({"summary_engine_phase", "summary_kv_cache_usage_ratio", "summary_requests_waiting"})
+
 
 
 @dataclass
@@ -607,7 +606,7 @@ class Controller:
         if values:
             names, ents_of = self._add_pending(s.node, s.t, names, ents_of, values)
         if self.role == ROLE_PARTITION:  # the leader's copy, sent with the next digest
-            self._digest_rows[s.node] = (s.t, s.interval, labels or {}, names, ents_of, values)
+            self._digest_rows[s.node] = (s.t, s.interval, labels or {}, s.signals)
         self._advance(s.node, s.t)
 
     def _samples(self, node: str, sig: dict[str, dict[str, float | None]]) -> tuple[list, list, list]:
@@ -725,17 +724,15 @@ class Controller:
 
         digests, self._digests = self._digests, []
         for d in digests:
-            for r in d.rows:
+            for r in d.rows:  # as ingest_summary takes a summary, less the bursts
                 if r.node not in self.nodes:
                     continue  # refused at arrival (ingest.max_nodes)
                 if r.labels:
                     self.topology.observe(r.node, r.labels)
-                names = [d.names[c][0] for c in r.cols]
-                ents = [d.names[c][1] for c in r.cols]
-                self.timelines.add_summary(r.node, r.t, {n: {e: v} for n, e, v in zip(names, ents, r.values)
-                                                         if n in _TIMELINE_SIGNALS})
-                if r.values:
-                    self._add_pending(r.node, r.t, names, ents, list(r.values))
+                self.timelines.add_summary(r.node, r.t, r.signals)
+                names, ents, values = self._samples(r.node, r.signals)
+                if values:
+                    self._add_pending(r.node, r.t, names, ents, values)
             if d.derived:
                 self._flush()
                 self._ingest_derived(d.t, d.derived)
