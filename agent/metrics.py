@@ -53,11 +53,23 @@ class AgentMetrics:
             yield CounterMetricFamily("skewd_samples_dropped_out_of_order", "samples older than their series' newest",
                                       value=p.store.dropped_out_of_order)
             yield CounterMetricFamily("skewd_rule_evaluations", "evaluation ticks", value=p.engine.evaluations)
-            rules = GaugeMetricFamily("skewd_rules", "rules by status", labels=["status"])
-            n_inactive = len(p.engine.inactive)
-            rules.add_metric(["active"], len(p.engine.rules.rules) - n_inactive)
-            rules.add_metric(["inactive"], n_inactive)
+            # the same answer as health and --check (agent/rulestatus.py): the controller's rules are
+            # neither active here nor inactive; clock_weakened overlaps the others
+            st = a.rule_status(a.clock())
+            rules = GaugeMetricFamily("skewd_rules", "rules by status: active/inactive on this node, "
+                                      "controller (evaluated by the controller over node summaries), "
+                                      "clock_weakened (this node's unsynced clock weakens them)", labels=["status"])
+            rules.add_metric(["active"], len(st.active))
+            rules.add_metric(["inactive"], len(st.inactive))
+            rules.add_metric(["controller"], len(st.controller))
+            rules.add_metric(["clock_weakened"], len(st.clock_weakened))
             yield rules
+            clk = a.clock_now(a.clock())
+            yield GaugeMetricFamily("skewd_clock_synced", "1 when the kernel reports the clock synchronised (adjtimex)",
+                                    value=1.0 if clk.synced else 0.0)
+            if clk.max_error_s is not None:
+                yield GaugeMetricFamily("skewd_clock_max_error_seconds", "the kernel's clock error bound (adjtimex "
+                                        "maxerror)", value=clk.max_error_s)
             f = CounterMetricFamily("skewd_findings", "finding transitions by state", labels=["state"])
             for state, n in sorted({"pending": 0, "firing": 0, "resolved": 0, **p.findings_total}.items()):
                 f.add_metric([state], n)

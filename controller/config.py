@@ -22,6 +22,8 @@ from skewd.model import parse_duration
 from skewd.natsutil import NatsConfig, NatsConfigError, inbox_prefix
 from skewd.rules.yamlpos import Pos, SettingsFileError, deep_merge, read_settings
 
+from .culprit import CulpritEvidence
+
 DEFAULTS: dict[str, Any] = {
     "cluster": "default",
     "controller_id": "",  # default: <hostname>-<pid>
@@ -88,7 +90,43 @@ DEFAULTS: dict[str, Any] = {
                         # missing steps (EW-9) or a straggler (EW-1) on that node (fault lab, agent bursts:
                         # ew4 seeds 1 and 3, ew6 seed 1, pcie9 seed 1)
                         {"source": ["EW-4", "EW-6", "PCIE-9"], "target": ["EW-1", "EW-9"], "equal": ["node"]},
-                    ]},
+                        # direct evidence beats inference: a node whose own egress/ingress drops packets or
+                        # backs up (qdisc/NIC drops, a backlog, a saturated link, an RDMA loss storm)
+                        # explains why its collectives look late, skipped or uneven to the controller - the
+                        # cross-node finding naming that node joins the node's own incident (real lab, issue 19:
+                        # a tbf drop storm's NS-7 on the right node, and a false EW-9 on the same group)
+                        {"source": ["NS-4", "NS-5", "NS-7", "NS-9", "EW-6"], "target": ["EW-1", "EW-3", "EW-9"],
+                         "equal": ["node"]},
+                    ],
+                    # node-local findings that measure a fault on their own node directly (drops,
+                    # backlog, saturation, loss counted by that node's kernel or NIC): a cross-node
+                    # inference naming ANOTHER node never inhibits them (docs/controller.md)
+                    "direct_evidence": ["NS-4", "NS-5", "NS-7", "NS-9", "EW-6"],
+                    # where each culprit rule's finding holds the measurement that names its node
+                    # (controller/culprit.py): an evidence label of the rule (its expression's text) and
+                    # the param it must exceed. Rules that put culprit_measure / culprit_bar into their
+                    # evidence themselves need no entry; a rule with neither names no culprit.
+                    "culprit_evidence": {
+                        # clock-free: its compute gap over the other members' median (seconds)
+                        "EW-1-tp-straggler": {"measure": "avg(summary_collective_compute_seconds, window)",
+                                              "minus": "peer_others(avg(summary_collective_compute_seconds, window))",
+                                              "above": "lag", "steps": "min(summary_collective_steps, window)",
+                                              "min_steps": "min_steps"},
+                        "EW-1-tp-straggler-aligned": {"measure": "avg(ctl_arrival_lag_excess_seconds, window)",
+                                                      "above": "lag", "steps": "min(ctl_aligned_steps, window)",
+                                                      "min_steps": "min_steps"},
+                        "EW-2-pp-handoff-gap": {"measure": "avg(ctl_pp_gap_ratio, window)", "above": "ratio"},
+                        "EW-3-collective-bytes-skew": {"measure": "peer_dev(1 + avg(ctl_collective_bytes_dev_ratio, window))",
+                                                       "above": "dev", "abs": True,
+                                                       "steps": "min(ctl_aligned_steps, window)",
+                                                       "min_steps": "min_steps"},
+                        "EW-3-cross-node-load-skew": {"measure": "peer_dev(avg(summary_rdma_xmit_bytes_per_second, window))",
+                                                      "above": "dev", "abs": True},
+                        "EW-9-early-stop-skew": {"measure": "peer_dev(avg(summary_rdma_xmit_bytes_per_second, window))",
+                                                 "above": "quiet", "negate": True,
+                                                 "steps": "min(ctl_aligned_steps, window)", "min_steps": "min_steps"},
+                        "EW-9-missing-steps": {"measure": "avg(ctl_step_missing_ratio, window)", "above": "missing"},
+                    }},
     "remap": {"ttl": "10m", "min_confidence": 0.3, "concurrency_factor": 0.75, "reroute_weight": 0.5},
     "consumer": {"durable": "", "queue": "", "ack_wait": "10s", "batch": 64},  # default names: skewd-controller-<cluster>
     "state": {"bucket": "SKEWD_CONTROLLER", "max_age": "7d"},
@@ -195,6 +233,9 @@ class ControllerConfig:
     tp_groups: dict[str, TPGroup] = field(default_factory=dict)
     pp_groups: dict[str, PPGroup] = field(default_factory=dict)
     models: dict[str, ModelSpec] = field(default_factory=dict)
+    #: correlation.direct_evidence / culprit_evidence (see DEFAULTS and controller/culprit.py)
+    direct_evidence: tuple[str, ...] = ()
+    culprit_evidence: dict[str, CulpritEvidence] = field(default_factory=dict)
     log_level: str = "info"
     source: str = "<defaults>"
     metrics_listen: str = "127.0.0.1:9466"
@@ -288,6 +329,79 @@ def _inhibit_rules(value: Any, pos: Callable[..., str], problems: list[str]) -> 
         problems.append(f"{pos('correlation', 'inhibit_rules')}: {name}: {' -> '.join(cycle)} inhibit each other "
                         "in a cycle, which would hide all of them; drop one of those pairs")
     return tuple(out)
+
+
+def _pathologies(value: Any, key: str, pos: Callable[..., str], problems: list[str]) -> tuple[str, ...]:
+    """A list of pathology IDs (``correlation.<key>``), each one known."""
+    from skewd.rules.pathologies import PATHOLOGIES
+
+    name = f"correlation.{key}"
+    value = [value] if isinstance(value, str) else (value if value is not None else [])
+    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+        problems.append(f"{pos('correlation', key)}: {name} must be a list of pathology IDs")
+        return ()
+    for x in value:
+        if x not in PATHOLOGIES:
+            problems.append(f"{pos('correlation', key)}: {name}: unknown pathology ID {x!r}{_hint(x, PATHOLOGIES)}")
+    return tuple(x for x in value if x in PATHOLOGIES)
+
+
+CULPRIT_EVIDENCE_KEYS = ("measure", "above", "steps", "min_steps", "abs", "negate", "minus")
+
+
+def _culprit_evidence(value: Any, pos: Callable[..., str], problems: list[str]) -> dict[str, CulpritEvidence]:
+    """``correlation.culprit_evidence``: rule id → where its finding holds its culprit measurement."""
+    name = "correlation.culprit_evidence"
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        problems.append(f"{pos('correlation', 'culprit_evidence')}: {name} must map rule ids to "
+                        "{measure: <evidence label>, above: <param or number>, ...}")
+        return {}
+    out: dict[str, CulpritEvidence] = {}
+    for rid, spec in value.items():
+        where = ("correlation", "culprit_evidence", rid)
+        if spec is None:  # a site may switch a default entry off with `<rule id>: null`
+            continue
+        if not isinstance(spec, dict):
+            problems.append(f"{pos(*where)}: {name}.{rid} must be a mapping with measure and above")
+            continue
+        bad = False
+        for k in spec:
+            if k not in CULPRIT_EVIDENCE_KEYS:
+                problems.append(f"{pos(*where, k)}: unknown key {name}.{rid}.{k}{_hint(k, CULPRIT_EVIDENCE_KEYS)}")
+                bad = True
+        measure, above = spec.get("measure"), spec.get("above")
+        if not isinstance(measure, str) or not measure.strip():
+            problems.append(f"{pos(*where, 'measure')}: {name}.{rid}.measure must be the evidence label of the "
+                            "measurement (the rule expression's text, e.g. 'avg(ctl_step_missing_ratio, window)')")
+            bad = True
+        for k in ("above", "min_steps"):
+            v = spec.get(k)
+            if (k == "above" or v is not None) and (isinstance(v, bool) or not isinstance(v, (str, int, float))):
+                problems.append(f"{pos(*where, k)}: {name}.{rid}.{k} must be a param name of the rule or a number")
+                bad = True
+        steps = spec.get("steps", "")
+        if not isinstance(steps, str):
+            problems.append(f"{pos(*where, 'steps')}: {name}.{rid}.steps must be an evidence label")
+            bad = True
+        for k in ("abs", "negate"):
+            if not isinstance(spec.get(k, False), bool):
+                problems.append(f"{pos(*where, k)}: {name}.{rid}.{k} must be true or false")
+                bad = True
+        if spec.get("abs") and spec.get("negate"):
+            problems.append(f"{pos(*where)}: {name}.{rid}: abs and negate exclude each other")
+            bad = True
+        if bad:
+            continue
+        minus = spec.get("minus", "")
+        if not isinstance(minus, str):
+            problems.append(f"{pos(*where, 'minus')}: {name}.{rid}.minus must be an evidence label")
+            continue
+        out[str(rid)] = CulpritEvidence(measure=measure.strip(), above=above, steps=steps.strip(),
+                                        min_steps=spec.get("min_steps"), abs=bool(spec.get("abs", False)),
+                                        negate=bool(spec.get("negate", False)), minus=minus.strip())
+    return out
 
 
 def _find_cycle(nxt: Mapping[str, set[str]]) -> list[str]:
@@ -445,6 +559,8 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         never_inhibit=strlist(co.get("never_inhibit"), "correlation.never_inhibit", "correlation", "never_inhibit"),
         inhibit_rules=_inhibit_rules(co.get("inhibit_rules"), pos, problems),
         effect_window=dur(co.get("effect_window"), "correlation.effect_window", "correlation", "effect_window"),
+        direct_evidence=_pathologies(co.get("direct_evidence"), "direct_evidence", pos, problems),
+        culprit_evidence=_culprit_evidence(co.get("culprit_evidence"), pos, problems),
         remap_ttl=dur(rm.get("ttl"), "remap.ttl", "remap", "ttl"),
         min_confidence=num(rm.get("min_confidence"), "remap.min_confidence", 0.0, 1.0, "remap", "min_confidence"),
         concurrency_factor=num(rm.get("concurrency_factor"), "remap.concurrency_factor", 0.05, 1.0,
@@ -594,3 +710,88 @@ def _topology(topo: Any, pos: Any, problems: list[str]) -> tuple[dict[str, TPGro
         models[str(name)] = ModelSpec(str(name), ints["max_num_seqs"], ints["max_model_len"],
                                       str(m.get("router", "")), tuple(engines))
     return tp, pp, models
+
+
+# -- the schema's documentation (docs/config.md is generated from it: python -m skewd.configref) --
+
+#: environment variable → the key it sets (after the file, before command-line overrides)
+ENV_VARS: dict[str, str] = {
+    "SKEWD_CLUSTER": "cluster",
+    "SKEWD_CONTROLLER_ID": "controller_id",
+    "SKEWD_RULES": "rules",  # ':'-separated
+    "SKEWD_NATS_URL": "nats.servers",  # comma-separated
+    "SKEWD_METRICS_LISTEN": "metrics.listen",  # host:port; empty: off
+}
+
+#: every key's meaning (a tuple gives the default as text where DEFAULTS cannot say it);
+#: ``topology.<section>.<name>.<key>`` entries are written with ``*`` for the name
+KEY_DOCS: dict[str, str | tuple[str, str]] = {
+    "cluster": "the cluster this controller correlates (the subject token its agents use)",
+    "controller_id": ("`<hostname>-<pid>`", "this instance's name, shown in suggestions"),
+    "nats": "how to reach NATS (the `nats:` table below; `url` is accepted as for the agent)",
+    "rules": ("`[shipped]`", "rule files and directories; only tp_group/cluster rules run here; `shipped` "
+              "names the packs installed with skewd"),
+    "evaluation_interval": "grid of evaluation times, on the summaries' clock",
+    "lookback": "what a bare signal name in a rule means: its latest value within this window",
+    "horizon": "how long samples, bursts and engine timelines are kept",
+    "warmup": "no rule evaluation until this much summary time has been seen (at most `horizon`)",
+    "stale_after": "a node without a summary this long leaves its group's alignment",
+    "alignment.window": "recent collective steps the `ctl_*` signals summarise",
+    "alignment.max_skew": "largest lag matched to the same step (also at most half the step period)",
+    "alignment.unsynced_clock_error": "clock error assumed for a node whose clock is unsynced or unknown",
+    "alignment.min_group_fraction": "a step counts for `ctl_step_missing_ratio` when this share of peers sent",
+    "correlation.group_wait": "a new incident is held this long before it is published and planned (its "
+                              "cause or culprit may still take it over)",
+    "correlation.culprit_pathologies": "group findings that name a culprit node",
+    "correlation.never_inhibit": "pathologies whose findings always stay incidents of their own",
+    "correlation.effect_window": "baseline before the onset for the TTFT/ITL comparison",
+    "correlation.inhibit_rules": ("the runbooks' cause → symptom pairs (docs/controller.md)",
+                                  "Alertmanager-style `{source: [IDs], target: [IDs], equal: [node, entity, "
+                                  "tp_group]}`; a list you set replaces the defaults"),
+    "correlation.direct_evidence": ("`[NS-4, NS-5, NS-7, NS-9, EW-6]`",
+                                    "node-local findings that measure a fault on their own node directly (drops, "
+                                    "backlog, saturation, loss): a cross-node inference naming another node never "
+                                    "hides them, and they fold that inference about their own node into their incident"),
+    "correlation.culprit_evidence": ("one entry per shipped culprit rule",
+                                     "where each culprit rule's finding holds the measurement naming its node: "
+                                     "`{measure, minus, above, steps, min_steps, abs, negate}` (docs/controller.md); "
+                                     "entries add to / replace the defaults, `<rule id>: null` drops one"),
+    "ingest.max_clock_skew": "summaries and findings further than this from the controller's clock are rejected "
+                             "and counted; `0s` turns the check off (recorded time through NATS)",
+    "ingest.silent_intervals": "a node heard from neither by summary nor by finding for this many of its summary "
+                               "intervals is silent: its open findings resolve with reason `node silent` and its "
+                               "state is forgotten",
+    "ingest.max_nodes": "nodes heard from at once; further new nodes are rejected (and counted) until silent "
+                        "nodes make room",
+    "metrics.listen": "the controller's `/metrics` (`host:port`, localhost unless an address is given; empty: off)",
+    "alertmanager.url": ("`[]`", "Alertmanager v2 URL(s) to send incidents to (every member of an Alertmanager "
+                                  "cluster); empty: off"),
+    "alertmanager.resend_interval": "how often firing incidents are re-sent (an alert whose sender died ends "
+                                    "after 4 intervals)",
+    "alertmanager.timeout": "HTTP timeout of one post",
+    "alertmanager.generator_url": "the alerts' generatorURL (may hold `{cluster}` and `{incident}`)",
+    "alertmanager.labels": "labels added to every alert (e.g. `{team: inference}`)",
+    "remap.ttl": "suggestions expire (status `expired`) after this",
+    "remap.min_confidence": "actions below this confidence are left out; none left, no suggestion",
+    "remap.concurrency_factor": "`cap_concurrency` suggests max_num_seqs × this",
+    "remap.reroute_weight": "`reroute` suggests this weight for the affected group",
+    "consumer.durable": ("`skewd-controller-<cluster>`", "the JetStream findings consumer, shared by replicas"),
+    "consumer.queue": ("= `durable`", "queue group of the remap reply subject"),
+    "consumer.ack_wait": "redelivery delay of an unacknowledged finding",
+    "consumer.batch": "findings fetched per pull",
+    "state.bucket": "JetStream KV bucket holding the controller's state",
+    "state.max_age": "a state key not rewritten for this long expires",
+    "topology.tp_groups": "TP groups by name: `{nodes: [...], model, engine}`",
+    "topology.tp_groups.*.nodes": ("required", "the group's nodes in TP-rank order"),
+    "topology.tp_groups.*.model": ("`\"\"`", "the model it serves"),
+    "topology.tp_groups.*.engine": ("`\"\"`", "the vLLM front end serving it, `<node>/<engine>`"),
+    "topology.pp_groups": "PP groups by name: `{stages: [...], model}`",
+    "topology.pp_groups.*.stages": ("required", "TP group names (or single nodes), stage 0 first"),
+    "topology.pp_groups.*.model": ("`\"\"`", "the model it serves"),
+    "topology.models": "models by name: `{max_num_seqs, max_model_len, router, engines}`",
+    "topology.models.*.max_num_seqs": ("none", "the engines' `--max-num-seqs` (for cap_concurrency)"),
+    "topology.models.*.max_model_len": ("none", "the engines' `--max-model-len`"),
+    "topology.models.*.router": ("`\"\"`", "the name a router knows this model's pool by (reroute target)"),
+    "topology.models.*.engines": ("`[]`", "the model's engines, `<node>/<engine>`"),
+    "log.level": "`debug`, `info`, `warning` or `error`",
+}

@@ -59,8 +59,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         am = cfg.alertmanager
         print(f"metrics {'http://' + cfg.metrics_listen + '/metrics' if cfg.metrics_listen else 'off'}; "
               f"alertmanager {', '.join(am.urls) + f' (resend every {am.resend_interval:g}s)' if am else 'off'}")
+        from .culprit import coverage
+
+        named = coverage(group_rules, cfg.culprit_pathologies, cfg.culprit_evidence)
         for r in group_rules:
-            print(f"  {r.id:40} {r.pathology:7} {r.scope.value:9} requires {', '.join(r.requires) or '-'}")
+            print(f"  {r.id:40} {r.pathology:7} {r.scope.value:9} {r.maturity:10} requires {', '.join(r.requires) or '-'}")
+            if r.id in named:
+                print(f"    culprit evidence: {named[r.id]}")
         for g in cfg.tp_groups.values():
             print(f"  tp group {g.name}: {', '.join(g.nodes)}" + (f" (model {g.model})" if g.model else ""))
         for p in cfg.pp_groups.values():

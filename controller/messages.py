@@ -23,7 +23,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Mapping, Union
+from typing import Any, Mapping, Sequence, Union
 
 from skewd import wire
 from skewd.wire import SchemaVersionError, WireError
@@ -431,13 +431,20 @@ class PhaseRecord:
                 "dropped": dict(self.dropped), "plugin_version": self.plugin_version}
 
 
-def classify_steps(ctx_tokens: int, gen_tokens: int) -> Phase:
-    """Prefill-heavy when prompt tokens dominate the period's work, decode-heavy when generation
-    does, idle when neither happened. Token counts (not request counts) because one long
-    prompt costs what many decode steps cost."""
-    if ctx_tokens <= 0 and gen_tokens <= 0:
+def classify_steps(steps: Sequence[StepStat]) -> Phase:
+    """What the period's requests spent their time on: every request in a step spends that
+    step's time in its phase, so prefill time is the sum of ``elapsed_s x ctx_reqs`` over the
+    steps and decode time the sum of ``elapsed_s x gen_reqs`` (a step without a duration counts
+    as one unit). That is the request-time split vLLM's own prefill/decode time histograms
+    measure, which the vllm collector's phase uses too. Not tokens: a chat engine with prompts
+    five times its answers processes mostly prompt tokens but spends nearly all its time
+    decoding, since prompt tokens go through in parallel and each generated token costs a step.
+    Idle when no step did any work."""
+    if not any(s.ctx_tokens > 0 or s.gen_tokens > 0 for s in steps):
         return Phase.IDLE
-    return Phase.PREFILL if ctx_tokens >= gen_tokens else Phase.DECODE
+    prefill = sum((s.elapsed_s if s.elapsed_s is not None else 1.0) * s.ctx_reqs for s in steps)
+    decode = sum((s.elapsed_s if s.elapsed_s is not None else 1.0) * s.gen_reqs for s in steps)
+    return Phase.PREFILL if prefill > decode else Phase.DECODE
 
 
 ControllerMessage = Union[Incident, RemapSuggestion, RemapReply, RemapReceipt, PhaseRecord]

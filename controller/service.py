@@ -54,9 +54,10 @@ from .align import Aligner
 from .catalogue import NAMES as CTL_SIGNALS
 from .config import ControllerConfig
 from .correlator import Correlator
+from .culprit import coverage as culprit_coverage
 from .planner import Planner, semantic_key, suggestion_key
 from .state import STATE_VALUE_BYTES, StateStore, restore_engine
-from .timeline import Timelines
+from .timeline import ENGINE_KEYS, Timelines
 from .topology import Topology
 
 log = logging.getLogger("skewd.controller")
@@ -91,7 +92,7 @@ def _agent_open(f: Finding) -> bool:
 
 
 #: summary keys that are not window-store samples
-_NOT_SAMPLES = frozenset({BURST_STARTS, BURST_BYTES}) | frozenset(CTL_SIGNALS)
+_NOT_SAMPLES = frozenset({BURST_STARTS, BURST_BYTES}) | frozenset(CTL_SIGNALS) | ENGINE_KEYS
 
 
 
@@ -203,7 +204,9 @@ class Controller:
         self.correlator = Correlator(cfg.cluster, self.topology, self.timelines,
                                      culprit_pathologies=cfg.culprit_pathologies, never_inhibit=cfg.never_inhibit,
                                      effect_window=cfg.effect_window, node_value=self._node_value,
-                                     inhibit_rules=cfg.inhibit_rules)
+                                     inhibit_rules=cfg.inhibit_rules, direct_evidence=cfg.direct_evidence,
+                                     culprit_evidence=cfg.culprit_evidence,
+                                     maturities={r.id: r.maturity for r in ruleset.rules})
         self.planner = Planner(cfg)
         self.stats = ControllerStats()
         self.nc: Any = None
@@ -298,6 +301,10 @@ class Controller:
             loops += [("findings", self._findings_loop), ("kvwatch", self._kv_watch_loop)]
         self._tasks = [asyncio.create_task(self._supervised(name, fn), name=f"skewd-ctl-{name}") for name, fn in loops]
         await self.nc.flush()
+        for rid, how in culprit_coverage(self.engine.rules.rules, cfg.culprit_pathologies,
+                                         cfg.culprit_evidence).items():
+            if how.startswith("PROBLEM"):
+                log.warning("culprit rule %s: %s", rid, how)
         log.info("controller %s (%s%s) started for cluster %s: %d rules (%d group-scope), %d TP groups configured",
                  cfg.controller_id, self.role, "" if self.partition is None else f" {self.partition}",
                  cfg.cluster, len(self.engine.rules.rules),
@@ -1146,7 +1153,10 @@ class Controller:
             del self.correlator.findings[fingerprint]
 
     def _enrich(self, f: Finding, now: float) -> None:
-        """State the engine phase and the observed effect on a controller finding."""
+        """State the culprit measurement (controller/culprit.py), the engine phase and the
+        observed effect on a controller finding."""
+        if f.pathology in self.cfg.culprit_pathologies:
+            f.evidence.update(self.correlator.contract(f))
         phase, effect = self.correlator.phase_and_effect(f.node, self.topology.engine_of(f.node), f.active_at, now)
         if phase is not None:
             code = M.Phase(phase.phase).code if phase.phase in {p.value for p in M.Phase} else None
@@ -1220,6 +1230,8 @@ class Controller:
                 continue  # Alertmanager's group_wait: a culprit may still explain it
             if self.correlator.culprit_pending(inc):
                 continue  # a culprit rule is pending in this incident's TP group: wait for its verdict
+            if not self.correlator.plannable(inc):
+                continue  # names no culprit, or rests on an incubating rule alone (docs/rules.md, Maturity)
             key = suggestion_key(self.cfg.cluster, inc.id)
             if key in self.remaps:
                 continue
@@ -1444,6 +1456,8 @@ class Controller:
                                     "publish_after": self.correlator.hold_start(i) + self.cfg.group_wait}
                                    for i in self.correlator.open_incidents()],
                 "suggestions": {k: r.get("status") for k, r in self.remaps.items()},
+                # culprit claims the evidence did not support and sandbox findings kept as findings
+                "correlation": self.correlator.report(),
                 "topology_conflicts": dict(self.topology.conflicts),
                 # TP groups whose steps are not matched across nodes, and why (unsynced clocks)
                 "unaligned_groups": {g: r.unaligned for g, r in self.aligner.reports.items() if r.unaligned},

@@ -184,10 +184,8 @@ class _Publisher:
                 acc["itl"][2] = mx if acc["itl"][2] is None else max(acc["itl"][2], mx)
         out = []
         for (cluster, node, engine, model), acc in by_engine.items():
-            ctx = sum(s.ctx_tokens for s in acc["steps"])
-            gen = sum(s.gen_tokens for s in acc["steps"])
             rec = M.PhaseRecord(node=node, cluster=cluster, engine=engine, model=model, t_start=acc["t0"], t=acc["t"],
-                                phase=M.classify_steps(ctx, gen), steps=acc["steps"], finished=acc["fin"],
+                                phase=M.classify_steps(acc["steps"]), steps=acc["steps"], finished=acc["fin"],
                                 ttft_s=acc["ttft"], itl_count=acc["itl"][0], itl_sum_s=acc["itl"][1],
                                 itl_max_s=acc["itl"][2], dropped=dict(self.dropped), plugin_version=_VERSION)
             out.append((_phase_subject(cluster, node, engine), rec))

@@ -601,7 +601,7 @@ class Engine:
             scope=rule.scope, node=st.node, entity=st.entity, state=st.state, active_at=st.active_at,
             evaluated_at=now, fired_at=st.fired_at, resolved_at=resolved_at, labels=dict(st.labels),
             evidence=dict(st.evidence), params=_plain_params(rule.params), mitigation=rule.mitigation,
-            summary=summary, cluster=self.cluster,
+            summary=summary, cluster=self.cluster, maturity=rule.maturity,
         )
 
     def evaluates(self, rule: Rule) -> bool:

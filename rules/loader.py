@@ -23,6 +23,8 @@ from typing import Any, Iterable, Sequence
 
 from skewd.model import Catalogue, Layer, Scope, Severity, parse_duration
 
+from . import paths as _paths
+
 from .engine import ENGINE_VERSION, Rule, RuleSet
 from .expr import Code, CompileEnv, ExprError, compile_expr
 from .pathologies import PATHOLOGIES
@@ -92,16 +94,9 @@ class LoadResult:
 
 
 def rule_files(paths: Iterable[str | Path]) -> list[Path]:
-    """Expand directories to their *.yaml/*.yml files (sorted), skipping rule-test files."""
-    out: list[Path] = []
-    for p in paths:
-        p = Path(p)
-        if p.is_dir():
-            out += sorted(f for f in p.iterdir() if f.suffix in (".yaml", ".yml") and f.is_file()
-                          and not f.name.endswith((".test.yaml", ".test.yml")))
-        else:
-            out.append(p)
-    return out
+    """The rule files ``paths`` name, in load order: ``shipped`` is the packs, directories are
+    read recursively (:mod:`skewd.rules.paths`)."""
+    return _paths.rule_files(paths)
 
 
 def _suggest(word: str, options: Iterable[str]) -> str:
@@ -345,19 +340,16 @@ class Loader:
                 self.issue(Code.BAD_DURATION, f"{key}: {e}", vp(key), rid)
         params = d.get("params") or {}
         if not isinstance(params, dict):
-            self.issue(Code.BAD_VALUE, "params must be a mapping of name: number or duration", vp("params"), rid)
+            self.issue(Code.BAD_VALUE, "params must be a mapping of name: number, duration, string or list", vp("params"), rid)
             params = {}
         for pk, pv in params.items():
             ppos = params.val_pos.get(pk, vp("params")) if isinstance(params, PMap) else vp("params")
             if not isinstance(pk, str) or not _NAME.match(pk):
                 self.issue(Code.BAD_VALUE, f"param name {pk!r} must be lower_snake_case", ppos, rid)
             elif isinstance(pv, bool) or not isinstance(pv, (int, float, str, list)):
-                self.issue(Code.BAD_VALUE, f"param {pk} must be a number, a duration or a list", ppos, rid)
-            elif isinstance(pv, str):
-                try:
-                    parse_duration(pv)
-                except ValueError as e:
-                    self.issue(Code.BAD_DURATION, f"param {pk}: {e}", ppos, rid)
+                self.issue(Code.BAD_VALUE, f"param {pk} must be a number, a duration, a string or a list", ppos, rid)
+            # a string param is checked where the expression uses it: as a duration it must parse
+            # (E009 at that use), compared with entity/node it is a plain string (port: eth1)
         for key, typ, what in (("labels", dict, "a mapping of strings"), ("tags", list, "a list of strings"),
                                ("requires", list, "a list of signal names")):
             v = d.get(key)

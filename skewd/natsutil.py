@@ -179,6 +179,28 @@ class NatsConfig:
         return "the nats: section (the server requires authentication: set user/password, token, nkey_seed_file or creds_file)"
 
 
+#: the ``nats:`` keys of the agent and controller configs (docs/config.md is generated from this)
+KEY_DOCS: dict[str, str] = {
+    "url": "one server URL (`nats://host:4222`, `tls://...`); the same as `servers: [URL]`",
+    "servers": "server URLs tried in turn (a NATS cluster); a comma-separated string works too",
+    "user": "user name (with `password`)",
+    "password": "password (with `user`)",
+    "token": "authentication token",
+    "nkey_seed_file": "file holding an NKey seed",
+    "creds_file": "decentralised-auth `.creds` file (JWT and seed)",
+    "tls_ca_file": "CA bundle to verify the server (system CAs otherwise, for `tls://` or a TLS server)",
+    "tls_cert_file": "client certificate (mutual TLS, with `tls_key_file`)",
+    "tls_key_file": "client key (mutual TLS, with `tls_cert_file`)",
+    "tls_hostname": "server name to verify when it differs from the URL's host",
+    "name": "connection name shown in the server's monitoring (`/connz`)",
+    "connect_timeout": "seconds to wait for one connection attempt",
+    "reconnect_time_wait": "seconds between attempts to the same server while (re)connecting",
+    "pending_size": "bytes nats-py buffers for core publishes while reconnecting",
+    "inbox_prefix": "reply-inbox prefix (default `_INBOX.skewd.<role>.<cluster>[.<node>]`: what `skewd nats-auth` "
+                    "lets each user read; docs/security.md)",
+}
+
+
 def _valid_prefix(p: str) -> bool:
     toks = p.split(".")
     return bool(p) and all(t and t not in ("*", ">") and not any(c.isspace() for c in t) for t in toks)

@@ -414,10 +414,24 @@ class CollectorHealth:
 
 @dataclass(frozen=True)
 class RulesHealth:
-    """How many rules evaluate on this node, and why each of the others does not."""
+    """How many rules evaluate on this node, why each of the others does not, which ones the
+    controller evaluates over the node summaries (not inactive: they run elsewhere), and which
+    ones this node's clock weakens (see ``skewd.agent.rulestatus``)."""
 
     active: int
     inactive: dict[str, str] = field(default_factory=dict)  # rule id → reason
+    controller: list[str] = field(default_factory=list)  # rule ids the controller evaluates
+    clock_weakened: dict[str, str] = field(default_factory=dict)  # rule id → what the unsynced clock costs it
+
+
+@dataclass(frozen=True)
+class ClockHealth:
+    """The node's clock discipline as the kernel reports it (adjtimex): the controller compares
+    this node's timestamps with its peers', which is only as good as this."""
+
+    synced: bool
+    max_error_s: float | None = None
+    source: str = ""
 
 
 @dataclass(frozen=True)
@@ -450,6 +464,7 @@ class Health:
     spool_depth: int
     drops: dict[str, int]
     agent_version: str
+    clock: ClockHealth | None = None  # None: not read (older agents)
     schema: int = WIRE_SCHEMA
     kind: MessageKind = field(default=MessageKind.HEALTH, init=False)
 
@@ -481,10 +496,14 @@ def to_dict(msg: WireMessage) -> dict[str, Any]:
             "schema": msg.schema, "kind": msg.kind.value, "node": msg.node, "cluster": msg.cluster,
             "t": float(msg.t),
             "collectors": {n: {"state": c.state, "reason": c.reason} for n, c in msg.collectors.items()},
-            "rules": {"active": msg.rules.active, "inactive": dict(msg.rules.inactive)},
+            "rules": {"active": msg.rules.active, "inactive": dict(msg.rules.inactive),
+                      **({"controller": list(msg.rules.controller)} if msg.rules.controller else {}),
+                      **({"clock_weakened": dict(msg.rules.clock_weakened)} if msg.rules.clock_weakened else {})},
             "last_reload": {"ok": msg.last_reload.ok, "error": msg.last_reload.error, "t": msg.last_reload.t},
             "spool_depth": msg.spool_depth, "drops": dict(msg.drops),
             "agent_version": msg.agent_version,
+            **({"clock": {"synced": msg.clock.synced, "max_error_s": _finite(msg.clock.max_error_s),
+                          "source": msg.clock.source}} if msg.clock is not None else {}),
         }
     raise TypeError(f"not a skewd wire message: {type(msg).__name__}")
 
@@ -893,15 +912,25 @@ def _health_from_dict(d: Mapping[str, Any]) -> Health:
         collectors[name] = CollectorHealth(state=c.name("state"), reason=c.text("reason", default=""))
     rules = r.obj("rules")
     inactive = rules.obj("inactive", optional=True)
+    weakened = rules.obj("clock_weakened", optional=True)
+    ctl = rules.d.get("controller") or []
+    if not isinstance(ctl, list) or not all(isinstance(x, str) for x in ctl):
+        raise WireError("health.rules.controller: expected a list of rule ids")
     rl = r.obj("last_reload")
     drops = r.obj("drops")
+    clock = None
+    if d.get("clock") is not None:
+        c = r.obj("clock")
+        clock = ClockHealth(synced=c.boolean("synced"), max_error_s=c.num("max_error_s", optional=True),
+                            source=c.text("source", default=""))
     return Health(
         node=r.name("node"), cluster=r.name("cluster"), t=r.time("t"),  # type: ignore[arg-type]
         collectors=collectors,
-        rules=RulesHealth(active=rules.integer("active", lo=0), inactive={k: inactive.text(k) for k in inactive.d}),
+        rules=RulesHealth(active=rules.integer("active", lo=0), inactive={k: inactive.text(k) for k in inactive.d},
+                          controller=list(ctl), clock_weakened={k: weakened.text(k) for k in weakened.d}),
         last_reload=ReloadStatus(ok=rl.boolean("ok"), error=rl.text("error", default=""), t=rl.time("t", optional=True)),
         spool_depth=r.integer("spool_depth", lo=0), drops={k: drops.integer(k, lo=0) for k in drops.d},
-        agent_version=r.text("agent_version"), schema=WIRE_SCHEMA)
+        agent_version=r.text("agent_version"), clock=clock, schema=WIRE_SCHEMA)
 
 
 def finding_from_dict(d: Mapping[str, Any]) -> Finding:
@@ -917,6 +946,18 @@ def _enum(r: _Reader, key: str, cls: type[Enum]) -> Any:
     except ValueError:
         raise WireError(f"{r.where}: field {key!r} is {show_value(v)}, not one of "
                         f"{', '.join(str(m.value) for m in cls)}") from None  # type: ignore[attr-defined]
+
+
+MATURITIES = ("", "stable", "incubating", "sandbox")
+
+
+def _maturity(r: _Reader) -> str:
+    """A finding's optional maturity tag (docs/rules.md, Maturity): one of the rule tags, or
+    empty (an agent older than the field; the controller then takes its own rule's tag)."""
+    v = r.text("maturity", default="")
+    if v not in MATURITIES:
+        raise WireError(f"{r.where}: field 'maturity' is {show_value(v)}, not one of stable, incubating, sandbox")
+    return v
 
 
 def _finding_from_dict(d: Mapping[str, Any]) -> Finding:
@@ -941,7 +982,7 @@ def _finding_from_dict(d: Mapping[str, Any]) -> Finding:
         fired_at=r.time("fired_at", optional=True), resolved_at=r.time("resolved_at", optional=True),
         labels=r.names("labels"), evidence={k: evidence.num(k, optional=True) for k in evidence.d},
         params=pv, mitigation=r.text("mitigation", default=""), summary=r.text("summary", default=""),
-        cluster=r.name("cluster", default=""), schema=FINDING_SCHEMA_VERSION)
+        cluster=r.name("cluster", default=""), maturity=_maturity(r), schema=FINDING_SCHEMA_VERSION)
     for key in ("id", "fingerprint"):  # derived fields: a mismatch means a tampered or foreign body
         if key in d and d[key] != getattr(f, key):
             raise WireError(f"finding: field {key!r} is {show_value(d[key])} but the body derives {getattr(f, key)!r}")

@@ -403,3 +403,23 @@ def test_a_grouped_nodes_summary_carries_its_placement_in_the_subject() -> None:
     assert p.kind is wire.MessageKind.SUMMARY and p.tokens == {
         "cluster": "prod-a", "partition": "5", "node": "gpu-node-07", "placement": "pp.1"}
     assert wire.partition_of("pp.1", 8) == wire.partition_of("pp.1", 8) < 8
+
+
+def test_a_findings_maturity_survives_the_wire_and_a_bad_one_is_refused() -> None:
+    """The controller decides what a finding may do from its maturity tag (docs/rules.md): the
+    decoder must carry it, and refuse a tag no rule can have."""
+    import json as _json
+
+    from skewd import wire as W
+    from skewd.model import Finding, Layer, Scope, Severity, State
+
+    f = Finding(rule_id="r", pathology="NS-7", severity=Severity.WARNING, layer=Layer.NETWORK, scope=Scope.NODE,
+                node="n1", entity="", state=State.FIRING, active_at=1e9, evaluated_at=1e9 + 1, fired_at=1e9 + 1,
+                cluster="c", maturity="sandbox")
+    assert W.decode(W.encode(f)).maturity == "sandbox"
+    d = _json.loads(W.encode(f))
+    d["maturity"] = "trusted"
+    import pytest as _pytest
+
+    with _pytest.raises(W.WireError, match="maturity"):
+        W.decode(_json.dumps(d))

@@ -37,6 +37,12 @@ class HostCollector(Collector):
     catalogue = CATALOGUE
     default_interval = 1.0
     config_keys = frozenset({"user_hz", "loadavg", "netns"})
+    config_docs = {
+        "user_hz": ("`100`", "ticks per second of `/proc/stat` CPU times (100 on every Linux GPU platform)"),
+        "loadavg": ("`true`", "read `/proc/loadavg`"),
+        "netns": ("the agent's", "network namespace whose `net/snmp` and `net/netstat` to read: a name under "
+                                 "`/run/netns` or `/proc/<pid>/ns/net`"),
+    }
 
     def __init__(self, node: str, config: Mapping[str, Any] | None = None,
                  sys_root: str | Path = "/sys", proc_root: str | Path = "/proc") -> None:

@@ -14,21 +14,11 @@ import sys
 from pathlib import Path
 from typing import Sequence, TextIO
 
-from skewd.model import parse_duration
+from skewd import cliargs
 
 from .capfile import CaptureError, read_capture
 from .features import IntervalFeatures, analyze
 from .parse import counts, decode
-
-
-def _duration(text: str) -> float:
-    try:
-        v = parse_duration(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError("must be longer than 0s")
-    return v
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,10 +26,10 @@ def build_parser() -> argparse.ArgumentParser:
                                 "(pcap or pcapng, optionally .gz or .zst).")
     p.add_argument("file", help="capture file")
     p.add_argument("--json", action="store_true", help="JSON lines: one object per flow and interval, then ports")
-    p.add_argument("--interval", type=_duration, default=None,
-                   help="features per interval of this length (e.g. 1s, 100ms; aligned to Unix time); "
+    p.add_argument("--interval", type=cliargs.duration, default=None,
+                   help="features per interval of this length (e.g. 1s, 100ms, 5 = 5s; aligned to Unix time); "
                         "default: the whole capture as one interval")
-    p.add_argument("--burst-gap", type=_duration, default=0.001,
+    p.add_argument("--burst-gap", type=cliargs.duration, default=0.001,
                    help="idle gap that separates two bursts of a flow (default 1ms)")
     p.add_argument("--top", type=int, default=40, help="table: the N flows with most bytes per interval (0 = all)")
     return p

@@ -75,6 +75,22 @@ class PktCollector(Collector):
     config_keys = frozenset({"interface", "filter", "filter_program", "snaplen", "ring_block_size", "ring_blocks",
                              "block_timeout", "burst_gap", "flow_timeout", "max_flows", "max_pending_packets",
                              "netns", "max_listed_silences"})
+    config_docs = {
+        "interface": ("none (required)", "device to capture on"),
+        "netns": ("the agent's", "capture inside a network namespace (`/run/netns/NAME` or `/proc/PID/ns/net`)"),
+        "filter": ("all", "generated kernel filter: `ip`, `ip6`, `tcp`, `udp`, `[tcp|udp] [src|dst] port N`, "
+                   "`host A.B.C.D`, `roce`, joined with `or`"),
+        "filter_program": ("none", "a classic BPF program: `tcpdump -ddd` text or `[[code, jt, jf, k], ...]`"),
+        "snaplen": ("`128`", "bytes of each frame the kernel copies (headers only)"),
+        "ring_block_size": ("adaptive (256 KiB, then 1 MiB)", "TPACKET_V3 block size; setting it fixes the ring"),
+        "ring_blocks": ("`16`", "TPACKET_V3 blocks; setting it fixes the ring"),
+        "block_timeout": ("`10ms`", "the kernel hands over a partly filled block after this long"),
+        "burst_gap": ("`1ms`", "an idle gap at least this long ends a burst"),
+        "flow_timeout": ("`60s`", "a flow idle this long is forgotten"),
+        "max_flows": ("`100000`", "most flows tracked at once (least recently active evicted first)"),
+        "max_pending_packets": ("`500000`", "frames buffered between collects; beyond it frames are discarded"),
+        "max_listed_silences": ("`256`", "collective silences listed per port and collect"),
+    }
 
     def __init__(self, node: str, config: Mapping[str, Any] | None = None,
                  sys_root: str | Path = "/sys", proc_root: str | Path = "/proc") -> None:
@@ -102,6 +118,15 @@ class PktCollector(Collector):
             self._cfg_error = str(e)
 
     # -- configuration ---------------------------------------------------------------------
+    @classmethod
+    def config_problems(cls, config: Mapping[str, Any]) -> list[str]:
+        """The settings' errors (kept by the constructor for probe(), reported at load time)."""
+        try:
+            err = cls("config-check", config)._cfg_error
+        except ValueError as e:  # a setting even the constructor could not read
+            err = str(e)
+        return [f"collectors.pkt: {err}"] if err else []
+
     def _settings(self) -> dict[str, Any]:
         c = self.config
         snaplen = int(c.get("snaplen", 128))

@@ -23,6 +23,7 @@ from skewd.collectors.host.parse import NETSTAT
 from skewd.model import SampleBatch
 
 from . import pktfeat as P
+from .qdisc import QueueTruth, healthy_view, observe
 from .topology import Cluster, Node
 from .workload import HISTS, EngineSim, TickOut
 
@@ -129,6 +130,10 @@ class NodeState:
     silences: Any = None
     bulk: list[dict] = field(default_factory=list)  # bulk TCP transfers on the front end (name, egress, bytes, packets)
     notes: dict[str, float] = field(default_factory=dict)
+    # egress queues with lock-step dynamics an injector set (dev → truth), and root-qdisc shaping
+    # rates (dev → bytes/s); what the collector sees of them is derived in _emit_net (.qdisc)
+    queue: dict[str, QueueTruth] = field(default_factory=dict)
+    shaped: dict[str, float] = field(default_factory=dict)
 
 
 class _Out:
@@ -237,10 +242,14 @@ def _objs(names: list[str]) -> np.ndarray:
 
 
 class NodeSim:
-    def __init__(self, cluster: Cluster, node: Node, rng: np.random.Generator, t_start: float) -> None:
+    def __init__(self, cluster: Cluster, node: Node, rng: np.random.Generator, t_start: float,
+                 qrng: np.random.Generator | None = None) -> None:
         self.c = cluster
         self.n = node
         self.rng = rng
+        # the qdisc sampler's randomness (sample phases): its own stream, so that measuring queues
+        # changes no other draw of the run
+        self.qrng = qrng if qrng is not None else np.random.default_rng(zlib.crc32(node.name.encode()))
         G = len(node.gpus)
         g = cluster.gpu
         self.G = G
@@ -775,8 +784,27 @@ class NodeSim:
         front = st.notes.get("front_speed", self.c.front_speed)
         speed = np.array([front if d == n.front else self.c.rdma_speed for d in devs])
         o.add(t, E[up], "netdev_link_speed_bytes", speed[up])
-        o.add(t, E, "netdev_qdisc_backlog_bytes", np.array([st.qdisc[d]["backlog"] for d in devs]))
-        o.add(t, E, "netdev_qdisc_qlen_packets", np.array([st.qdisc[d]["qlen"] for d in devs]))
+        # the egress queue as netdev's 20 Hz sampler and its dump see it (.qdisc)
+        views = []
+        for d, sp in zip(devs, speed):
+            if d in st.queue:
+                views.append(observe(self.qrng, st.queue[d]))
+            else:
+                v = healthy_view(self.qrng, d == n.front and st.net[d].get("tx_packets", 0.0) > 500, float(sp))
+                v.backlog, v.qlen = st.qdisc[d]["backlog"], st.qdisc[d]["qlen"]  # the dump's instant
+                v.peak = max(v.peak, v.backlog)
+                views.append(v)
+        o.add(t, E, "netdev_qdisc_backlog_bytes", np.array([v.backlog for v in views]))
+        o.add(t, E, "netdev_qdisc_qlen_packets", np.array([v.qlen for v in views]))
+        shaped = np.array([st.shaped.get(d, np.inf) for d in devs])
+        if np.isfinite(shaped).any():
+            o.add(t, E[np.isfinite(shaped)], "netdev_qdisc_rate_bytes", shaped[np.isfinite(shaped)])
+        peak = np.array([v.peak for v in views])
+        drain = np.minimum(np.array([v.drain for v in views]), np.minimum(shaped, speed))
+        o.add(t, E, "netdev_qdisc_backlog_max_bytes", peak)
+        o.add(t, E, "netdev_qdisc_backlog_mean_bytes", np.array([v.mean for v in views]))
+        o.add(t, E, "netdev_qdisc_busy_ratio", np.array([v.busy for v in views]))
+        o.add(t, E, "netdev_qdisc_delay_max_seconds", np.where(peak > 0, peak / np.maximum(drain, 1.0), 0.0))
         for k in ("drops", "overlimits", "requeues"):
             o.add(t, E, f"netdev_qdisc_{k}_total", np.array([self.c_qdisc[d][k] for d in devs]))
         o.add(t, E, "netdev_qdisc_sent_bytes_total", np.array([round(self.c_qdisc[d]["sent_bytes"]) for d in devs], float))

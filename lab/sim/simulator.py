@@ -103,7 +103,8 @@ class Simulation:
                 load = LoadSpec(**{**load.__dict__, "rate": load.rate * 2, "output_median": 1.0, "output_sigma": 0.0,
                                    "output_max": 1})
             self.engines.append(EngineSim(r, c, load, self._rng("engine", r.id)))
-        self.nodes = [NodeSim(c, n, self._rng("node", n.index), self.start) for n in c.nodes]
+        self.nodes = [NodeSim(c, n, self._rng("node", n.index), self.start, self._rng("qdisc", n.index))
+                      for n in c.nodes]
         # each node's clock: an offset from true time (bursts are timestamped with it) and the
         # error bound its time daemon reports (what a summary's clock_sync.max_error_s carries)
         crng = self._rng("clock", 0)

@@ -17,13 +17,20 @@ from skewd.model import Layer
 from .sim import ScriptedGroup, finding, publish_finding
 
 RULES = str(Path(__file__).parent / "rules")
+#: where the test rules' findings hold their culprit measurement (controller/culprit.py)
+CULPRIT_EVIDENCE = {
+    "EW-1-tp-straggler-test": {"measure": "ctl_arrival_lag_excess_seconds", "above": "lag",
+                               "steps": "ctl_aligned_steps", "min_steps": "min_steps"},
+    "EW-9-early-stop-test": {"measure": "ctl_step_missing_ratio", "above": "share"},
+    "EW-3-bytes-skew-test": {"measure": "ctl_collective_bytes_dev_ratio", "above": "dev", "abs": True},
+}
 
 
 def config(url: str, cluster: str, **over: Any) -> ControllerConfig:
     base: dict[str, Any] = {
         "cluster": cluster, "nats": {"servers": url, "reconnect_time_wait": 0.2}, "rules": [RULES],
         "warmup": "3s", "alignment": {"window": "4s"},
-        "correlation": {"group_wait": "8s", "effect_window": "10s"},
+        "correlation": {"group_wait": "8s", "effect_window": "10s", "culprit_evidence": CULPRIT_EVIDENCE},
         "consumer": {"ack_wait": "2s"},
         "topology": {"tp_groups": {"tp0": {"nodes": ["n0", "n1", "n2", "n3"], "model": "m1", "engine": "n0/engine0"}},
                      "models": {"m1": {"max_num_seqs": 256, "max_model_len": 8192}}},

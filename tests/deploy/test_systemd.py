@@ -15,11 +15,12 @@ SYSTEMD = Path(__file__).resolve().parents[2] / "deploy" / "systemd"
 def test_example_agent_config_loads() -> None:
     cfg = load_config(SYSTEMD / "agent.yaml", env={"SKEWD_NODE": "gpu-node-17"}, collector_keys=collector_config_keys())
     assert parse_listen(cfg.metrics_listen)[0] == "127.0.0.1"
-    assert cfg.rules[0] == "/opt/skewd/packs" and cfg.nats["nkey_seed_file"].endswith(".nk")
+    assert cfg.rules[0] == "shipped" and cfg.nats["nkey_seed_file"].endswith(".nk")  # the installed packs
 
 
 def test_agent_unit_grants_only_net_raw() -> None:
     unit = (SYSTEMD / "skewd-agent.service").read_text()
     for key in ("AmbientCapabilities", "CapabilityBoundingSet"):
         assert re.search(rf"^{key}=CAP_NET_RAW$", unit, re.M), key
-    assert "/opt/skewd/packs" in unit  # how the install makes the path agent.yaml names
+    # the unit refuses to start an agent whose config or rules do not load (agent --check exits non-zero)
+    assert re.search(r"^ExecStartPre=\S+ agent --check --config \S+$", unit, re.M)
