@@ -763,6 +763,12 @@ KEY_DOCS: dict[str, str | tuple[str, str]] = {
                                "state is forgotten",
     "ingest.max_nodes": "nodes heard from at once; further new nodes are rejected (and counted) until silent "
                         "nodes make room",
+    "scaleout.partitions": "summary partitions: the N of the NATS server's `partition(N, ...)` mapping "
+                           "(deploy/nats/partitions.conf); 1: one controller takes every summary; N > 1: every "
+                           "controller process with this config is a worker holding partitions through KV leases",
+    "scaleout.lease": "a worker (or the leader) that has not renewed its KV lease for this long is presumed dead "
+                      "and its partitions are taken over (renewed every third of it)",
+    "scaleout.max_partitions": "most partitions one worker holds at once (0: an even share of the live workers')",
     "metrics.listen": "the controller's `/metrics` (`host:port`, localhost unless an address is given; empty: off)",
     "alertmanager.url": ("`[]`", "Alertmanager v2 URL(s) to send incidents to (every member of an Alertmanager "
                                   "cluster); empty: off"),
