@@ -18,7 +18,7 @@ import pytest
 from skewd import wire
 from skewd.controller.scaleout import Worker, decode_digest, encode_digests
 
-from .helpers import RULES, config, config_yaml, incidents, remaps, stored, wait_for
+from .helpers import CULPRIT_EVIDENCE, RULES, config, config_yaml, incidents, publish_victims, remaps, stored, wait_for
 from .sim import ScriptedGroup
 
 pytestmark = pytest.mark.timeout(300)
@@ -45,11 +45,16 @@ def _groups(cluster: str, late: dict[str, int], t0: float) -> dict[str, Scripted
 
 
 async def _play(nc, groups: dict[str, ScriptedGroup], start: int, stop: int, pace: float) -> None:
-    """Summaries of every node, as agents with a tp_group label publish them (placement in the subject)."""
+    """Summaries of every node, as agents with a tp_group label publish them (placement in the
+    subject); four intervals into a group's straggling, the findings its agents raise (the
+    incubating test rule names a culprit only with them, as with one controller)."""
+    js = nc.jetstream()
     for i in range(start, stop):
         for name, g in groups.items():
             for n in g.nodes:
                 await nc.publish(wire.summary_subject(g.cluster, n, name), g.summary(i, n))
+            if i == g.late_from + 4:
+                await publish_victims(js, g, i)
         await nc.flush()
         await asyncio.sleep(pace)
 
@@ -125,11 +130,13 @@ def test_two_workers_share_partitions_and_one_leader_names_the_straggler(mapped_
             await _play(nc, groups, 0, 45, pace=0.05)
             await asyncio.sleep(2.0)
             sugs = await remaps(url, cluster)
-            assert len(sugs) == 1, [s.summary for s in sugs]
+            leader = next(w for w in workers if w.leader is not None).leader
+            assert len(sugs) == 1, ([s.summary for s in sugs], leader.status()["correlation"],
+                                    sorted((f.rule_id, f.node, f.state.value, f.evidence)
+                                           for f in leader.correlator.findings.values()))
             s = sugs[0]
             assert s.culprit is not None and s.culprit.node == "b2" and s.culprit.tp_group == "tp1"
             assert s.cause is not None and s.cause.layer == "pcie", s.cause
-            leader = next(w for w in workers if w.leader is not None).leader
             assert leader.digests_in > 0 and leader.unpartitioned == 0
             # every node's summaries reached exactly one partition: the one of its group
             for w in workers:
@@ -148,7 +155,8 @@ def test_two_workers_share_partitions_and_one_leader_names_the_straggler(mapped_
 def _worker_config(url: str, cluster: str, wid: str) -> dict:
     return {"cluster": cluster, "controller_id": wid, "nats": {"servers": url, "reconnect_time_wait": 0.2},
             "rules": [RULES], "warmup": "3s", "alignment": {"window": "4s"},
-            "correlation": {"group_wait": "8s", "effect_window": "10s"}, "consumer": {"ack_wait": "2s"},
+            "correlation": {"group_wait": "8s", "effect_window": "10s", "culprit_evidence": CULPRIT_EVIDENCE},
+            "consumer": {"ack_wait": "2s"},
             "topology": _topology(), "log": {"level": "info"}, "metrics": {"listen": ""},
             "scaleout": {"partitions": PARTITIONS, "lease": "1.5s"}}
 
