@@ -671,13 +671,18 @@ class Segment:
             return None
         return max([c.extra["batches"][1] for c in v.good if "batches" in c.extra] or [0])
 
-    def iter_sample_chunks(self) -> Iterator[tuple[np.ndarray, SampleBatch, np.ndarray | None]]:
+    def iter_sample_chunks(self, first_batch: int = 0) -> Iterator[tuple[np.ndarray, SampleBatch, np.ndarray | None]]:
         """Per stored chunk over the intact prefix, in arrival order: (batch number per sample,
         the chunk's samples, a code per sample of its (node, entity, signal) or None). Two runs
         of samples of one chunk with equal codes have equal node, entity and signal columns:
-        replay uses that to recognise a collector's batch layout without comparing strings."""
+        replay uses that to recognise a collector's batch layout without comparing strings.
+        ``first_batch``: chunks holding only earlier batches are skipped undecoded (a replay's
+        time slice starting inside the segment)."""
         for rb in self._record_batches(SAMPLES):
             names = rb.schema.names
+            if first_batch and "batch" in names and len(rb) and \
+                    rb.column(names.index("batch"))[len(rb) - 1].as_py() < first_batch:
+                continue
             t = _num_column(rb.column(names.index("t")))
             node, nc, nn = _str_codes(rb.column(names.index("node")))
             ent, ec, en = _str_codes(rb.column(names.index("entity")))

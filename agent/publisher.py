@@ -50,6 +50,7 @@ class PublisherStats:
     published: int = 0  # findings acknowledged by JetStream (duplicates included)
     duplicates: int = 0  # of those, PubAcks flagged duplicate (a re-send the stream dropped)
     publish_errors: int = 0  # failed JetStream publish attempts (retried)
+    reannounced: int = 0  # open findings sent again after a reconnect (see Publisher.reconnected_since)
     rejected: int = 0  # findings refused for good (too large for the spool or the server), dropped
     spool_errors: int = 0  # findings lost because the spool could not write (disk full, I/O error)
     best_effort_published: int = 0  # summaries/health/phase sent
@@ -196,13 +197,21 @@ class Publisher:
 
     # ---- publishing ---------------------------------------------------------------------------
 
-    def publish_finding(self, finding: Finding) -> int | None:
+    def publish_finding(self, finding: Finding, *, again: bool = False) -> int | None:
         """Queue a finding for JetStream (spool append; never waits for the network). Returns
         its spool seq, or None if it could not be queued (too large, or the spool cannot write:
-        logged and counted, never raised into the agent's evaluation loop)."""
+        logged and counted, never raised into the agent's evaluation loop).
+
+        ``again``: a re-announcement of a transition already sent (the alert is still open, see
+        :meth:`reconnected_since`). Its ``Nats-Msg-Id`` carries its evaluation time, or the
+        stream would drop it as a copy of the first within its duplicate window; a controller
+        that still holds the transition drops it by ``event_id`` instead."""
         subject = wire.subject_for(finding, self.cluster)
+        headers = wire.headers_for(finding)
+        if again:
+            headers[wire.HDR_MSG_ID] = f"{finding.event_id}@{int(round(finding.evaluated_at * 1000))}"
         try:
-            seq = self.spool.append(subject, wire.headers_for(finding), wire.encode(finding))
+            seq = self.spool.append(subject, headers, wire.encode(finding))
         except RecordTooLarge as e:
             self.stats.rejected += 1
             log.error("finding %s not published: %s", finding.event_id, e)
@@ -211,8 +220,18 @@ class Publisher:
             self.stats.spool_errors += 1
             log.error("finding %s lost, the spool cannot store it: %s", finding.event_id, e)
             return None
+        if again:
+            self.stats.reannounced += 1
         self._wake()
         return seq
+
+    def reconnected_since(self, seen: int) -> bool:
+        """Whether the connection came back after an outage since the caller saw ``seen``
+        reconnects (compare with ``stats.reconnects``). While an agent is cut off, its summaries
+        are dropped and the controller resolves its open findings "node silent"
+        (``ingest.silent_intervals``); an alert that kept firing makes no new transition, so the
+        agent re-announces its open alerts after a reconnect (:meth:`publish_finding` ``again``)."""
+        return self.stats.reconnects != seen
 
     async def publish_summary(self, summary: wire.Summary) -> bool:
         """Best effort: True if handed to the connection, False if dropped (counted)."""

@@ -79,6 +79,8 @@ class Agent:
         self._clock: tuple[float, Any] | None = None
         #: a collector changed availability: publish health at the next tick, not in 10 s
         self._health_now = False
+        #: publisher reconnects already answered by re-announcing the open alerts
+        self._announced_reconnects = 0
 
     # -- setup -------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -227,7 +229,22 @@ class Agent:
         if self.publisher is not None:
             for f in findings:
                 self.publisher.publish_finding(f)
+            if self.publisher.reconnected_since(self._announced_reconnects):
+                self._announced_reconnects = self.publisher.stats.reconnects
+                self._reannounce(now, findings)
         return findings
+
+    def _reannounce(self, now: float, sent: list[Finding]) -> None:
+        """After a NATS outage, tell the controller again about every alert still open (those
+        that transitioned at this tick were just sent). A controller that resolved them for this
+        node's silence reopens them; one that did not drops the copies by ``event_id``. They
+        follow whatever the outage spooled, so the controller sees the transitions in order."""
+        just_sent = {f.fingerprint for f in sent}
+        again = [f for f in self.pipeline.engine.open_findings(now) if f.fingerprint not in just_sent]
+        for f in again:
+            self.publisher.publish_finding(f, again=True)
+        if again:
+            log.info("reconnected to NATS: re-announced %d open finding(s)", len(again))
 
     async def _send_summary(self, now: float) -> None:
         clk = self.clock_now(now)

@@ -87,6 +87,27 @@ def split_long(length: np.ndarray, min_ratio: float = SEPARATION) -> float:
     return float(np.exp(0.5 * (xs[i] + xs[i + 1])))
 
 
+def fold_period(d: np.ndarray, tol: float = 0.15, max_mult: int = 4) -> float:
+    """The step period behind spacings ``d`` of step entries. Entries missed (a rank that
+    entered within ``react`` of a peer's notification) leave spacings of 2, 3.. periods; an
+    extra entry (a wait misread as a compute gap) splits one. Of the candidate periods (the
+    spacings themselves), the one under which the spacings are most nearly single steps: each
+    spacing within ``tol`` of a multiple m <= ``max_mult`` of it scores 1/m (a half of the
+    period explains every spacing too, but as doubles); then the median of the explained
+    spacings, each folded onto its multiple."""
+    d = np.asarray(d, np.float64)
+    d = d[d > 0]
+    if not len(d):
+        return float("nan")
+    cand = np.unique(np.round(d, 5))
+    r = d[None, :] / cand[:, None]  # candidates x spacings
+    m = np.clip(np.rint(r), 1, None)
+    ok = (np.abs(r / m - 1.0) <= tol) & (m <= max_mult)
+    score = np.where(ok, 1.0 / m, 0.0).sum(axis=1)
+    i = int(np.flatnonzero(score >= score.max() - 1e-9)[-1])  # ties: the longest
+    return float(np.median(d[ok[i]] / m[i, ok[i]]))
+
+
 def analyse(end: np.ndarray, length: np.ndarray, by_send: np.ndarray, sent: np.ndarray,
             t0: float, t1: float) -> StepStats | None:
     """Steps of one node from its silences ending in [t0, t1] (time order); None when there is
@@ -123,26 +144,29 @@ def analyse(end: np.ndarray, length: np.ndarray, by_send: np.ndarray, sent: np.n
     starts = end[ti]
     d = np.diff(starts)
     # a step whose entry was not recognised (it came within the reaction window of a peer's
-    # message) leaves a spacing of two periods: fold every spacing onto its multiple of the period
-    period = float(np.median(d))
-    for _ in range(2):
-        mult = np.maximum(np.rint(d / period), 1.0)
-        period = float(np.median(d / mult))
+    # message) leaves a spacing of two or more periods: fold every spacing onto its multiple of
+    # the period, the period being the longest spacing that explains (nearly) as many spacings
+    # as any does - its halves explain them too, its doubles only every other one
+    period = fold_period(d)
     mult = np.maximum(np.rint(d / period), 1.0)
     regular = float(np.mean(np.abs(d / mult - period) <= 0.25 * period))
     # per step k (entry ti[k] .. entry ti[k+1]): the longest silence strictly between the entry
-    # and the start of the next compute gap, and the bytes sent from the entry to the next one
-    waits = np.zeros(len(ti) - 1)
+    # and the start of the next compute gap, and the bytes sent from the entry to the next one.
+    # Waits only of single steps: where an entry was missed the span holds the missed step's
+    # compute gap too, which would read as a long wait
+    waits = np.full(len(ti) - 1, np.nan)
     cs = np.cumsum(sent)
     nbytes = np.full(len(ti), np.nan)
     for k in range(len(ti) - 1):
         a, b = ti[k], ti[k + 1]
         inner = length[a + 1: b]
-        if len(inner):
-            waits[k] = float(inner.max())
+        if mult[k] == 1.0:
+            waits[k] = float(inner.max()) if len(inner) else 0.0
         nbytes[k] = float(cs[b] - cs[a])  # sent[i] is what preceded silence i: entries a+1..b
+    single = waits[~np.isnan(waits)]
     return StepStats(period=period, periodicity=regular, compute=float(np.median(length[ti])),
-                     wait=float(np.median(waits)), step_bytes=float(np.median(nbytes[:-1])),
+                     wait=float(np.median(single)) if len(single) else float("nan"),
+                     step_bytes=float(np.median(nbytes[:-1])),
                      steps=len(ti), starts=starts, nbytes=nbytes)
 
 

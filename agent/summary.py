@@ -85,6 +85,9 @@ SPECS: tuple[SummarySpec, ...] = (
                 "CPU cores busy (non-idle seconds per second)"),
     SummarySpec("summary_engine_phase", "vllm_phase", "last", "max", "enum",
                 "engine phase: 0 idle, 1 decode-heavy, 2 prefill-heavy"),
+    SummarySpec("summary_engines", "vllm_requests_running", "last", "count", "engines",
+                "vLLM engines the node's collections report (replicas on the node: one TP replica spanning "
+                "the node's GPUs is one engine)"),
     SummarySpec("summary_engine_steps_per_second", "vllm_iterations_total", "rate", "sum", "steps/s",
                 "engine steps per second, the node's engines summed (a slow launch path steps less often: "
                 "PCIE-3)"),
@@ -103,6 +106,7 @@ CATALOGUE = [signal(s.name, "gauge", s.unit, "node", s.desc, "agent") for s in S
 
 _REDUCE: dict[str, Callable[[np.ndarray], float]] = {
     "sum": np.nansum, "mean": np.nanmean, "max": np.nanmax, "min": np.nanmin, "median": np.nanmedian,
+    "count": lambda v: float(np.count_nonzero(~np.isnan(v))),
 }
 _WINDOW = {"avg": F.avg, "max": F.wmax, "min": F.wmin, "last": F.last}
 

@@ -355,18 +355,19 @@ def render(sc: dict[str, IdScore], extra: dict[str, Any], runs: Sequence[RunResu
               "| tp | 4 nodes x 8 H100, two TP16 replicas of a 405B bf16 model, each across two nodes |",
               "| pp | 4 nodes x 8 H100, two TP8 x PP2 replicas (stages on different nodes) |",
               "| disagg | 4 nodes x 8 H100, 70B: two prefill nodes ship KV over RDMA to two decode nodes |", "",
-              "Summaries carry the node's clock error bound and the collective bursts (start, bytes) its agent "
-              "lists: every burst the pkt collector saw end on the port with the most burst bytes (`--bursts "
-              "agent`, the default; `--bursts every` sends the simulator's true bursts instead).", "",
+              "Summaries carry the node's clock error bound and the collective step starts its agent derives from "
+              "the pkt collector's collective silences, as the agent does on a real port (`--bursts agent`, the "
+              "default; `--bursts every` sends the simulator's true step starts instead).", "",
               "## Known gaps found by the lab", "",
               "- The lab reports each node's simulated clock error bound, as the agent reports the kernel's "
               "(adjtimex maxerror, kept by chrony/ntpd). A node without a disciplined clock reports a large bound or "
-              "none (`--clock-report none`): the controller then assumes 50 ms and no millisecond straggler (EW-1) "
-              "can be told from clock error.",
-              "- Collective bursts reach the controller as the agent lists them from packets: steps closer than the "
-              "collector's `burst_gap` (1 ms) merge on the wire (2.5 % of steps in healthy-tp), and a node whose "
-              "collectives carry fewer bytes than another captured port would report that port's bursts (a "
-              "pipeline's last stage sends ~4 KB a step; the lab has no front end on those nodes).",
+              "none (`--clock-report none`, `--clocks none`): the clock-free EW-1 (each node's own compute time "
+              "between collective silences, compared with its peers') is untouched; only the arrival-alignment "
+              "variant (EW-1-tp-straggler-aligned) stands down, and the controller says so (`unaligned_groups`).",
+              "- Collective steps reach the controller as the agent reads them from packets: silences on the "
+              "collective's connections shorter than the collector's `burst_gap` (1 ms) are not seen, so steps "
+              "closer than that merge, and a pipeline's last stage (~4 KB a step) has too little payload for a "
+              "step structure (`min_step_bytes`).",
               "- `rdma_port_xmit_wait_total` is a 32-bit saturating counter: on a long-running node it pins at "
               "2^32-1 and reads as zero rate; the lab starts it below the ceiling.",
               "- RoCE traffic bypasses the kernel, so an AF_PACKET capture on the host sees it only with a DPU or a "
@@ -468,8 +469,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     ap.add_argument("--eval-interval", type=float, default=5.0,
                     help="seconds between agent/controller evaluations (default 5; the agent's default is 1)")
     ap.add_argument("--bursts", choices=("every", "agent"), default="agent",
-                    help="collective bursts in summaries: what the agent lists from the pkt collector's ended "
-                         "bursts (default) or the simulator's true bursts (every)")
+                    help="collective step starts in summaries: what the agent derives from the pkt collector's "
+                         "collective silences (default) or the simulator's true step starts (every)")
     ap.add_argument("--clock-report", choices=("sim", "none"), default="sim",
                     help="clock error bound in summaries: the simulated node's (as the agent reports the kernel's "
                          "adjtimex maxerror) or none (a node whose time daemon keeps no bound)")

@@ -489,6 +489,15 @@ class Correlator:
         rules = ", ".join(sorted({f.rule_id for f in g.members}))
         return f"{rules} is incubating and no other rule's finding corroborates it yet"
 
+    def members(self, inc: Incident) -> list[Finding]:
+        """The member findings of ``inc`` as last seen (what the planner reads their evidence from)."""
+        out = []
+        for fid in inc.findings:
+            f = self.findings.get(fid.split("-", 1)[0])
+            if f is not None and f.id == fid:
+                out.append(f)
+        return out
+
     def plannable(self, inc: Incident) -> bool:
         """Whether the planner may suggest a remap for ``inc`` (see :meth:`_plan_gate`)."""
         return not self._plan.get(inc.id, "")

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
+
+from skewd.model import Finding, Scope
 
 from .config import ControllerConfig
 from .messages import ActionType, Incident, RemapAction, RemapSuggestion, Target, stable_key
@@ -65,11 +67,35 @@ def host_command(incident: Incident) -> tuple[str, str]:
             "performance CPU governor and no deep C-states, so the feeding threads and IRQs are not starved")
 
 
+def dropping_ports(inc: Incident, members: Sequence[Finding]) -> list[str]:
+    """The ports of the incident's node whose own egress counters dropped packets: NS-7
+    findings at port scope (qdisc drops, driver tx drops, counted by that node's kernel) from a
+    rule that is not sandbox. A flow's retransmits alone are no such evidence: the packet may
+    have been lost anywhere on the path (a switch, the receiver), and moving traffic off this
+    node then fixes nothing - a wrong remap is worse than a missed one."""
+    node = inc.culprit.node if inc.culprit else ""
+    return sorted({f.entity for f in members
+                   if f.pathology == "NS-7" and f.scope is Scope.NIC_PORT and f.node == node and f.entity
+                   and f.maturity != "sandbox"})
+
+
+def egress_drop_command(port: str) -> tuple[str, str]:
+    """(command, what to do) for drops at ``port``'s egress: where the packets are dropped
+    (qdisc or driver) decides the fix, and both counters are on the host."""
+    return (f"tc -s qdisc show dev {port}; ip -s link show dev {port}; ethtool -k {port}",
+            f"find where {port} drops: a qdisc at its limit (tc 'dropped') wants a larger limit or a "
+            f"shaper rate that fits the traffic; driver tx drops (ip 'TX dropped') a larger tx ring "
+            f"(ethtool -G {port} tx <max>); check TSO/GSO offloads; on the fabric enable ECN so "
+            "congestion marks instead of dropping")
+
+
 class Planner:
     def __init__(self, cfg: ControllerConfig) -> None:
         self.cfg = cfg
 
-    def candidates(self, inc: Incident) -> list[_Candidate]:
+    def candidates(self, inc: Incident, members: Sequence[Finding] = ()) -> list[_Candidate]:
+        """The actions that fit ``inc``; ``members`` are its member findings (what they
+        measured decides some actions, e.g. NS-7's)."""
         cause = inc.cause.layer if inc.cause else "unknown"
         conf = inc.cause.confidence if inc.cause else 0.4
         node = inc.culprit.node if inc.culprit else ""
@@ -121,6 +147,20 @@ class Planner:
             if cause == "gpu":
                 add(ActionType.DRAIN_RECLAIM, conf * 0.6, f"{node}'s GPU keeps throttling; take it out of service",
                     "the group runs on healthy GPUs; the drained GPU can be inspected (cooling, power)")
+        elif inc.pathology == "NS-7":
+            # egress drops/retransmits (runbook: check offloads, enable ECN/PFC): only when the
+            # node's own port counted the drops, never on retransmits alone (dropping_ports)
+            for port in dropping_ports(inc, members)[:1]:
+                cmd, what = egress_drop_command(port)
+                out.append(_Candidate(ActionType.HOST_TUNING, conf, f"NS-7 on {node}: {port} drops packets at "
+                                      f"its egress; {what}",
+                                      f"{port}'s drop counters stop rising; the retransmits and stream gaps "
+                                      "they cause end, ITL recovers", {"port": port}, cmd))
+                add(ActionType.REROUTE, conf * 0.8,
+                    f"NS-7 on {node}: its responses lose packets at {port}'s egress; send it less traffic "
+                    "until the port is fixed",
+                    f"less traffic queues at {port}, so it drops less; TTFT and ITL of the moved requests "
+                    "recover (the port itself is not fixed)", weight=self.cfg.reroute_weight, port=port)
         elif inc.pathology in NODE_ACTIONS:
             for t in NODE_ACTIONS[inc.pathology]:
                 if t is ActionType.CAP_CONCURRENCY:
@@ -142,9 +182,11 @@ class Planner:
                     add(t, conf * 0.6, f"{inc.pathology}: uneven work on {node}'s GPUs", "even per-GPU feed")
         return out
 
-    def plan(self, inc: Incident, now: float, controller: str = "") -> RemapSuggestion | None:
-        """The suggestion for ``inc``, or None when nothing fits (or nothing is confident enough)."""
-        cands = [c for c in self.candidates(inc) if c.confidence >= self.cfg.min_confidence]
+    def plan(self, inc: Incident, now: float, controller: str = "",
+             members: Sequence[Finding] = ()) -> RemapSuggestion | None:
+        """The suggestion for ``inc``, or None when nothing fits (or nothing is confident enough).
+        ``members``: the incident's member findings (:meth:`candidates`)."""
+        cands = [c for c in self.candidates(inc, members) if c.confidence >= self.cfg.min_confidence]
         if not cands:
             return None
         # least disruptive first; among equals the more confident

@@ -957,6 +957,8 @@ class Controller:
         try:
             async with self._lock:
                 if self.correlator.observe(f):
+                    if _agent_open(f):  # re-announced after its node's silence: it is open again
+                        self._silenced.pop(f.id, None)
                     await self.state.put_finding(f)  # type: ignore[union-attr]
                 else:
                     self.stats.findings_duplicate += 1
@@ -1235,7 +1237,7 @@ class Controller:
             key = suggestion_key(self.cfg.cluster, inc.id)
             if key in self.remaps:
                 continue
-            s = self.planner.plan(inc, t, self.cfg.controller_id)
+            s = self.planner.plan(inc, t, self.cfg.controller_id, members=self.correlator.members(inc))
             if s is None:
                 self.remaps[key] = {"status": "none", "suggestion": None}  # nothing to suggest: remember that
                 continue

@@ -14,8 +14,8 @@ consumer's handler, encoded and decoded as they travel through JetStream.
 Clocks: summaries report the node's clock error bound (``clock_report="sim"``), as the agent
 does from the kernel (``adjtimex`` maxerror, kept by chrony/ntpd: ``agent/clock.py``);
 ``clock_report="none"`` sends no bound, as from a node whose time daemon keeps none: the
-controller then assumes ``unsynced_clock_error`` (50 ms) and no millisecond straggler can be
-told from clock error.
+controller then assumes ``unsynced_clock_error`` (50 ms): the arrival-alignment variant of EW-1
+stands down, the clock-free EW-1 (each node's own compute time between silences) does not.
 
 Collective steps: the summary carries the node's step timing on its own clock
 (``summary_collective_*``) and the step entries for cross-node alignment

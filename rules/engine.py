@@ -613,6 +613,14 @@ class Engine:
         out = [st for r in self.rules.rules for st in self.states.get(r.id, {}).values()]
         return sorted(out, key=lambda s: (s.rule_id, s.node, s.entity))
 
+    def open_findings(self, now: float) -> list[Finding]:
+        """Every pending and firing alert as a finding evaluated at ``now``: same state,
+        activation (so the same ``id``), firing time and evidence as its last transition.
+        Transitions are sent once; this is what a consumer that lost track of alerts still
+        open (a controller that resolved them while their node was cut off) is told again."""
+        rules = self.rules.by_id()
+        return [self._finding(rules[st.rule_id], st, now) for st in self.alerts() if st.rule_id in rules]
+
 
 _EVAL_ERRORS = (FloatingPointError, ValueError, IndexError, TypeError)
 

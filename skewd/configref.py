@@ -231,6 +231,13 @@ OTHER_ENV: dict[str, tuple[str, str]] = {
                                   "[docs/security.md](security.md))"),
     "SKEWD_NATS_CREDS_FILE": ("vLLM plugin", "decentralised-auth `.creds` file instead of a seed"),
     "SKEWD_NATS_TLS_CA_FILE": ("vLLM plugin", "CA bundle to verify a TLS NATS server"),
+    "SKEWD_LAB_NETNS_PREFIX": ("real-traffic lab (`python -m skewd.lab.netlab`)", "network namespace name prefix "
+                               "(default `skwr-`); cleanup removes only namespaces with it, so labs can share a machine"),
+    "SKEWD_LAB_SUBNET": ("real-traffic lab", "IPv4 subnet of the lab's links (default `10.79.0.0/16`, at least a /23)"),
+    "SKEWD_LAB_CGROUP_ROOT": ("real-traffic lab", "cgroup mount for the CPU-quota straggler (default `/sys/fs/cgroup`)"),
+    "SKEWD_LAB_TORCH_PYTHON": ("real-traffic lab", "Python with torch for the gloo ranks (default: the vLLM CPU venv's)"),
+    "SKEWD_VLLM_VENV": ("tests, real-traffic lab", "the vLLM CPU venv (`scripts/vllm-cpu-venv.sh`; default `.venv-vllm`): "
+                        "the plugin tests run vLLM from it, the lab its CPU torch"),
 }
 
 

@@ -28,3 +28,17 @@ def build() -> tuple[Path, subprocess.CompletedProcess]:
     r = subprocess.run(["bash", str(ROOT / "scripts" / "vllm-cpu-venv.sh"), str(venv)], capture_output=True,
                        text=True, timeout=1500)
     return venv / "bin" / "python", r
+
+
+def python_or_skip() -> str:
+    """The venv's python for a test that runs vLLM's own classes: skips when the venv was not
+    wanted here (``SKEWD_SKIP_VLLM=1``), fails when it cannot be built."""
+    import pytest
+
+    if skip_requested():
+        pytest.skip("SKEWD_SKIP_VLLM=1: vLLM venv not built on request")
+    python, r = build()
+    if r.returncode != 0:
+        pytest.fail(f"could not build the vLLM venv with scripts/vllm-cpu-venv.sh:\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
+    assert "vllm 0.33" in r.stdout, r.stdout
+    return str(python)

@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--per-tick", action="store_true",
                    help="evaluate at every tick as it is reached instead of in ranges of ticks "
                         "(same findings; the default at --speed max is range evaluation)")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="at --speed max, replay N time slices in parallel processes (same findings: a slice is "
+                        "used only where its state equals the serial replay's, see docs/replay.md); default 1")
     p.add_argument("--explain", action="store_true",
                    help="print on stderr how each rule is evaluated (range or per tick, and which window "
                         "functions have range kernels), then replay")
@@ -112,7 +115,8 @@ def make_replay(args: argparse.Namespace, segments: list[bundle.Segment], damage
     t_from = parse_time(args.t_from, start) if args.t_from else None
     t_to = parse_time(args.t_to, start) if args.t_to else None
     rep = Replayer(segments, catalogue, rules=rules, t_from=t_from, t_to=t_to, nodes=args.node,
-                   open_damage=damage, range_eval=range_eval)
+                   open_damage=damage, range_eval=range_eval,
+                   jobs=getattr(args, "jobs", 1) if range_eval else 1)
     if args.no_controller:
         return rep
     try:

@@ -12,6 +12,7 @@ replays give byte-identical results.
 """
 from __future__ import annotations
 
+import hashlib
 import heapq
 import math
 from dataclasses import dataclass, field
@@ -102,6 +103,16 @@ class Event:
 
 
 @dataclass
+class Checkpoint:
+    """A time slice's boundary in :meth:`Replayer.steps`: everything before ``t`` has been
+    ingested and evaluated, nothing at or after it; ``digest`` is :meth:`Replayer.state_digest`
+    there."""
+
+    t: float
+    digest: str
+
+
+@dataclass
 class ReplayResult:
     """Everything a replay produced, for the CLI's summary line, the diff and the report."""
 
@@ -137,11 +148,14 @@ class _SegmentFeed:
     arrays, so the store recognises a collector's layout by identity instead of comparing
     strings (see ``WindowStore.ingest_many``'s ``shared_columns``)."""
 
-    def __init__(self, seg: bundle.Segment, nodes: set[str] | None) -> None:
+    def __init__(self, seg: bundle.Segment, nodes: set[str] | None, start: int = 0) -> None:
+        """``start``: the first batch number delivered; earlier ones are skipped (a time slice's
+        warm-up begins inside the segment), whole stored chunks below it without decoding."""
         self.seg = seg
-        self.chunks = seg.iter_sample_chunks()
+        self.chunks = seg.iter_sample_chunks(first_batch=start)
         self.nodes = nodes
-        self.done = 0
+        self.start = start
+        self.done = start
         self._chunk: tuple | None = None
         self._pos = 0
 
@@ -149,11 +163,16 @@ class _SegmentFeed:
         for seq, c, codes in self.chunks:
             if not len(seq):
                 continue
+            if int(seq[-1]) < self.start:
+                continue
             cuts = np.flatnonzero(seq[1:] != seq[:-1]) + 1
             node = c.node
             one = str(node[0]) if bool((node == node[0]).all()) else None
-            self._chunk = (seq, c, codes, [0] + cuts.tolist(), cuts.tolist() + [len(seq)], one, {})
+            starts = [0] + cuts.tolist()
+            self._chunk = (seq, c, codes, starts, cuts.tolist() + [len(seq)], one, {})
             self._pos = 0
+            while self._pos < len(starts) and int(seq[starts[self._pos]]) < self.start:
+                self._pos += 1
             return True
         self._chunk = None
         return False
@@ -203,9 +222,11 @@ class Replayer:
     def __init__(self, segments: Sequence[bundle.Segment], catalogue: Catalogue, *,
                  rules: Sequence[str | Path] | None = None, t_from: float | None = None,
                  t_to: float | None = None, nodes: Sequence[str] | None = None,
-                 open_damage: Sequence[bundle.Damage] = (), range_eval: bool = True, max_range: int = 300) -> None:
+                 open_damage: Sequence[bundle.Damage] = (), range_eval: bool = True, max_range: int = 300,
+                 jobs: int = 1) -> None:
         """``range_eval``: evaluate each node's ticks in ranges of up to ``max_range`` ticks
-        (same findings, see :meth:`events`); False evaluates at every tick as it is reached."""
+        (same findings, see :meth:`events`); False evaluates at every tick as it is reached.
+        ``jobs``: time slices replayed in parallel processes (:mod:`.slices`; same events)."""
         if not segments:
             raise ReplayError("no readable capture segment")
         self.segments = list(segments)
@@ -216,6 +237,9 @@ class Replayer:
         self.open_damage = list(open_damage)
         self.range_eval = bool(range_eval)
         self.max_range = max(1, int(max_range))
+        self.jobs = max(1, int(jobs))
+        self.rule_paths = [str(r) for r in rules] if rules else None
+        self.samples_elsewhere = 0  # samples the slice workers ingested (see .slices)
         self._sig_cache: dict[int, tuple] = {}
         self.stopped_early: list[str] = []
         self._fixed = _load(rules, catalogue) if rules else None
@@ -243,6 +267,8 @@ class Replayer:
         self.summaries: list[wire.Summary] = []  # the node summaries used (recorded or recomputed)
         self.start = math.inf
         self.end = -math.inf
+        self._next_summary: dict[str, float] = {}
+        self._seed_gc: dict[str, float | None] = {}  # a slice's pipelines start on the serial gc schedule
 
     @property
     def fixed_rules(self) -> RuleSet | None:
@@ -278,6 +304,7 @@ class Replayer:
             p = self.pipelines[node] = Pipeline(self.catalogue, rs, node=node, cluster=self.cluster, labels=lab,
                                                 lookback=self.lookback, horizon=self.horizon)
             p.engine.scopes = set(NODE_SCOPES)
+            p._last_gc = self._seed_gc.get(node)
             self._avail[node] = None
         elif p.engine.rules is not rs and p.engine.rules.version != rs.version:
             p.engine.replace_rules(rs)  # a hot reload happened between these segments
@@ -310,23 +337,38 @@ class Replayer:
         evaluated in ranges (``Engine.evaluate_range``): batches are still ingested tick by tick
         (summaries are made from the store as at each tick), evaluation waits until a
         range must end, and the events are yielded then, in the same order and with the same
-        findings as evaluating at every tick."""
+        findings as evaluating at every tick. With ``jobs`` > 1 the recording is cut into time
+        slices replayed in parallel, each handed over only where its state equals the serial
+        replay's (:mod:`.slices`): the same events."""
+        if self.jobs > 1:
+            from .slices import sliced_events
+
+            yield from sliced_events(self)
+            return
+        for x in self.steps():
+            if isinstance(x, Event):
+                yield x
+
+    def steps(self, warm_from: float | None = None, emit_from: float | None = None,
+              checkpoints: Sequence[float] = ()) -> Iterator[Event | Checkpoint]:
+        """:meth:`events`, for one time slice: ticks before ``warm_from`` are skipped (their
+        batches neither read nor ingested; the pipelines start on the serial replay's gc and
+        summary schedule), ticks before ``emit_from`` are evaluated but yield nothing and count
+        nothing (warm-up), and a :class:`Checkpoint` is yielded before the first tick at or
+        after each of ``checkpoints``."""
+        cps = sorted(float(c) for c in checkpoints)
+        if warm_from is not None:
+            self._seed_schedule(warm_from)
         heap: list[tuple[float, int, int]] = []
         ticks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         feeds: dict[int, _SegmentFeed] = {}
         summaries: dict[int, list[dict[str, Any]]] = {}
         for i, seg in enumerate(self.segments):
             nodes = [n for n in self._seg_nodes(seg) if self.only is None or n in self.only]
-            if not nodes:
-                continue
-            t, b = ticks[i] = self._ticks(seg)
-            feeds[i] = _SegmentFeed(seg, self.only)
-            rec = [s for s in seg.summaries() if self.only is None or s.get("node") in self.only]
-            summaries[i] = sorted(rec, key=lambda s: (float(s.get("t", 0.0)), str(s.get("node"))))
-            for k in range(len(t)):
-                heapq.heappush(heap, (float(t[k]), i, k))
-        next_summary: dict[str, float] = {}
-        sum_pos = {i: 0 for i in summaries}
+            if nodes:  # opened when its time comes (a slice reads and verifies only its segments)
+                heapq.heappush(heap, (seg.start, i, -1))
+        next_summary = self._next_summary
+        sum_pos: dict[int, int] = {}
         # range evaluation: ticks waiting per node, and the events waiting for their findings
         waiting: dict[str, list[float]] = {}
         seen: dict[str, list[float]] = {}  # the store's latest sample time at each waiting tick
@@ -341,7 +383,8 @@ class Replayer:
                 fs: list[Finding] = []
                 for node, j in where:
                     fs += found[node][j]
-                yield Event(t_, fs, made_)
+                if emit_from is None or t_ >= emit_from:
+                    yield Event(t_, fs, made_)
             queue.clear()
 
         while heap:
@@ -349,6 +392,22 @@ class Replayer:
             if self.t_to is not None and t > self.t_to:
                 break
             seg = self.segments[i]
+            if k < 0:  # open the segment: its ticks, its feed from the first batch needed
+                tt, nb = ticks[i] = self._ticks(seg)
+                k0 = 0 if warm_from is None else int(np.searchsorted(tt, warm_from, "left"))
+                if k0 == len(tt):
+                    continue
+                feeds[i] = _SegmentFeed(seg, self.only, int(nb[k0 - 1]) if k0 else 0)
+                rec = [s for s in seg.summaries() if self.only is None or s.get("node") in self.only]
+                summaries[i] = sorted(rec, key=lambda s: (float(s.get("t", 0.0)), str(s.get("node"))))
+                sum_pos[i] = 0
+                for kk in range(k0, len(tt)):
+                    heapq.heappush(heap, (float(tt[kk]), i, kk))
+                continue
+            while cps and t >= cps[0]:
+                yield from flush()
+                yield Checkpoint(cps[0], self.state_digest(cps[0]))
+                cps.pop(0)
             rs = self._seg_rules[i]
             _, nb = ticks[i]
             due: dict[str, list[SampleBatch]] = {}
@@ -361,6 +420,7 @@ class Replayer:
                     got = due[node] = []
                 got.append(batch)
             evaluate = self.t_from is None or t >= self.t_from
+            emit = evaluate and (emit_from is None or t >= emit_from)
             for node, batches in due.items():  # one ingest per node and tick: see WindowStore.ingest_many
                 pipe = self._pipeline(node, rs, seg)
                 w = waiting.get(node)
@@ -385,9 +445,10 @@ class Replayer:
                         seen.setdefault(node, []).append(pipe.store.latest_t)
                     else:
                         found += pipe.evaluate(t)
-                    self.evaluations += 1
-                    self.start = min(self.start, t)
-                    self.end = max(self.end, t)
+                    if emit:
+                        self.evaluations += 1
+                        self.start = min(self.start, t)
+                        self.end = max(self.end, t)
                 # summaries: the recorded ones when this segment has them, else recompute
                 if summaries[i]:
                     continue
@@ -402,14 +463,102 @@ class Replayer:
                     self.stopped_early.append(f"{seg.path}/{bundle.SUMMARIES}: summary skipped: {e}")
                 sum_pos[i] += 1
             if evaluate:
-                self.summaries += made
+                if emit:
+                    self.summaries += made
                 if self.range_eval:
                     queue.append((t, where, made))
                     if any(self._range_ends(self.pipelines[n], w) for n, w in waiting.items() if w):
                         yield from flush()
-                else:
+                elif emit:
                     yield Event(t, found, made)
         yield from flush()
+
+    # -- time slices (see .slices) ----------------------------------------------------------------
+    def tick_times(self) -> np.ndarray:
+        """Every evaluation time this replay will run (sorted; repeats kept), for slicing."""
+        out = [self._ticks(seg)[0] for seg in self.segments
+               if any(self.only is None or n in self.only for n in self._seg_nodes(seg))]
+        t = np.sort(np.concatenate(out)) if out else np.empty(0)
+        if self.t_from is not None:
+            t = t[t >= self.t_from]
+        if self.t_to is not None:
+            t = t[t <= self.t_to]
+        return t
+
+    def warmup(self) -> float:
+        """How long before its first tick a time slice starts ingesting and evaluating: the
+        longest window any rule reads (its windows are full at the slice's start), plus the
+        lookback and two gc periods (entities the serial replay would still hold are gone)."""
+        rule_sets = [self._fixed] if self._fixed is not None else list(self._seg_rules.values())
+        longest = max([self.horizon] + [r.compiled.max_window for rs in rule_sets for r in rs.rules])
+        return longest + self.lookback + 2 * 30.0
+
+    def _seed_schedule(self, warm_from: float) -> None:
+        """The serial replay's gc time and next summary time of every node as at ``warm_from``:
+        both follow from the tick times alone (``Pipeline._after_tick``; the loop above)."""
+        heap: list[tuple[float, int]] = []
+        for i, seg in enumerate(self.segments):
+            nodes = [n for n in self._seg_nodes(seg) if self.only is None or n in self.only]
+            if not nodes:
+                continue
+            t = seg.ticks()[0]
+            recorded = bool(self._seg_has_summaries(seg))
+            for x in t[t < warm_from].tolist():
+                heap.append((x, i))
+            self._seg_flags = getattr(self, "_seg_flags", {})
+            self._seg_flags[i] = (nodes, recorded)
+        heap.sort()
+        last_gc: dict[str, float] = {}
+        for t, i in heap:
+            nodes, recorded = self._seg_flags[i]
+            for node in nodes:
+                if self.t_from is None or t >= self.t_from:
+                    lg = last_gc.get(node)
+                    if lg is None or t - lg >= 30.0:
+                        last_gc[node] = t
+                if not recorded and t >= self._next_summary.get(node, -math.inf):
+                    self._next_summary[node] = t + self.summary_interval
+        self._seed_gc = dict(last_gc)
+
+    def _seg_has_summaries(self, seg: bundle.Segment) -> bool:
+        return any(c.extra.get("rows") for c in seg.index().get(bundle.SUMMARIES, []))
+
+    def state_digest(self, t: float) -> str:
+        """A hash of everything that decides the findings after ``t``: each node's alert states
+        (with their start times and evidence), held alerts, refills, last evaluations, gc and
+        summary schedule, entity ids and block rows, and every stored sample a rule can still
+        read. Two replays with equal digests at a tick boundary give the same events after it."""
+        h = hashlib.sha256()
+
+        def put(x: Any) -> None:
+            h.update(repr(x).encode())
+            h.update(b"\0")
+
+        put(sorted(self._next_summary.items()))
+        for node in sorted(self.pipelines):
+            p = self.pipelines[node]
+            e = p.engine
+            st = p.store
+            put((node, p._last_gc, e.rules.version, self._avail.get(node),
+                 None if e.available is None else sorted(e.available)))
+            for rid in sorted(e.states):
+                for fp, a in sorted(e.states[rid].items()):
+                    put((rid, fp, a.state.value, a.active_at, a.last_true_at, a.fired_at,
+                         sorted(a.evidence.items()), sorted(a.labels.items())))
+            put(sorted((k, sorted(v)) for k, v in e.held.items()))
+            put(sorted((k, v) for k, v in e._refill_until.items() if v > t))
+            put(sorted(e._last_eval.items()))
+            put(st.registry.keys)
+            span = max(st.horizon, e.lookback_needed())
+            for sig in sorted(st.blocks):
+                for nd in sorted(st.blocks[sig]):
+                    b = st.blocks[sig][nd]
+                    put((sig, nd, list(b.rows.items()), b.eids[: b.nrows].tolist()))
+                    h.update(b.last_seen[: b.nrows].tobytes())
+                    times, vals = b.window(t - span, math.inf)
+                    h.update(times.tobytes())
+                    h.update(np.ascontiguousarray(vals).tobytes())
+        return h.hexdigest()
 
     # -- range evaluation ------------------------------------------------------------------------
     def _reconfigures(self, node: str, rs: RuleSet, seg: bundle.Segment) -> bool:

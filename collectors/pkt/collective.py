@@ -17,12 +17,17 @@ data segment on its collective connections - and how it ended:
   but small control messages reaches it.
 - **ended by a peer** (``by_send`` 0): received data ended it, or the node's send followed a
   message from a peer (any size: a rendezvous notification) within ``react`` - the node was
-  waiting and reacted. Runtimes react within their poll loop: in the real-traffic lab (gloo
-  over TCP on a loaded 2-core host) a rank waiting for its peer's rendezvous notification sent
-  0.02-0.26 ms after it (median 0.09 ms, 75th percentile 0.26 ms), so ``react`` is 0.5 ms. A
-  healthy rank that enters its collective within ``react`` of a peer's notification by chance
-  loses that step's compute gap (harmless: steps are medians); a straggler's peers notified it
-  long before it entered.
+  waiting and reacted. Runtimes react within their poll loop, but a process woken on a busy
+  host waits for a CPU first. In the real-traffic lab (gloo over TCP on a loaded 2-core host) a
+  rank waiting for its peer's rendezvous notification usually sent 0.02-0.26 ms after it, but
+  with 0.5 ms a quarter of the waits of a straggler's peers read as compute gaps (their step
+  period came out 10-25 % short, their waits split); with 3 ms a healthy rank that entered its
+  collective within 3 ms of its neighbour's notification lost so many entries that its period
+  came out 20 % long. ``react`` is 2 ms: late wake-ups on a busy host are caught, and it stays
+  below the 5 ms lag EW-1 names (a straggler's peers notified it at least that long before it
+  entered). A healthy rank that enters its collective within ``react`` of a peer's
+  notification loses that step's compute gap (steps are medians, and the wait of a span with a
+  missed entry is not counted).
 
 ``agent/steps.py`` turns the listed silences into steps: per step the compute gap (the longest
 silence ended by a send, once per step period) and the wait inside the collective.
@@ -106,7 +111,7 @@ class CollectiveTracker:
     """Per-port collective silences across intervals; :meth:`update` lists one interval's."""
 
     def __init__(self, min_silence: float = 0.001, share: float = 0.1, tau: float = 10.0,
-                 min_data: int = 256, react: float = 0.0005, max_listed: int = 256,
+                 min_data: int = 256, react: float = 0.002, max_listed: int = 256,
                  max_connections: int = 4096) -> None:
         if min_silence <= 0 or not 0 < share <= 1 or tau <= 0 or max_listed < 1:
             raise ValueError("min_silence and tau must be > 0, share in (0, 1], max_listed >= 1")

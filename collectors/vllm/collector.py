@@ -91,7 +91,9 @@ class VllmCollector(Collector):
                       "vLLM `/metrics` URLs, or `{url, name}` maps (`name` prefixes the engine entities; "
                       "with several endpoints an unnamed one is called `host:port`)"),
         "phase_idle_tokens_per_second": ("`1`", "below this prompt+generation token rate the phase is idle"),
-        "phase_prefill_share": ("`0.5`", "prompt tokens at least this share of all tokens: prefill-heavy"),
+        "phase_prefill_share": ("`0.5`", "the finished requests spent at least this share of their prefill + decode "
+                                         "time in prefill: prefill-heavy (releases without those histograms: this "
+                                         "share of the tokens)"),
     }
 
     def __init__(self, node: str, config: Mapping[str, Any] | None = None,

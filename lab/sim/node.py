@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 
 from skewd.collectors.host.parse import NETSTAT
+from skewd.collectors.vllm.parse import PhaseThresholds
+from skewd.collectors.vllm.parse import phase as engine_phase
 from skewd.model import SampleBatch
 
 from . import pktfeat as P
@@ -342,6 +344,8 @@ class NodeSim:
         self.bulk_state: dict[str, P.RoceFlowState] = {}
         self._conn_tab: dict[int, dict[int, tuple[int, int]]] = {}
         self.prev_vllm: dict[str, tuple] = {}
+        #: each engine's last measured phase, held while no request finishes (as the collector does)
+        self.last_phase: dict[str, float] = {}
         self.vllm_seen: set[str] = set()
         self.t_start = t_start
 
@@ -892,6 +896,7 @@ class NodeSim:
                 eng.c_steps = 0.0
                 for k in eng.hist_counts:
                     eng.hist_counts[k][:] = 0
+                    eng.hist_sum[k] = 0.0
                 continue
             o.one(t, ent, "vllm_requests_running", float(out.running))
             o.one(t, ent, "vllm_requests_waiting", float(out.waiting))
@@ -916,9 +921,16 @@ class NodeSim:
                 gr = (eng.c_gen - prev[0][1]) / dt
                 o.one(t, ent, "vllm_prompt_tokens_per_second", pr)
                 o.one(t, ent, "vllm_generation_tokens_per_second", gr)
-                tot = pr + gr
-                o.one(t, ent, "vllm_phase", 0.0 if tot < 1 else (2.0 if pr / tot >= 0.5 else 1.0))
-            self.prev_vllm[ent] = ((eng.c_prompt, eng.c_gen), {h: eng.hist_counts[h].copy() for h in HISTS})
+                # by time, as the collector derives it from vLLM's prefill and decode time
+                # histograms: the seconds the requests that finished in the interval spent in each
+                spent = [eng.hist_sum[h] - prev[2][h] for h in ("prefill_time", "decode_time")]
+                ph = engine_phase(pr, gr, PhaseThresholds(), *spent)
+                ph = self.last_phase.get(ent) if ph is None else float(ph)
+                if ph is not None:
+                    self.last_phase[ent] = ph
+                    o.one(t, ent, "vllm_phase", ph)
+            self.prev_vllm[ent] = ((eng.c_prompt, eng.c_gen), {h: eng.hist_counts[h].copy() for h in HISTS},
+                                   dict(eng.hist_sum))
 
     def _emit_pkt(self, o: _Out, st: NodeState) -> None:
         n, t = self.n, st.t1 + self.phase["pkt"]

@@ -377,7 +377,6 @@ class EngineSim:
         if np.any(new_first):
             self._observe("ttft", allc["first"][new_first] - allc["arr"][new_first])
             self._observe("queue_time", np.maximum(0, allc["sched"][new_first] - allc["arr"][new_first]))
-            self._observe("prefill_time", np.maximum(1e-4, allc["first"][new_first] - allc["sched"][new_first]))
         if n_steps:
             per_step = np.zeros(n_steps)
             # non-first tokens of each request land in steps [fs + (first? 1 : 0), fs + ntok)
@@ -400,6 +399,8 @@ class EngineSim:
         if np.any(finished):
             e2e = fin_t[finished] - allc["arr"][finished]
             self._observe("e2e_latency", np.maximum(1e-3, e2e))
+            # vLLM observes a request's prefill and decode time when it finishes (FinishedRequestStats)
+            self._observe("prefill_time", np.maximum(1e-4, allc["first"][finished] - allc["sched"][finished]))
             self._observe("decode_time", np.maximum(1e-3, fin_t[finished] - allc["first"][finished]))
             fc = allc["conn"][finished].astype(np.int64)
             self.busy_conn[fc[fc < len(self.busy_conn)]] = False

@@ -48,9 +48,11 @@ def test_a_stragglers_summary_shows_longer_compute_and_no_wait() -> None:
         assert vals[n]["summary_collective_period_seconds"][""] == pytest.approx(true_period, rel=0.05)
         assert vals[n]["summary_collective_regularity_ratio"][""] > 0.9
         assert vals[n]["summary_collective_step_bytes"][""] > 1e6
-        # a healthy rank loses the steps it entered within 0.5 ms of a neighbour's notification
-        # (real lab: 75-80 % recognised); never more steps than there were
-        assert 0.7 <= vals[n]["summary_collective_steps"][""] / (steps_mod.LOOKBACK / true_period) <= 1.02
+        # a healthy rank loses the steps it entered within ``react`` (2 ms) of a neighbour's
+        # notification (this traffic's entry jitter is exponential, 2 ms mean: about half; real
+        # lab: 83-94 % recognised); the straggler none; never more steps than there were
+        lo = 0.9 if n == 3 else 0.35
+        assert lo <= vals[n]["summary_collective_steps"][""] / (steps_mod.LOOKBACK / true_period) <= 1.02
 
 
 @pytest.mark.parametrize("interval", [1.0, 5.0])
@@ -71,7 +73,9 @@ def test_every_recognised_step_entry_reaches_one_summary(interval: float) -> Non
     j = np.clip(np.searchsorted(e[:, 0], got), 1, len(e) - 1)
     assert (np.minimum(abs(e[j, 0] - got), abs(e[j - 1, 0] - got)) < 2e-6).all()  # real entries
     covered = (e[:, 0] > T0 + 12.0 - interval - 1.0) & (e[:, 0] < fin[-1] - 3)
-    assert len(got) >= 0.8 * covered.sum()
+    # entries a rank made within ``react`` of its peer's notification are not recognised (a pair
+    # with this traffic's 2 ms exponential entry jitter: about a quarter)
+    assert len(got) >= 0.6 * covered.sum()
 
 
 def test_a_port_of_token_streams_has_no_collective_steps() -> None:

@@ -1,6 +1,7 @@
 """Straggler detection on real traffic, from the pkt collector's recorded output: the real-traffic
 lab's gloo all_reduce over TCP (tests/fixtures/pkt/reallab-gloo/export.py says how it was
-recorded). Each node's silences go through the agent's step analysis into its summaries, the
+recorded; export_pcap.py for the ``netlab-*`` runs of the lab itself, captured packets through
+the collector's current code). Each node's silences go through the agent's step analysis into its summaries, the
 summaries into the controller's group evaluation of the shipped EW-1 rule: the straggler is
 named and only it, in a group of four and in a pair; healthy traffic and a shaped (slow) link
 name nobody. No clock is shared between nodes here: only each node's own durations are used."""
@@ -74,12 +75,13 @@ def ew1_findings(run: str) -> set[str]:
     return named
 
 
-@pytest.mark.parametrize("run,straggler", [("strag20", "n2"), ("strag10", "n1"), ("pairstrag", "n1")])
+@pytest.mark.parametrize("run,straggler", [("strag20", "n2"), ("strag10", "n1"), ("pairstrag", "n1"),
+                                           ("netlab-straggler", "n3")])
 def test_the_real_straggler_is_named_and_only_it(run: str, straggler: str) -> None:
     assert ew1_findings(run) == {straggler}
 
 
-@pytest.mark.parametrize("run", ["healthy", "pair", "tbf"])
+@pytest.mark.parametrize("run", ["healthy", "pair", "tbf", "netlab-healthy"])
 def test_healthy_traffic_and_a_shaped_link_name_nobody(run: str) -> None:
     assert ew1_findings(run) == set()
 

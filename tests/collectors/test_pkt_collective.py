@@ -39,8 +39,11 @@ def test_a_stragglers_compute_silences_are_longer_and_its_peers_wait() -> None:
         end, length, by_send, _ = listing(node_packets(rng, e, fin, node))
         entry = by_send == 1
         # one compute silence per step, ended by the node's own send at its entry
-        # (a healthy rank loses the steps it entered within 0.5 ms of a neighbour's notification)
-        assert 0.8 * 149 <= (entry & (end > e[0, node] + 1e-4) & (end <= fin[-1])).sum() <= 149, node
+        # (a healthy rank loses the steps it entered within ``react`` (2 ms) of a neighbour's
+        # notification: with this traffic's exponential entry jitter (2 ms mean) about half; the
+        # straggler, entering 15 ms after everybody, none)
+        kept = (entry & (end > e[0, node] + 1e-4) & (end <= fin[-1])).sum()
+        assert (0.95 if node == 2 else 0.35) * 149 <= kept <= 149, node
         # ...at its entry (stamped with that send)
         late = (end > e[0, 0] + 1.0) & (end <= fin[-1])  # around them the token stream is the heaviest
         x = end[entry & late]
