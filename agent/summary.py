@@ -3,6 +3,7 @@
 Each summary signal is a node-scope reduction of a collector signal over the last interval
 (e.g. the node's total PCIe host→device byte rate, its mean GPU utilisation, the start time of
 its latest collective burst). The agent publishes them on ``skewd.v1.summary.<cluster>.<node>``
+(``...<node>.<tp_group or pp_group>`` when its labels place it in a group: docs/wire.md)
 and the controller ingests them as ordinary node-scope samples, so group rules (``tp_group``,
 ``cluster`` scopes) run on the same engine. Summary signals are catalogued here, under the
 ``agent`` collector name, like every other signal.

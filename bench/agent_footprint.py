@@ -131,7 +131,8 @@ async def count_summaries(url: str, stop: asyncio.Event, counts: dict[str, int])
         except wire.WireError:
             pass
 
-    await nc.subscribe(wire.subject_filter("summary", cluster="bench"), cb=on_summary)
+    for subject in wire.summary_filters("bench"):  # with or without a placement token, mapped or not
+        await nc.subscribe(subject, cb=on_summary)
     await nc.subscribe(wire.subject_filter("health", cluster="bench"), cb=on_health)
     await stop.wait()
     await nc.close()

@@ -82,7 +82,8 @@ def templates(nodes: int) -> list[tuple[str, list[bytes | str]]]:
         text = json.dumps(d, sort_keys=True, separators=(",", ":"))
         parts: list[bytes | str] = [p.encode() if k % 2 == 0 else p.strip('"@')
                                     for k, p in enumerate(re.split(r'("@[TBI]@")', text))]
-        out.append((wire.summary_subject(CLUSTER, node), parts))
+        # published as an agent with a tp_group label does: the group is the placement token
+        out.append((wire.summary_subject(CLUSTER, node, d["labels"]["tp_group"]), parts))
     return out
 
 
@@ -203,7 +204,7 @@ class Recorder:
         if extra is not None:  # counters: the warm phase up to the steady phase's first summary, then the rest
             now_extra, snap = extra(), self.ph["steady"]["extra0"]
             out["warm"].update(snap if snap is not None else now_extra)
-            out["steady"].update({k: (v - snap[k] if snap is not None and k in ("ticks", "tick_total_s", "evaluations")
+            out["steady"].update({k: (v - snap[k] if snap is not None and k in ("ticks", "tick_total_s", "evaluations", "leader_ticks")
                                       else v) for k, v in now_extra.items()})
         # the whole run, as before: everything handled from the first to the last
         allp = [p for p in self.ph.values() if p["first"] is not None]
@@ -225,12 +226,19 @@ async def role_controller(url: str, warm: float) -> dict:
     ctl = Controller(cfg)
     ticks: list[float] = []
 
+    mark: list[int] = []
+
+    def steady_start() -> dict:
+        snap = extra()
+        mark[:] = [len(ticks)]
+        return snap
+
     def extra() -> dict:
-        return {"ticks": len(ticks), "tick_total_s": sum(ticks), "tick_max_s": max(ticks, default=0.0),
+        return {"ticks": len(ticks), "tick_total_s": sum(ticks), "tick_max_s": max(ticks[(mark or [0])[0]:], default=0.0),
                 "evaluations": ctl.stats.evaluations, "rejected": ctl.stats.summaries_rejected,
                 "tp_groups": len(ctl.topology.tp_groups()), "errors": ctl.stats.errors}
 
-    rec = Recorder(warm, on_steady=extra)
+    rec = Recorder(warm, on_steady=steady_start)
     orig = ctl.ingest_summary
 
     def ingest(s, labels=None):  # the controller's own ingest, timed from outside
@@ -241,12 +249,117 @@ async def role_controller(url: str, warm: float) -> dict:
     orig_tick = ctl.tick
 
     async def tick(t: float) -> None:  # evaluation time per grid second, while summaries arrive
-        a = time.perf_counter()
-        await orig_tick(t)
-        ticks.append(time.perf_counter() - a)
+        b = Busy(orig_tick(t))
+        await b
+        ticks.append(b.total)
 
     ctl.tick = tick  # type: ignore[method-assign]
     await ctl.start()
+    return await _serve(rec, extra=extra)
+
+
+class Busy:
+    """Awaits a coroutine and adds up the time it runs, not the time it waits: a tick that
+    yields to the event loop (between TP groups, on KV writes) lets summaries in meanwhile, and
+    their handling is not the tick's. What blocks the loop is the longest single step
+    (``longest``); the tick's own work is ``total``."""
+
+    def __init__(self, coro) -> None:
+        self.coro, self.total, self.longest = coro, 0.0, 0.0
+
+    def __await__(self):
+        it = self.coro.__await__()
+        send, exc = None, None
+        while True:
+            a = time.perf_counter()
+            try:
+                y = it.throw(exc) if exc is not None else it.send(send)
+            except StopIteration as done:
+                self._add(time.perf_counter() - a)
+                return done.value
+            self._add(time.perf_counter() - a)
+            try:
+                send, exc = (yield y), None
+            except BaseException as e:  # noqa: BLE001 - handed to the coroutine, as await would
+                send, exc = None, e
+
+    def _add(self, d: float) -> None:
+        self.total += d
+        self.longest = max(self.longest, d)
+
+
+async def role_worker(url: str, warm: float, workers: int, partitions: int) -> dict:
+    """One worker of a scaled-out controller (controller/scaleout.py), as ``skewd controller``
+    runs it with ``scaleout.partitions``: ready once it holds its even share of the partitions.
+    Every partition controller's summaries and ticks are timed, and the leader's ticks."""
+    from skewd.controller.config import load_config
+    from skewd.controller.scaleout import Worker
+
+    cfg = load_config(None, env={}, overrides={
+        "cluster": CLUSTER, "nats": {"servers": url}, "log": {"level": "error"}, "metrics": {"listen": ""},
+        "controller_id": f"bench-{os.getpid()}", "scaleout": {"partitions": partitions, "lease": "3s"}})
+    w = Worker(cfg)
+    ticks: list[float] = []
+    leader_ticks: list[float] = []
+    blocked: list[float] = []  # the longest stretch a tick kept the event loop to itself
+    seen: set[int] = set()
+
+    def instrument(ctl, into: list[float]) -> None:
+        if id(ctl) in seen:
+            return
+        seen.add(id(ctl))
+        if into is ticks:
+            orig = ctl.ingest_summary
+
+            def ingest(s, labels=None):
+                orig(s, labels)
+                rec.hit(s.t)
+
+            ctl.ingest_summary = ingest
+        orig_tick = ctl.tick
+
+        async def tick(t: float) -> None:
+            b = Busy(orig_tick(t))
+            await b
+            into.append(b.total)
+            blocked.append(b.longest)
+
+        ctl.tick = tick
+
+    mark: list[int] = []  # lengths of the tick lists when the steady phase began
+
+    def steady_start() -> dict:
+        snap = extra()
+        mark[:] = [len(ticks), len(leader_ticks), len(blocked)]
+        return snap
+
+    def extra() -> dict:
+        ctls = list(w.controllers())
+        t0, l0, b0 = mark or (0, 0, 0)  # maxima of the current phase
+        return {"ticks": len(ticks), "tick_total_s": sum(ticks), "tick_max_s": max(ticks[t0:], default=0.0),
+                "leader_ticks": len(leader_ticks), "leader_tick_max_s": max(leader_ticks[l0:], default=0.0),
+                "tick_block_max_s": max(blocked[b0:], default=0.0),
+                "evaluations": sum(c.stats.evaluations for c in ctls),
+                "rejected": sum(c.stats.summaries_rejected for c in ctls), "errors": sum(c.stats.errors for c in ctls),
+                "partitions": sorted(w.partitions), "leader": w.leader is not None,
+                "tp_groups": sum(len({g.name for n in c.aligner.clocks if (g := c.topology.group_of(n))})
+                                 for c in w.partitions.values())}
+
+    rec = Recorder(warm, on_steady=steady_start)
+    orig_rebalance = w.rebalance
+
+    async def rebalance() -> None:  # controllers start inside lease rounds: time them from their start
+        await orig_rebalance()
+        for ctl in w.partitions.values():
+            instrument(ctl, ticks)
+        if w.leader is not None:
+            instrument(w.leader, leader_ticks)
+
+    w.rebalance = rebalance  # type: ignore[method-assign]
+    await w.start()
+    deadline = time.monotonic() + 60
+    while len(w.partitions) < partitions // workers and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
     return await _serve(rec, extra=extra)
 
 
@@ -263,7 +376,8 @@ async def role_raw(url: str, warm: float) -> dict:
     async def cb(msg) -> None:  # count, and read the sent time without decoding the JSON
         rec.hit(float(tpos.search(msg.data).group(1)))
 
-    await nc.subscribe(wire.subject_filter("summary", cluster=CLUSTER), cb=cb)
+    for subject in wire.summary_filters(CLUSTER):
+        await nc.subscribe(subject, cb=cb)
     await nc.flush()
     return await _serve(rec, extra=None)
 
@@ -276,8 +390,18 @@ async def _serve(rec: Recorder, extra) -> dict:
 
     logging.getLogger("nats").setLevel(logging.CRITICAL)
 
+    prof = None
+    if os.environ.get("SKEWD_BENCH_PROFILE"):  # where a consumer's CPU goes: a cProfile dump per process
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
+
     def watchdog() -> None:
         sys.stdin.readline()
+        if prof is not None:
+            prof.disable()
+            prof.dump_stats(f"{os.environ['SKEWD_BENCH_PROFILE']}.{os.getpid()}")
         res = rec.result(extra)
         sys.stdout.write(json.dumps(res) + "\n")
         sys.stdout.flush()
@@ -314,8 +438,13 @@ def _finish(p: subprocess.Popen, timeout: float) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def measure(url: str, consumer: str, nodes: int, seconds: float, rate: float, warm: float) -> dict:
-    cons = _child(["--role", consumer, "--url", url, "--warmup", str(warm)])
+def measure(url: str, consumer: str, nodes: int, seconds: float, rate: float, warm: float,
+            workers: int = 0, partitions: int = 1) -> dict:
+    if workers:
+        conss = [_child(["--role", "worker", "--url", url, "--warmup", str(warm), "--workers", str(workers),
+                         "--partitions", str(partitions)]) for _ in range(workers)]
+    else:
+        conss = [_child(["--role", consumer, "--url", url, "--warmup", str(warm)])]
     try:
         pub = _child(["--role", "publisher", "--url", url, "--nodes", str(nodes), "--seconds", str(seconds),
                       "--rate", str(rate)])
@@ -325,15 +454,39 @@ def measure(url: str, consumer: str, nodes: int, seconds: float, rate: float, wa
             if pub.poll() is None:
                 pub.kill()
         time.sleep(2.0)  # what is still in flight arrives; a backlog beyond that is not counted
-        c = _finish(cons, 60)
+        parts = [_finish(c, 60) for c in conss]
     finally:
-        if cons.poll() is None:
-            cons.kill()
+        for c in conss:
+            if c.poll() is None:
+                c.kill()
+    c = parts[0] if len(parts) == 1 else _combine(parts)
+    c["workers"] = workers
     c["sent"] = p["sent"]
     c["offered_rate"] = p["sent"] / p["seconds"]
     c["bytes_per_msg"] = p["bytes"] / max(1, p["sent"])
     c["lost"] = p["sent"] - c["handled"]
     return c
+
+
+def _combine(parts: list[dict]) -> dict:
+    """Workers measured side by side: rates and CPU add up, latency and ticks take the worst."""
+    out: dict = {"handled": sum(p["handled"] for p in parts), "cpu_s": sum(p["cpu_s"] for p in parts),
+                 "rate": sum(p["rate"] for p in parts), "per_worker": parts}
+    for ph in ("warm", "steady"):
+        q = [p[ph] for p in parts]
+        n = sum(x["handled"] for x in q)
+        cpu = sum(x["cpu_s"] for x in q)
+        out[ph] = {"handled": n, "rate": sum(x["rate"] for x in q), "cpu_s": cpu,
+                   "cpu_us_per_summary": cpu / n * 1e6 if n else 0.0, "cores": sum(x["cores"] for x in q),
+                   "lat_p50_ms": max(x["lat_p50_ms"] for x in q), "lat_p99_ms": max(x["lat_p99_ms"] for x in q),
+                   "lat_max_ms": max(x["lat_max_ms"] for x in q)}
+        for k in ("ticks", "tick_total_s", "evaluations", "leader_ticks", "rejected", "errors", "tp_groups"):
+            if k in q[0]:
+                out[ph][k] = sum(x.get(k, 0) for x in q)
+        for k in ("tick_max_s", "leader_tick_max_s", "tick_block_max_s"):
+            if k in q[0]:
+                out[ph][k] = max(x.get(k, 0.0) for x in q)
+    return out
 
 
 class _Msg:
@@ -414,7 +567,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--latency-rate", type=float, default=0.0,
                     help="offered summaries/s for the latency runs (0: half the controller's sustained rate)")
     ap.add_argument("--json", action="store_true", help="also print the figures as one JSON line")
-    ap.add_argument("--role", choices=("publisher", "controller", "raw"), help=argparse.SUPPRESS)
+    ap.add_argument("--workers", default="1,2,4",
+                    help="comma-separated worker counts to measure (scaled-out controller, controller/scaleout.py); "
+                         "0 = the single-process controller (scaleout.partitions 1)")
+    ap.add_argument("--partitions", type=int, default=8, help="summary partitions of the server mapping")
+    ap.add_argument("--role", choices=("publisher", "controller", "raw", "worker"), help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--rate", type=float, default=0.0, help=argparse.SUPPRESS)
     ap.add_argument("--offline", type=float, default=0.0, metavar="RATE",
@@ -440,23 +597,34 @@ def main(argv: list[str] | None = None) -> int:
             r = asyncio.run(role_publisher(a.url, a.nodes, a.seconds, a.rate))
         elif a.role == "controller":
             r = asyncio.run(role_controller(a.url, a.warmup))
+        elif a.role == "worker":
+            r = asyncio.run(role_worker(a.url, a.warmup, int(a.workers), a.partitions))
         else:
             r = asyncio.run(role_raw(a.url, a.warmup))
         print(json.dumps(r), flush=True)
         return 0
+    from skewd import wire
     from skewd.natsutil import EmbeddedNatsServer
 
+    counts = [int(x) for x in a.workers.split(",") if x.strip()]
     work = tempfile.mkdtemp(prefix="skewd-bench-ingest-")
-    server = EmbeddedNatsServer(store_dir=os.path.join(work, "js"))
+    # the server partitions summaries as deploy/nats/ configures it (skewd nats-auth --partitions)
+    server = EmbeddedNatsServer(store_dir=os.path.join(work, "js"),
+                                config_text=wire.partition_mapping_conf(a.partitions) if a.partitions > 1 else None)
     run = a.warmup + a.seconds
     load0 = _loadavg()
+    rows: list[tuple[int, dict, dict, str]] = []
     try:
         server.start()
-        ctl_sat = measure(server.url, "controller", a.nodes, run, 0.0, a.warmup)
         raw_sat = measure(server.url, "raw", a.nodes, run, 0.0, a.warmup)
-        lrate = a.latency_rate or max(100.0, round(ctl_sat["steady"]["rate"] / 2, -2))
-        ctl_lat = measure(server.url, "controller", a.nodes, run, lrate, a.warmup)
-        raw_lat = measure(server.url, "raw", a.nodes, run, lrate, a.warmup)
+        for w in counts:
+            la = _loadavg()
+            sat = measure(server.url, "controller", a.nodes, run, 0.0, a.warmup, workers=w, partitions=a.partitions)
+            lrate = a.latency_rate or max(100.0, round(sat["steady"]["rate"] / 2, -2))
+            lat = measure(server.url, "controller", a.nodes, run, lrate, a.warmup, workers=w, partitions=a.partitions)
+            rows.append((w, sat, lat, la))
+        lrate_peer = a.latency_rate or max(100.0, round(max(r[1]["steady"]["rate"] for r in rows) / 2, -2))
+        raw_lat = measure(server.url, "raw", a.nodes, run, lrate_peer, a.warmup)
     except (CannotRun, RuntimeError, OSError, subprocess.TimeoutExpired) as e:
         print(f"controller ingest: could not run: {e}", file=sys.stderr)
         return 1
@@ -465,29 +633,35 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     load1 = _loadavg()
     print(f"controller ingest: {a.nodes} simulated agents ({a.nodes // TP} TP groups), "
-          f"{ctl_sat['bytes_per_msg']:.0f}-byte summaries, real nats-server, {os.cpu_count()} cores, "
-          f"{run:g} s per run: each consumer's first {a.warmup:g} s warm-up, the rest steady state; "
-          f"load average {load0} -> {load1}")
-    for name, s, l in (("skewd", ctl_sat, ctl_lat), ("peer", raw_sat, raw_lat)):
-        print(f"  {name:5}: offered {s['offered_rate']:,.0f}/s, {s['handled']:,} of {s['sent']:,} handled "
-              f"({max(0, s['lost']):,} dropped by the client as a slow consumer), {s['cpu_s']:.1f} CPU s in its process"
-              + ("" if name == "skewd" else " (bare nats-py subscriber, counting only)"))
-        for ph in ("warm", "steady"):
-            p = s[ph]
-            extra = (f"; {p['ticks']} ticks, {p['tick_total_s']:.1f} s in them, max {p['tick_max_s'] * 1e3:.0f} ms, "
-                     f"{p['evaluations']} evaluations" if "ticks" in p else "")
-            print(f"         {ph:6}: sustained {p['rate']:,.0f} summaries/s ({p['handled']:,} handled), "
-                  f"{p['cpu_us_per_summary']:.0f} us CPU per summary, {p['cores']:.2f} cores{extra}")
-        lp = l["steady"]
-        print(f"         latency at {l['offered_rate']:,.0f}/s offered, steady state: p50 {lp['lat_p50_ms']:.1f} ms, "
-              f"p99 {lp['lat_p99_ms']:.1f} ms, max {lp['lat_max_ms']:.1f} ms ({l['handled']:,} of {l['sent']:,} "
-              f"handled in the run), {lp['cpu_us_per_summary']:.0f} us CPU per summary")
-    ratio = ctl_sat["steady"]["rate"] / raw_sat["steady"]["rate"] if raw_sat["steady"]["rate"] else float("nan")
-    print(f"  goal >= 50,000 summaries/s; steady-state ratio to the bare transport in this run: {ratio:.3f}"
-          + (f" ({1 / ratio:.0f}x slower)" if ratio > 0 else ""))
+          f"{raw_sat['bytes_per_msg']:.0f}-byte summaries, real nats-server ({a.partitions} partitions), "
+          f"{os.cpu_count()} cores, {run:g} s per run: each consumer's first {a.warmup:g} s warm-up, the rest "
+          f"steady state; load average {load0} -> {load1}")
+
+    def line(name: str, s: dict, lat: dict) -> None:
+        p = s["steady"]
+        extra = (f"; {p['ticks']} ticks, max {p['tick_max_s'] * 1e3:.0f} ms" if "ticks" in p else "")
+        if "leader_tick_max_s" in p:
+            extra += (f", leader ticks max {p['leader_tick_max_s'] * 1e3:.0f} ms, longest loop block "
+                      f"{p['tick_block_max_s'] * 1e3:.0f} ms")
+        lp = lat["steady"]
+        print(f"  {name:11}: {p['rate']:>8,.0f} summaries/s steady ({s['handled']:,} of {s['sent']:,} handled, "
+              f"offered {s['offered_rate']:,.0f}/s), {p['cpu_us_per_summary']:.0f} us CPU per summary, "
+              f"{p['cores']:.2f} cores{extra}")
+        print(f"  {'':11}  latency at {lat['offered_rate']:,.0f}/s offered: p50 {lp['lat_p50_ms']:.1f} ms, "
+              f"p99 {lp['lat_p99_ms']:.1f} ms, max {lp['lat_max_ms']:.1f} ms")
+
+    line("peer", raw_sat, raw_lat)
+    print("  (peer: a bare nats-py subscriber counting the same summaries, json.loads excluded)")
+    peer = raw_sat["steady"]["rate"]
+    for w, sat, lat, la in rows:
+        line(f"skewd {w}w" if w else "skewd 1proc", sat, lat)
+        r = sat["steady"]["rate"] / peer if peer else float("nan")
+        print(f"  {'':11}  ratio to the peer {r:.3f} (load average at start {la})")
+    print("  goal >= 50,000 summaries/s, ratio >= 0.5, p99 <= 250 ms at half that rate, no tick over 100 ms")
     if a.json:
-        print(json.dumps({"benchmark": "controller_ingest", "load": [load0, load1], "skewd": ctl_sat, "peer": raw_sat,
-                          "skewd_latency": ctl_lat, "peer_latency": raw_lat}))
+        print(json.dumps({"benchmark": "controller_ingest", "load": [load0, load1], "partitions": a.partitions,
+                          "peer": raw_sat, "peer_latency": raw_lat,
+                          "skewd": {str(w): {"saturation": sat, "latency": lat, "load": la} for w, sat, lat, la in rows}}))
     return 0
 
 

@@ -127,6 +127,9 @@ async def subscribe(nc_or_url: Any, cluster: str, kinds: Iterable[str] = ("remap
                 else:
                     subs.append(await js.subscribe(subject, stream=_DURABLE[kind], cb=handler(kind),
                                                    ordered_consumer=True, deliver_policy=policy))
+            elif kind == "summary":  # with placement, and partitioned by a scaled-out deployment's server
+                for subject in wire.summary_filters(cluster):
+                    subs.append(await nc.subscribe(subject, cb=handler(kind)))
             else:
                 subs.append(await nc.subscribe(subject, cb=handler(kind)))
         while True:

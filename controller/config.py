@@ -143,6 +143,14 @@ DEFAULTS: dict[str, Any] = {
     #   counted) until silent nodes make room (about 18 kB of state per node; 10000 nodes ~ 200 MB)
     "ingest": {"max_clock_skew": "5m", "silent_intervals": 30, "max_nodes": 10000},
     "topology": {"tp_groups": {}, "pp_groups": {}, "models": {}},
+    # scale-out (docs/controller.md, "Scale-out"): partitions = the N of the NATS server's summary
+    # partition mapping (`skewd nats-auth --partitions N`); 1 = one process does everything, as
+    # before. With N > 1 every `skewd controller` process is a worker: it holds the partitions
+    # (and, for one of them, the leader role: cluster rules, correlation, incidents, suggestions)
+    # whose KV leases it wins. lease: a holder that has not renewed for this long is presumed dead
+    # and its partitions are taken over (renewed every third of it). max_partitions: most a worker
+    # holds at once (0: an even share of the live workers')
+    "scaleout": {"partitions": 1, "lease": "6s", "max_partitions": 0},
     "log": {"level": "info"},
     # the controller's own /metrics (empty: off); localhost unless an address is given
     "metrics": {"listen": "127.0.0.1:9466"},
@@ -232,6 +240,10 @@ class ControllerConfig:
     source: str = "<defaults>"
     metrics_listen: str = "127.0.0.1:9466"
     alertmanager: "AlertmanagerConfig | None" = None
+    #: scale-out: summary partitions (the server mapping's N), lease seconds, partitions per worker (0 = fair share)
+    partitions: int = 1
+    lease: float = 6.0
+    max_partitions: int = 0
 
 
 @dataclass(frozen=True)
@@ -503,8 +515,8 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         return tuple(value)
 
     d = {k: dur(merged[k], k, k) for k in ("evaluation_interval", "lookback", "horizon", "warmup", "stale_after")}
-    al, co, rm, cons, st, ing = (merged[s] for s in ("alignment", "correlation", "remap", "consumer", "state",
-                                                      "ingest"))
+    al, co, rm, cons, st, ing, so = (merged[s] for s in ("alignment", "correlation", "remap", "consumer", "state",
+                                                          "ingest", "scaleout"))
     cluster = str(merged.get("cluster") or "")
     if not cluster or any(c in cluster for c in " .*>\t"):
         problems.append(f"{pos('cluster')}: cluster {cluster!r} must be non-empty without spaces, dots, '*' or '>'")
@@ -566,6 +578,10 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         tp_groups=tp, pp_groups=pp, models=models, log_level=level, source=where,
         metrics_listen=_listen(merged["metrics"].get("listen"), pos, problems),
         alertmanager=_alertmanager(merged["alertmanager"], pos, dur, problems),
+        partitions=int(num(so.get("partitions"), "scaleout.partitions", 1, 4096, "scaleout", "partitions")),
+        lease=dur(so.get("lease"), "scaleout.lease", "scaleout", "lease"),
+        max_partitions=int(num(so.get("max_partitions"), "scaleout.max_partitions", 0, 4096,
+                               "scaleout", "max_partitions")),
     )
     if cfg.warmup > cfg.horizon:
         problems.append(f"{pos('warmup')}: warmup ({cfg.warmup:g}s) must not exceed horizon ({cfg.horizon:g}s)")
@@ -747,6 +763,12 @@ KEY_DOCS: dict[str, str | tuple[str, str]] = {
                                "state is forgotten",
     "ingest.max_nodes": "nodes heard from at once; further new nodes are rejected (and counted) until silent "
                         "nodes make room",
+    "scaleout.partitions": "summary partitions: the N of the NATS server's `partition(N, ...)` mapping "
+                           "(deploy/nats/partitions.conf); 1: one controller takes every summary; N > 1: every "
+                           "controller process with this config is a worker holding partitions through KV leases",
+    "scaleout.lease": "a worker (or the leader) that has not renewed its KV lease for this long is presumed dead "
+                      "and its partitions are taken over (renewed every third of it)",
+    "scaleout.max_partitions": "most partitions one worker holds at once (0: an even share of the live workers')",
     "metrics.listen": "the controller's `/metrics` (`host:port`, localhost unless an address is given; empty: off)",
     "alertmanager.url": ("`[]`", "Alertmanager v2 URL(s) to send incidents to (every member of an Alertmanager "
                                   "cluster); empty: off"),

@@ -100,6 +100,11 @@ def subject_mismatch(subject: str, kind: wire.MessageKind, cluster: str, node: s
     return None
 
 
+def parsed_subject(subject: str) -> wire.ParsedSubject | str:
+    """:func:`skewd.wire.parse_subject` of ``subject`` (or its error text), remembered."""
+    return _parsed(subject)
+
+
 @functools.lru_cache(maxsize=1 << 16)
 def _parsed(subject: str) -> wire.ParsedSubject | str:
     """``wire.parse_subject`` (or its error), remembered: every node sends on the same few

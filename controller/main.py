@@ -73,6 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     from .service import Controller
 
+    if cfg.partitions > 1:
+        return _run_worker(cfg, catalogue, ruleset)
     ctl = Controller(cfg, catalogue=catalogue, ruleset=ruleset)
 
     async def run() -> None:
@@ -106,6 +108,47 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main(sys.argv[1:]))
+
+
+def _run_worker(cfg, catalogue, ruleset) -> int:
+    """``skewd controller`` with ``scaleout.partitions`` > 1: one worker of a scaled-out
+    controller (controller/scaleout.py). Same exit codes. The /metrics endpoint is not served
+    by workers yet; each worker's status is logged every minute."""
+    from .scaleout import Worker
+
+    worker = Worker(cfg, catalogue=catalogue, ruleset=ruleset)
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, stop.set)
+            except (NotImplementedError, RuntimeError):
+                pass
+        await worker.start()
+        try:
+            while not stop.is_set():
+                try:
+                    await asyncio.wait_for(stop.wait(), 60.0)
+                except asyncio.TimeoutError:
+                    st = worker.status()
+                    print(f"worker {st['worker']}: partitions {st['partitions']}, leader {st['leader']}, "
+                          f"takeovers {st['takeovers']}", file=sys.stderr, flush=True)
+        finally:
+            await worker.stop()
+
+    try:
+        asyncio.run(run())
+    except (NatsAuthError, NatsTLSError, NatsConfigError) as e:
+        print(f"skewd controller: {e}", file=sys.stderr)
+        return 2
+    except NatsUnavailableError as e:
+        print(f"skewd controller: {e}", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        pass
+    return 0
 
 
 async def start_edges(ctl) -> tuple:

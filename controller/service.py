@@ -41,7 +41,7 @@ import numpy as np
 
 from skewd import wire
 from skewd.catalogue import full_catalogue
-from skewd.model import GROUP_SCOPES, Catalogue, Finding, SampleBatch, State
+from skewd.model import GROUP_SCOPES, Catalogue, Finding, SampleBatch, Scope, State
 from skewd.natsutil import connect, ensure_streams
 from skewd.rules.cli import PACKS
 from skewd.rules.engine import Engine, RuleSet
@@ -65,7 +65,14 @@ log = logging.getLogger("skewd.controller")
 #: summary keys that carry per-burst data for alignment, not signals
 BURST_STARTS = "collective_burst_starts"
 BURST_BYTES = "collective_burst_bytes"
-FLUSH_ROWS = 250_000  # pending samples that force a flush between ticks (a few MB of Python lists)
+#: pending samples that force a flush between ticks: at a rate the ticks cannot keep up with, a
+#: tick's flush would otherwise grow to seconds with the event loop blocked (250,000 rows took
+#: ~1 s on this machine under load); 50,000 bound it to a few hundred ms
+FLUSH_ROWS = 50_000
+#: pending samples of layouts the store does not know yet that force a flush: new nodes go the
+#: store's general path (seconds for 250,000 rows, the event loop blocked); a small early flush
+#: teaches the store their layouts, and later flushes take the fast path
+FLUSH_NEW_ROWS = 20_000
 LAYOUTS_PER_NODE = 4  # a node whose values come and go (None) sends a few layouts
 LAYOUT_BUDGET_PER_SAMPLE = 4  # store layout-cache budget per sample of the layouts we know (see _flush)
 LIVE_STATUSES = (M.SuggestionStatus.PLANNED.value, M.SuggestionStatus.PUBLISHED.value, M.SuggestionStatus.ACKED.value)
@@ -86,6 +93,7 @@ def _agent_open(f: Finding) -> bool:
 
 #: summary keys that are not window-store samples
 _NOT_SAMPLES = frozenset({BURST_STARTS, BURST_BYTES}) | frozenset(CTL_SIGNALS) | ENGINE_KEYS
+
 
 
 @dataclass
@@ -161,17 +169,34 @@ class LoopHealth:
     backoff_s: float = 0.0
 
 
+#: what a Controller instance does (docs/controller.md, "Scale-out"): everything (one process,
+#: the default), one summary partition's share (a worker's), or the cluster-wide rest (the leader)
+ROLE_ALL, ROLE_PARTITION, ROLE_LEADER = "all", "partition", "leader"
+
+
 class Controller:
+    """The controller of one cluster: owns the window store, aligner, group rule engine,
+    correlator and planner, and the NATS subscriptions that feed them. ``skewd controller``,
+    ``skewd up``/``demo`` and the lab harness run it (the harness calls :meth:`ingest_summary`
+    and :meth:`tick` directly); a scaled-out worker (controller/scaleout.py) runs one per
+    partition it holds (``role="partition"``) and, while it holds the lease, the leader."""
+
     def __init__(self, cfg: ControllerConfig, *, catalogue: Catalogue | None = None,
-                 ruleset: RuleSet | None = None, wall_clock: Callable[[], float] = time.time) -> None:
+                 ruleset: RuleSet | None = None, wall_clock: Callable[[], float] = time.time,
+                 role: str = ROLE_ALL, partition: int | None = None) -> None:
+        if role not in (ROLE_ALL, ROLE_PARTITION, ROLE_LEADER) or (role == ROLE_PARTITION) != (partition is not None):
+            raise ValueError(f"role {role!r} with partition {partition!r}")
         self.cfg = cfg
+        self.role = role
+        self.partition = partition
         self.catalogue = catalogue or full_catalogue()
         self.wall = wall_clock
         if ruleset is None:
             ruleset = RuleManager(cfg.rules or [str(PACKS)], self.catalogue).load_initial()
         self.store = WindowStore(self.catalogue, horizon=cfg.horizon)
-        self.engine = Engine(ruleset, self.store, lookback=cfg.lookback, cluster=cfg.cluster,
-                             scopes=GROUP_SCOPES.keys())
+        # a partition evaluates the TP-group rules of its groups, the leader the cluster-wide ones
+        scopes = {ROLE_ALL: GROUP_SCOPES.keys(), ROLE_PARTITION: (Scope.TP_GROUP,), ROLE_LEADER: (Scope.CLUSTER,)}[role]
+        self.engine = Engine(ruleset, self.store, lookback=cfg.lookback, cluster=cfg.cluster, scopes=scopes)
         self.topology = Topology.from_config(cfg)
         self.aligner = Aligner(cfg.align_window, cfg.max_skew, cfg.unsynced_clock_error, cfg.min_group_fraction,
                                cfg.stale_after, cfg.horizon)
@@ -204,6 +229,7 @@ class Controller:
         self._open_keys: set[str] = set()  # incident group keys whose ids are stored in KV
         self._pending: list[_Pending] = []  # summary samples not yet in the store
         self._pending_rows = 0
+        self._pending_new = 0  # ... of them from summaries whose layout the store does not know yet
         self._layouts: dict[str, list[_Layout]] = {}  # node → its summaries' layouts the store holds rows for
         self._store_gcs = 0  # store.gc calls that forgot entities (rows our layouts may point at)
         self._layouts_gcs = -1  # ... when _layouts was last known valid
@@ -221,36 +247,67 @@ class Controller:
         self._unconfirmed: set[str] = set()
         self._deferred: set[str] = set()  # incident ids whose publication waits for their node
         self._silenced: dict[str, float] = {}  # finding id → controller time it was resolved for silence
+        self._shared = False  # started on another instance's connection (a scaled-out worker's)
+        #: save the engine snapshot at stop (a worker that lost this partition's lease must not
+        #: write over its new holder's)
+        self.save_on_stop = True
+        #: partition role: each node's latest summary samples since the last digest (for the leader)
+        self._digest_rows: dict[str, tuple] = {}
+        self._leader_ctl: frozenset[str] | None = None
+        #: leader role: digests received, taken in at the next tick; the groups' alignment reports
+        self._digests: list[Any] = []
+        self._reports: dict[str, Any] = {}
+        self.digests_in = 0
+        self.unpartitioned = 0  # leader: summaries that reached the unmapped subject (no server mapping)
+        self.misplaced: dict[str, str] = {}  # partition: node → why its summaries may split its group
+        self._shapes: dict[str, tuple] = {}  # node → its summaries' last shape (see _samples)
+        self._placed: set[str] = set()  # nodes whose placement was checked at topology version ...
+        self._placed_version = -1
 
     # ------------------------------------------------------------------------------------------
     # lifecycle
     # ------------------------------------------------------------------------------------------
-    async def start(self) -> None:
+    async def start(self, shared: tuple[Any, Any, StateStore] | None = None) -> None:
+        """Connect (or use ``shared`` = (nc, js, state) of a scaled-out worker), restore state
+        from KV and subscribe to what this role takes in."""
         cfg = self.cfg
-        self.nc = await connect(cfg.nats, initial_timeout=30.0, error_cb=self._on_error)
-        self.js = self.nc.jetstream()
-        await ensure_streams(self.js, [wire.FINDINGS_STREAM], update=False)
-        await ensure_streams(self.js, [wire.REMAPS_STREAM, M.INCIDENTS_STREAM], update=True)
-        self.state = await StateStore.open(self.js, cfg.bucket, cfg.cluster, cfg.state_max_age, nc=self.nc)
+        if shared is not None:
+            self.nc, self.js, self.state = shared
+            self._shared = True
+        else:
+            self.nc = await connect(cfg.nats, initial_timeout=30.0, error_cb=self._on_error)
+            self.js = self.nc.jetstream()
+            await ensure_streams(self.js, [wire.FINDINGS_STREAM], update=False)
+            await ensure_streams(self.js, [wire.REMAPS_STREAM, M.INCIDENTS_STREAM], update=True)
+            self.state = await StateStore.open(self.js, cfg.bucket, cfg.cluster, cfg.state_max_age, nc=self.nc)
         await self._restore()
-        self._subs.append(await self.nc.subscribe(wire.subject_filter("summary", cluster=cfg.cluster),
-                                                  cb=self._on_summary))
-        self._subs.append(await self.nc.subscribe(wire.subject_filter("health", cluster=cfg.cluster),
-                                                  cb=self._on_health))
-        self._subs.append(await self.nc.subscribe(wire.subject_filter("phase", cluster=cfg.cluster),
-                                                  cb=self._on_phase))
-        self._subs.append(await self.nc.subscribe(M.reply_subject(cfg.cluster), queue=cfg.queue, cb=self._on_reply))
-        await self._recover_planned()
-        self._tasks = [asyncio.create_task(self._supervised(name, fn), name=f"skewd-ctl-{name}")
-                       for name, fn in (("findings", self._findings_loop), ("kvwatch", self._kv_watch_loop),
-                                        ("eval", self._eval_loop), ("housekeeping", self._housekeeping_loop))]
+        sub = self.nc.subscribe
+        loops: list[tuple[str, Callable[[], Any]]] = [("eval", self._eval_loop), ("housekeeping", self._housekeeping_loop)]
+        if self.role == ROLE_PARTITION:
+            for subject in wire.summary_filters(cfg.cluster, self.partition):
+                self._subs.append(await sub(subject, cb=self._on_summary))
+            self._subs.append(await sub(wire.subject_filter("phase", cluster=cfg.cluster), cb=self._on_phase))
+        else:
+            if self.role == ROLE_ALL:
+                for subject in wire.summary_filters(cfg.cluster):
+                    self._subs.append(await sub(subject, cb=self._on_summary))
+            else:
+                self._subs.append(await sub(wire.digest_subject(cfg.cluster, "*"), cb=self._on_digest))
+                self._subs.append(await sub(wire.summary_filters(cfg.cluster)[0], cb=self._on_unpartitioned))
+            self._subs.append(await sub(wire.subject_filter("health", cluster=cfg.cluster), cb=self._on_health))
+            self._subs.append(await sub(wire.subject_filter("phase", cluster=cfg.cluster), cb=self._on_phase))
+            self._subs.append(await sub(M.reply_subject(cfg.cluster), queue=cfg.queue, cb=self._on_reply))
+            await self._recover_planned()
+            loops += [("findings", self._findings_loop), ("kvwatch", self._kv_watch_loop)]
+        self._tasks = [asyncio.create_task(self._supervised(name, fn), name=f"skewd-ctl-{name}") for name, fn in loops]
         await self.nc.flush()
         for rid, how in culprit_coverage(self.engine.rules.rules, cfg.culprit_pathologies,
                                          cfg.culprit_evidence).items():
             if how.startswith("PROBLEM"):
                 log.warning("culprit rule %s: %s", rid, how)
-        log.info("controller %s started for cluster %s: %d rules (%d group-scope), %d TP groups configured",
-                 cfg.controller_id, cfg.cluster, len(self.engine.rules.rules),
+        log.info("controller %s (%s%s) started for cluster %s: %d rules (%d group-scope), %d TP groups configured",
+                 cfg.controller_id, self.role, "" if self.partition is None else f" {self.partition}",
+                 cfg.cluster, len(self.engine.rules.rules),
                  sum(1 for r in self.engine.rules.rules if r.scope in GROUP_SCOPES), len(cfg.tp_groups))
         self.started.set()
 
@@ -281,12 +338,14 @@ class Controller:
                     async def goodbye() -> None:
                         for sub in self._subs:
                             await sub.unsubscribe()
-                        if self.state is not None and self.next_eval is not None:
-                            await self.state.put_engine(self.engine, self.now)
+                        if self.state is not None and self.next_eval is not None and self.save_on_stop:
+                            await self._save_engine(self.now)
                         await self.nc.flush()
                     await asyncio.wait_for(goodbye(), left(0.6))
                 except Exception:  # noqa: BLE001 - the connection may be going; the snapshot is a bonus
                     pass
+            if self._shared:
+                return  # the worker's connection: it closes it
             try:
                 await asyncio.wait_for(self.nc.close(), left())
             except Exception:  # noqa: BLE001 - the connection may be gone already
@@ -340,8 +399,31 @@ class Controller:
     # ------------------------------------------------------------------------------------------
     # restore
     # ------------------------------------------------------------------------------------------
+    def _engine_key(self) -> str | None:
+        """KV key (under ``engine.``) of this instance's alert-state snapshot: a partition's own,
+        so whoever holds the partition next resumes its alerts."""
+        return None if self.partition is None else f"p{self.partition}"
+
+    async def _save_engine(self, t: float) -> None:
+        assert self.state is not None
+        key = self._engine_key()
+        if key is None:  # (the lab harness's in-memory state takes two arguments)
+            await self.state.put_engine(self.engine, t)
+        else:
+            await self.state.put_engine(self.engine, t, key)
+
     async def _restore(self) -> None:
         assert self.state is not None
+        if self.role == ROLE_PARTITION:  # alert states only: findings and incidents are the leader's
+            got = await self.state.get(self.state.key("engine", self._engine_key() or ""))
+            try:
+                n = restore_engine(self.engine, got[0]) if got is not None else 0
+            except Exception as e:  # noqa: BLE001 - rebuilt from the summaries then
+                log.warning("state: partition %s engine snapshot not restored: %s: %s", self.partition,
+                            type(e).__name__, e)
+                n = 0
+            log.info("partition %s: %d alert states restored", self.partition, n)
+            return
         saved = await self.state.load()
         for d in saved.get("finding", {}).values():
             try:
@@ -374,7 +456,11 @@ class Controller:
         # are heard their incidents are not re-announced
         wall = self.wall()
         for f in self.correlator.findings.values():
-            if _agent_open(f) and f.node not in self._unconfirmed:
+            # a new leader has no data of any node yet (their partitions' digests bring it): a
+            # restored group finding's incident waits for its node's first digest too, or it
+            # would be planned at once without cause, phase or effect
+            lead_open = self.role == ROLE_LEADER and f.state in (State.PENDING, State.FIRING)
+            if (_agent_open(f) or lead_open) and f.node not in self._unconfirmed:
                 self._unconfirmed.add(f.node)
                 self.nodes.admit(f.node, wall)
         log.info("state restored: %d findings, %d open incidents, %d suggestions, %d alert states; "
@@ -451,7 +537,7 @@ class Controller:
     async def _on_summary(self, msg: Any) -> None:
         subject = msg.subject
         try:
-            s = wire.decode_summary(msg.data)
+            s = wire.summary_view(msg.data)  # the typed decoder's object: read-only from here on
         except wire.WireError as e:
             self._reject("summary", ingest.reason_of(e), subject, str(e))
             return
@@ -468,59 +554,200 @@ class Controller:
                 self._reject("summary", ingest.TOO_MANY_NODES, subject,
                              f"node {s.node!r} is new and {self.cfg.max_nodes} nodes are live (ingest.max_nodes)")
                 return
+            if self.role == ROLE_PARTITION:
+                self._check_placement(subject, s.node)
             self.ingest_summary(s, s.labels)  # the decoder checked: an object of strings
         except Exception:  # noqa: BLE001 - a callback must not die on one message; counted and shown
             self.stats.errors += 1
             log.exception("summary on %s not taken in", subject)
+
+    def _check_placement(self, subject: str, node: str) -> None:
+        """A partition worker notes a node whose summaries carry another placement token than
+        its configured TP group or pipeline: such a group may be split over partitions (the
+        agent lacks its ``tp_group``/``pp_group`` label), and its alignment would be blind."""
+        if self._placed_version != self.topology.version:
+            self._placed_version, self._placed = self.topology.version, set()
+        if node in self._placed:
+            return
+        self._placed.add(node)
+        if self.topology.group_of(node) is None:
+            return
+        parsed = ingest.parsed_subject(subject)
+        got = parsed.tokens.get("placement") if isinstance(parsed, wire.ParsedSubject) else None
+        want = {self.topology.group_of(node).name}  # type: ignore[union-attr]
+        want |= {name for name, p in self.topology.pp_groups().items()
+                 if any(node in self.topology.stage_members(st) for st in p.stages)}
+        if got is not None and got not in want:
+            self.misplaced[node] = (f"summaries placed by {got!r}, the config puts {node} in {sorted(want)}: set the "
+                                    f"agent's labels (tp_group/pp_group) so its group shares one partition")
+            log.warning("partition %s: %s", self.partition, self.misplaced[node])
 
     def ingest_summary(self, s: wire.Summary, labels: dict[str, str] | None = None) -> None:
         """Take one node summary (public so replay and tests can feed summaries directly)."""
         self.stats.summaries += 1
         if labels:
             self.topology.observe(s.node, labels)
-        starts = s.signals.get(BURST_STARTS) or {}
-        nbytes = s.signals.get(BURST_BYTES) or {}
-        bursts = []
-        for k, v in starts.items():
-            if v is None:
-                continue
-            b = nbytes.get(k)
-            bursts.append((float(v), float(b) if b is not None else float("nan")))
-        bursts.sort()
-        self.aligner.observe(s.node, s.t, s.clock_sync.synced, s.clock_sync.max_error_s, bursts)
+        starts = s.signals.get(BURST_STARTS)
+        nbytes = s.signals.get(BURST_BYTES)
+        observed = False
+        if starts and not nbytes and None not in starts.values():
+            # the common shape: starts without bytes, as the agent sends them. Sorted as the
+            # tuples below would be (a NaN start, which JSON cannot carry, goes the long way)
+            ts = sorted(map(float, starts.values()))
+            if math.isfinite(math.fsum(ts)):
+                self.aligner.observe_starts(s.node, s.t, s.clock_sync.synced, s.clock_sync.max_error_s, ts)
+                observed = True
+        if not observed:
+            nbytes = nbytes or {}
+            bursts = []
+            for k, v in (starts or {}).items():
+                if v is None:
+                    continue
+                b = nbytes.get(k)
+                bursts.append((float(v), float(b) if b is not None else float("nan")))
+            bursts.sort()
+            self.aligner.observe(s.node, s.t, s.clock_sync.synced, s.clock_sync.max_error_s, bursts)
         self.timelines.add_summary(s.node, s.t, s.signals)
         # buffered: one store ingest per tick (or per FLUSH_ROWS) instead of one per summary
-        names: list[str] = []
-        ents_of: list[str] = []
-        values: list[float] = []
-        for name, ents in s.signals.items():
+        names, ents_of, values = self._samples(s.node, s.signals)
+        if values:
+            names, ents_of = self._add_pending(s.node, s.t, names, ents_of, values)
+        if self.role == ROLE_PARTITION:  # the leader's copy, sent with the next digest
+            self._digest_rows[s.node] = (s.t, s.interval, labels or {}, s.signals)
+        self._advance(s.node, s.t)
+
+    def _samples(self, node: str, sig: dict[str, dict[str, float | None]]) -> tuple[list, list, list]:
+        """A summary's samples as (signal names, entities, values), None values left out. A node
+        sends the same signals and entities summary after summary: when this one has the
+        node's last shape (same signal keys in the same order, the same entity count per
+        sample signal, no None), the values are read in one comprehension and the names and
+        entities are the shape's own lists; anything else is walked and becomes the new shape."""
+        sh = self._shapes.get(node)
+        if sh is not None and sh[0] == tuple(sig):
+            _, pairs, names, ents, sample_names, counts = sh
+            try:
+                if list(map(len, map(sig.__getitem__, sample_names))) == counts:
+                    values = [sig[n][e] for n, e in pairs]
+                    if None not in values:
+                        return names, ents, values
+            except KeyError:  # an entity renamed: the walk below
+                pass
+        names, ents, values = [], [], []
+        sample_names, counts = [], []
+        complete = True
+        for name, es in sig.items():
             if name in _NOT_SAMPLES:
                 continue
-            for ent, v in ents.items():
+            sample_names.append(name)
+            counts.append(len(es))
+            for ent, v in es.items():
                 if v is not None:
                     names.append(name)
-                    ents_of.append(ent)
+                    ents.append(ent)
                     values.append(float(v))
-        if values:
-            lay = None
-            for known in self._layouts.get(s.node, ()):
-                if known.names == names and known.entities == ents_of:
-                    lay = known
-                    break
-            if lay is not None:  # the layout's lists stand for these (equal) ones
-                names, ents_of = lay.names, lay.entities
-            self._pending.append(_Pending(s.node, s.t, names, ents_of, values, lay))
-            self._pending_rows += len(values)
-            if self._pending_rows >= FLUSH_ROWS:
-                self._flush()
-        if s.node not in self.store.registry.node_labels:
+                else:
+                    complete = False
+        if complete:
+            self._shapes[node] = (tuple(sig), list(zip(names, ents)), names, ents, sample_names, counts)
+        return names, ents, values
+
+    def _add_pending(self, node: str, t: float, names: list[str], ents: list[str],
+                     values: list[float]) -> tuple[list[str], list[str]]:
+        """Queue one node's samples at ``t`` for the next store flush, recognising the node's
+        known layout (returns the layout's lists when they match, else the ones given)."""
+        lay = None
+        for known in self._layouts.get(node, ()):
+            if known.names == names and known.entities == ents:
+                lay = known
+                break
+        if lay is not None:  # the layout's lists stand for these (equal) ones
+            names, ents = lay.names, lay.entities
+        self._pending.append(_Pending(node, t, names, ents, values, lay))
+        self._pending_rows += len(values)
+        if lay is None:
+            self._pending_new += len(values)
+        if self._pending_rows >= FLUSH_ROWS or self._pending_new >= FLUSH_NEW_ROWS:
+            self._flush()
+        return names, ents
+
+    def _advance(self, node: str, t: float) -> None:
+        """A node's data at ``t`` arrived: the evaluation grid starts and the watermark moves."""
+        if node not in self.store.registry.node_labels:
             self._labels_version = -1
         if self.first_t is None:
-            self.first_t = s.t
-            self.next_eval = math.ceil(s.t / self.cfg.evaluation_interval) * self.cfg.evaluation_interval
-        if s.t > self.watermark:
-            self.watermark = s.t
+            self.first_t = t
+            self.next_eval = math.ceil(t / self.cfg.evaluation_interval) * self.cfg.evaluation_interval
+        if t > self.watermark:
+            self.watermark = t
             self._wake.set()
+
+    # -- scale-out: partition → leader digests ---------------------------------------------------
+    async def _publish_digest(self, t: float, derived: dict[str, dict[str, float]]) -> None:
+        """Hand the leader what it needs of this partition at ``t`` (controller/scaleout.py)."""
+        from .scaleout import encode_digests
+
+        rows, self._digest_rows = self._digest_rows, {}
+        if self._leader_ctl is None:  # the ctl_* values the cluster-wide rules read: all the leader needs of them
+            self._leader_ctl = frozenset(s for r in self.engine.rules.rules if r.scope is Scope.CLUSTER
+                                         for s in r.requires if s in CTL_SIGNALS)
+        derived = {n: {k: v for k, v in vals.items() if k in self._leader_ctl} for n, vals in derived.items()}
+        derived = {n: vals for n, vals in derived.items() if vals}
+        for data in encode_digests(self.cfg.cluster, self.partition or 0, t, rows, derived, self.aligner.reports):
+            try:
+                await self.nc.publish(wire.digest_subject(self.cfg.cluster, self.partition or 0), data)
+            except Exception as e:  # noqa: BLE001 - the next digest carries fresh values
+                self.stats.errors += 1
+                log.warning("partition %s: digest not published: %s", self.partition, e)
+
+    async def _on_digest(self, msg: Any) -> None:
+        from .scaleout import decode_digest
+
+        try:
+            d = decode_digest(msg.data)
+        except ValueError as e:
+            self.stats.errors += 1
+            log.warning("digest on %s unreadable: %s", msg.subject, e)
+            return
+        if d.cluster != self.cfg.cluster:
+            return
+        self.digests_in += 1
+        self._digests.append(d)
+        for r in d.rows:
+            if self._heard(r.node, r.interval):
+                self._advance(r.node, r.t)
+
+    async def _on_unpartitioned(self, msg: Any) -> None:
+        """A summary on the unmapped subject while workers own partitions: the server lacks the
+        partition mapping, so no worker receives it (said once a minute in the log)."""
+        self.unpartitioned += 1
+        if self.unpartitioned in (1, 100) or self.unpartitioned % 60000 == 0:
+            log.error("%d summaries arrived unpartitioned (e.g. on %s): the NATS server has no partition mapping "
+                      "(`skewd nats-auth --partitions %d`); no worker takes them in", self.unpartitioned,
+                      msg.subject, self.cfg.partitions)
+
+    def _take_digests(self) -> None:
+        """Leader: the digests received since the last tick into topology, timelines and store."""
+        from .align import GroupReport
+
+        digests, self._digests = self._digests, []
+        for d in digests:
+            for r in d.rows:  # as ingest_summary takes a summary, less the bursts
+                if r.node not in self.nodes:
+                    continue  # refused at arrival (ingest.max_nodes)
+                if r.labels:
+                    self.topology.observe(r.node, r.labels)
+                self.timelines.add_summary(r.node, r.t, r.signals)
+                names, ents, values = self._samples(r.node, r.signals)
+                if values:
+                    self._add_pending(r.node, r.t, names, ents, values)
+            if d.derived:
+                self._flush()
+                self._ingest_derived(d.t, d.derived)
+            for g, rep in d.reports.items():
+                try:
+                    self._reports[g] = GroupReport(**rep)
+                except TypeError:
+                    continue
 
     def _flush(self) -> None:
         """Summary samples into the window store. The store's fast path takes one-node,
@@ -531,7 +758,7 @@ class Controller:
         new entities get their ids in the same order as always."""
         if not self._pending:
             return
-        pend, self._pending, self._pending_rows = self._pending, [], 0
+        pend, self._pending, self._pending_rows, self._pending_new = self._pending, [], 0, 0
         store = self.store
         # a known layout means the store holds a row for each of its catalogued samples: only a
         # gc that forgets entities, or a catalogue that grows, can make that untrue (new rows
@@ -648,6 +875,10 @@ class Controller:
         self._health[h.node] = h
 
     async def _on_phase(self, msg: Any) -> None:
+        if self.role == ROLE_PARTITION:  # only the engines on this partition's nodes
+            parsed = ingest.parsed_subject(msg.subject)
+            if not isinstance(parsed, wire.ParsedSubject) or parsed.tokens.get("node") not in self.aligner.clocks:
+                return
         try:
             rec = M.decode(msg.data, M.Kind.PHASE)
         except wire.WireError as e:
@@ -743,9 +974,14 @@ class Controller:
         assert self.state is not None
         while not self._stopping:
             try:
-                w = await self.state.kv.watch(f"{self.state.prefix}.finding.>", ignore_deletes=True)
+                leader = self.role == ROLE_LEADER
+                w = await self.state.kv.watch(f"{self.state.prefix}.finding.>", ignore_deletes=not leader)
                 async for e in w:
-                    if e is None or not e.value:
+                    if e is None:
+                        continue
+                    if not e.value:
+                        if leader and e.operation in ("DEL", "PURGE"):
+                            self._forget_lapsed(e.key.rsplit(".", 1)[-1])
                         continue
                     try:
                         f = wire.finding_from_dict(wire.load_json(e.value, max_bytes=STATE_VALUE_BYTES))
@@ -841,18 +1077,29 @@ class Controller:
                 await self.tick(t)
 
     async def tick(self, t: float) -> None:
-        """One evaluation at time ``t``: derived signals, group rules, correlation, planning."""
+        """One evaluation at time ``t``: derived signals, group rules, correlation, planning.
+        A partition stops after its TP-group rules and hands the leader a digest; the leader
+        takes the digests in instead of deriving, and evaluates the cluster-wide rules."""
         self.now, self._wall_at_now = t, self.wall()
+        if self.role == ROLE_LEADER:
+            self._take_digests()
         self._flush()
-        if self.topology.version != self._labels_version or len(self.store.registry.node_labels) < len(self.aligner.clocks):
-            for node in set(self.aligner.clocks) | {n for g in self.topology.tp_groups().values() for n in g.nodes}:
+        if self.topology.version != self._labels_version or len(self.store.registry.node_labels) < len(self.aligner.clocks) \
+                or (self.role == ROLE_LEADER and len(self.store.registry.node_labels) < len(self.nodes)):
+            known = set(self.aligner.clocks) if self.role != ROLE_LEADER else set(self.nodes.heard)
+            for node in known | {n for g in self.topology.tp_groups().values() for n in g.nodes}:
                 self.store.registry.set_node_labels(node, self.topology.node_labels(node))
             self._labels_version = self.topology.version
-        tp = {name: g.nodes for name, g in self.topology.tp_groups().items()}
-        pp = {name: [self.topology.stage_members(s) for s in p.stages] for name, p in self.topology.pp_groups().items()}
-        derived = await self._derive(t, tp, pp)
-        self._ingest_derived(t, derived)
-        self.correlator.reports = self.aligner.reports
+        derived: dict[str, dict[str, float]] = {}
+        if self.role == ROLE_LEADER:
+            self.correlator.reports = self._reports
+        else:
+            tp = {name: g.nodes for name, g in self.topology.tp_groups().items()}
+            pp = {name: [self.topology.stage_members(s) for s in p.stages]
+                  for name, p in self.topology.pp_groups().items()}
+            derived = await self._derive(t, tp, pp)
+            self._ingest_derived(t, derived)
+            self.correlator.reports = self.aligner.reports
         warm = self.first_t is not None and t - self.first_t >= self.cfg.warmup
         if warm:
             transitions = self.engine.evaluate(t)
@@ -861,8 +1108,11 @@ class Controller:
                 self._enrich(f, t)
                 await self._emit_finding(f)
             if transitions or self.stats.evaluations % 10 == 1:
-                await self.state.put_engine(self.engine, t)  # type: ignore[union-attr]
+                await self._save_engine(t)
             await self._drop_lapsed_pending()
+        if self.role == ROLE_PARTITION:
+            await self._publish_digest(t, derived)
+            return
         await self._correlate_and_plan(t)
 
     async def _derive(self, t: float, tp: dict, pp: dict) -> dict[str, dict[str, float]]:
@@ -881,7 +1131,8 @@ class Controller:
         """The engine forgets a pending alert whose expression turned false without emitting a
         transition (Prometheus semantics); forget its pending finding too, or it would hold
         the victims of its group (``Correlator.culprit_pending``) for ever."""
-        ours = {r.id for r in self.engine.rules.rules if r.scope in GROUP_SCOPES}
+        scopes = self.engine.scopes if self.engine.scopes is not None else GROUP_SCOPES.keys()
+        ours = {r.id for r in self.engine.rules.rules if r.scope in GROUP_SCOPES and r.scope in scopes}
         # matched by identity, not by key: the engine's state keys and Finding.fingerprint
         # need not be computed alike
         alive = {(st.rule_id, st.node, st.entity, tuple(sorted(st.labels.items())))
@@ -894,6 +1145,14 @@ class Controller:
                     await self.state.delete_finding(fp)  # type: ignore[union-attr]
                 except Exception as e:  # noqa: BLE001 - expires with the bucket's max_age otherwise
                     log.debug("pending finding %s not deleted from KV: %s", fp, e)
+
+    def _forget_lapsed(self, fingerprint: str) -> None:
+        """Leader: a partition deleted the KV record of a pending group finding its engine
+        dropped (:meth:`_drop_lapsed_pending`): drop it here too, or it would hold its TP
+        group's victims for ever (``Correlator.culprit_pending``)."""
+        f = self.correlator.findings.get(fingerprint)
+        if f is not None and f.state is State.PENDING and f.scope is Scope.TP_GROUP:
+            del self.correlator.findings[fingerprint]
 
     def _enrich(self, f: Finding, now: float) -> None:
         """State the culprit measurement (controller/culprit.py), the engine phase and the
@@ -1061,8 +1320,14 @@ class Controller:
             await asyncio.sleep(ival)
             try:
                 wall = self.wall()
-                await self.expire_silent_nodes(wall)
-                if self.next_eval is not None and wall - self._wall_at_now > 3 * ival and self.now > -math.inf:
+                if self.role == ROLE_PARTITION:  # the leader resolves their findings; here state goes
+                    for node, _ in self.nodes.pop_silent(wall):
+                        self._forget_node(node)
+                        self._digest_rows.pop(node, None)
+                else:
+                    await self.expire_silent_nodes(wall)
+                if self.role != ROLE_PARTITION and self.next_eval is not None and wall - self._wall_at_now > 3 * ival \
+                        and self.now > -math.inf:
                     # no summaries: findings may still arrive; let wall time advance correlation
                     async with self._lock:
                         self.now = self.now + (wall - self._wall_at_now)
@@ -1146,6 +1411,7 @@ class Controller:
         if self.store.forget_node(node):
             self._store_gcs += 1  # the store's rows moved: layouts learned before are void
         self._layouts.pop(node, None)
+        self._shapes.pop(node, None)
         self._derived_layouts.pop(node, None)
         self._health.pop(node, None)
 
@@ -1158,13 +1424,14 @@ class Controller:
 
     def _awaits_node(self, inc: M.Incident | None) -> bool:
         """Whether ``inc`` is made only of agent findings from nodes restored from KV but not
-        heard from since this process started (not re-announced until they are)."""
+        heard from since this process started (not re-announced until they are); for a new
+        leader, group findings count too (their data comes with their partition's digests)."""
         if inc is None or not self._unconfirmed or inc.state != "open":
             return False
         nodes = set()
         for fid in inc.findings:
             f = self.correlator.findings.get(fid.split("-", 1)[0])
-            if f is None or f.scope in GROUP_SCOPES:
+            if f is None or (f.scope in GROUP_SCOPES and self.role != ROLE_LEADER):
                 return False
             nodes.add(f.node)
         return bool(nodes) and nodes <= self._unconfirmed
@@ -1182,6 +1449,8 @@ class Controller:
 
     def status(self) -> dict[str, Any]:
         return {"cluster": self.cfg.cluster, "controller": self.cfg.controller_id, "now": self.now,
+                "role": self.role, "partition": self.partition, "digests_in": self.digests_in,
+                "unpartitioned_summaries": self.unpartitioned, "misplaced_nodes": dict(self.misplaced),
                 "watermark": self.watermark, "stats": asdict(self.stats),
                 # held incidents (not published yet: group_wait, or a culprit rule pending) are
                 # listed too, marked "held", with the earliest time they may be published

@@ -162,16 +162,16 @@ class StateStore:
         finally:
             await w.stop()
 
-    async def keys(self) -> set[str]:
-        """The bucket's keys under this cluster's prefix, as the server lists them (the
-        stream's subjects, paged), without deleted or purged ones."""
+    async def keys(self, under: str | None = None) -> set[str]:
+        """The bucket's keys under this cluster's prefix (and below ``under``, e.g. "worker"),
+        as the server lists them (the stream's subjects, paged), without deleted or purged ones."""
         stream = f"KV_{self.bucket or self.kv._name}"
         kv_prefix = f"$KV.{self.bucket or self.kv._name}."
         nc = self.nc if self.nc is not None else self.kv._js._nc
         subjects: dict[str, int] = {}
         offset = 0
         while True:
-            req = {"subjects_filter": f"{kv_prefix}{self.prefix}.>", "offset": offset}
+            req = {"subjects_filter": f"{kv_prefix}{self.prefix}.{under + '.' if under else ''}>", "offset": offset}
             resp = json.loads((await nc.request(f"$JS.API.STREAM.INFO.{stream}", json.dumps(req).encode(),
                                                 timeout=5.0)).data)
             if "error" in resp:
@@ -222,8 +222,10 @@ class StateStore:
         await self.kv.delete(self.key("incident", self.incident_slot(group_key)))
 
     # -- engine ------------------------------------------------------------------------------
-    async def put_engine(self, engine: Engine, t: float) -> None:
-        await self._put(self.key("engine"), engine_snapshot(engine, t))
+    async def put_engine(self, engine: Engine, t: float, name: str | None = None) -> None:
+        """The engine's alert states under ``engine`` (or ``engine.<name>``: a controller
+        worker's partition, docs/controller.md "Scale-out")."""
+        await self._put(self.key("engine", name) if name else self.key("engine"), engine_snapshot(engine, t))
 
     # -- remaps ------------------------------------------------------------------------------
     async def create_remap(self, key: str, record: dict[str, Any]) -> bool:

@@ -320,6 +320,91 @@ def test_summary_fast_path_matches_the_strict_reader_on_any_json(path, value) ->
     assert _outcome(wire.summary_from_dict, d) == _outcome(wire._strict_summary_from_dict, d)
 
 
+# ---- the typed (msgspec) summary decoder: same results, same errors -------------------------
+
+def _strict_decode(raw: bytes):
+    return wire.decode(raw, wire.MessageKind.SUMMARY)
+
+
+def _raw_with(path, value, *, text_value: str | None = None) -> bytes:
+    d = _good_summary_dict()
+    parent = d
+    for k in path[:-1]:
+        parent = parent[k]
+    if value == "<missing>":
+        parent.pop(path[-1], None)
+    else:
+        parent[path[-1]] = value
+    raw = json.dumps(d, allow_nan=True)
+    if text_value is not None:  # a literal JSON cannot produce from a Python value
+        raw = raw.replace('"@@"', text_value)
+    return raw.encode()
+
+
+@pytest.mark.parametrize("path", _PATHS + [("extra",), ("clock_sync", "extra")])
+def test_typed_summary_decoder_accepts_and_rejects_exactly_like_the_strict_reader(path) -> None:
+    literals = ["1e400", "-1e400", "12345678901234567890", "123456789012345678901234567890.5", "1.0", "-0",
+                "-98765432109876543210", "0.00012345678901234567", "1e-12345678901234567890",
+                "12345678901234567890e3", "9223372036854775807", "9223372036854775808",
+                '"\\ud800"', '"caf\\u00e9"', "[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]", "1E3"]
+    for value in [*_ODD, "<missing>", "n" * 257]:
+        raw = _raw_with(path, value)
+        assert _outcome(wire.decode_summary, raw) == _outcome(_strict_decode, raw), (path, value)
+    for lit in literals:
+        raw = _raw_with(path, "@@", text_value=lit)
+        assert _outcome(wire.decode_summary, raw) == _outcome(_strict_decode, raw), (path, lit)
+
+
+def test_typed_summary_decoder_is_taken_for_what_agents_send() -> None:
+    raw = json.dumps(_good_summary_dict()).encode()
+    fast = wire._typed_summary(raw)
+    assert fast is not None and repr(fast) == repr(_strict_decode(raw))
+    # a float whose repr has a long run of digits after the point is no long integer
+    d = _good_summary_dict()
+    d["interval"] = 0.00012345678901234567
+    tiny = json.dumps(d).encode()
+    assert b"00012345678901234567" in tiny and wire._typed_summary(tiny) is not None
+    # a repeated key: the last one counts on both paths (json.loads' rule)
+    dup = raw[:-1] + b',"t":1700000099}'
+    assert _outcome(wire.decode_summary, dup) == _outcome(_strict_decode, dup)
+    assert wire.decode_summary(dup).t == 1700000099.0
+
+
+@given(st.sampled_from(_PATHS + [("extra",)]), _json_values)
+def test_typed_summary_decoder_matches_the_strict_reader_on_any_json(path, value) -> None:
+    raw = _raw_with(path, value)
+    assert _outcome(wire.decode_summary, raw) == _outcome(_strict_decode, raw)
+
+
+def test_summary_view_reads_as_the_decoded_summary() -> None:
+    """The controller's hot path reads the msgspec object: every attribute it reads equals the
+    decoded Summary's, and a payload the typed decoder leaves to the strict reader comes back
+    as that reader's Summary (or error)."""
+    raw = json.dumps(_good_summary_dict()).encode()
+    v, s = wire.summary_view(raw), wire.decode_summary(raw)
+    assert type(v) is not wire.Summary
+    for attr in ("node", "cluster", "t", "interval", "signals", "labels", "agent_version", "schema"):
+        assert getattr(v, attr) == getattr(s, attr), attr
+    assert (v.clock_sync.synced, v.clock_sync.max_error_s) == (s.clock_sync.synced, s.clock_sync.max_error_s)
+    odd = raw[:-1] + b',"future_field":1}'
+    assert type(wire.summary_view(odd)) is wire.Summary
+    with pytest.raises(wire.WireError):
+        wire.summary_view(raw.replace(b'"schema": 1', b'"schema": 2'))
+
+
+def test_a_grouped_nodes_summary_carries_its_placement_in_the_subject() -> None:
+    """Members of a TP group or pipeline share the placement token the server's partition
+    mapping hashes; a pipeline wins over the TP group (a pipeline's stages must stay together)."""
+    assert wire.subject_for(_summary(labels={"tp_group": "tp0", "tp_rank": "3"})) == "skewd.v1.summary.prod-a.gpu-node-07.tp0"
+    assert wire.subject_for(_summary(labels={"tp_group": "tp0", "pp_group": "pp.1"})) == \
+        "skewd.v1.summary.prod-a.gpu-node-07.pp%2E1"
+    assert wire.subject_for(_summary()) == "skewd.v1.summary.prod-a.gpu-node-07"
+    p = wire.parse_subject("skewd.v1.psummary.prod-a.5.gpu-node-07.pp%2E1")
+    assert p.kind is wire.MessageKind.SUMMARY and p.tokens == {
+        "cluster": "prod-a", "partition": "5", "node": "gpu-node-07", "placement": "pp.1"}
+    assert wire.partition_of("pp.1", 8) == wire.partition_of("pp.1", 8) < 8
+
+
 def test_a_findings_maturity_survives_the_wire_and_a_bad_one_is_refused() -> None:
     """The controller decides what a finding may do from its maturity tag (docs/rules.md): the
     decoder must carry it, and refuse a tag no rule can have."""

@@ -60,16 +60,21 @@ def test_replay_speed_records_and_replays_every_sample() -> None:
 
 
 def test_controller_ingest_reports_controller_and_bare_transport() -> None:
+    """The single-process controller (0) and one scaled-out worker behind the partition mapping
+    (1) each handle summaries, beside the bare subscriber on the same server."""
     lines, f = run("controller_ingest.py", "--seconds", "1", "--warmup", "2", "--nodes", "16", "--latency-rate", "200",
-                   "--json")
-    assert f is not None
-    for side in ("skewd", "peer"):
-        assert f[side]["handled"] > 0 and f[side]["handled"] <= f[side]["sent"]
-        assert f[f"{side}_latency"]["handled"] > 0
+                   "--workers", "0,1", "--partitions", "2", "--json")
+    assert f is not None and f["partitions"] == 2
+    runs = [f["peer"], f["peer_latency"]] + [r[k] for r in f["skewd"].values() for k in ("saturation", "latency")]
+    for r in runs:
+        assert 0 < r["handled"] <= r["sent"]
     # 16 agents in TP groups of 8, learned from their labels; counters reported per phase
-    assert f["skewd"]["steady"]["tp_groups"] == 2 and f["skewd"]["warm"]["tp_groups"] in (0, 1, 2)
-    assert f["skewd"]["steady"]["cpu_us_per_summary"] > 0
-    assert any("goal >= 50,000 summaries/s" in line and "ratio to the bare transport" in line for line in lines)
+    for w in ("0", "1"):
+        steady = f["skewd"][w]["saturation"]["steady"]
+        assert steady["tp_groups"] == 2 and steady["cpu_us_per_summary"] > 0
+    assert f["skewd"]["1"]["saturation"]["steady"]["partitions"] == [0, 1]
+    assert any("goal >= 50,000 summaries/s" in line for line in lines)
+    assert sum("ratio to the peer" in line for line in lines) == 2
 
 
 def test_agent_footprint_runs_the_real_agent() -> None:

@@ -60,15 +60,22 @@ async def play(nc: Any, g: ScriptedGroup, start: int, stop: int, *, victims_at: 
             await nc.publish(wire.summary_subject(g.cluster, n), g.summary(i, n))
         await nc.publish(wire.phase_subject(g.cluster, "n0", "engine0"), g.phase(i))
         if victims_at is not None and i == victims_at:
-            for n in g.nodes:
-                if n == g.late_node:
-                    await publish_finding(js, finding(n, "PCIE-1-test", "PCIE-1", Layer.PCIE, g.t0 + i,
-                                                      cluster=g.cluster, entity="0000:3b:00.0"))
-                else:
-                    await publish_finding(js, finding(n, "GPU-8-test", "GPU-8", Layer.ENGINE, g.t0 + i,
-                                                      cluster=g.cluster, entity="engine0"))
+            await publish_victims(js, g, i)
         await nc.flush()
         await asyncio.sleep(pace)
+
+
+async def publish_victims(js: Any, g: ScriptedGroup, i: int) -> None:
+    """The findings real agents raise at interval ``i`` of a straggling group: GPU-8 (throughput
+    erosion) on the waiting peers, PCIE-1 (H2D starvation) on the straggler - what corroborates
+    an incubating culprit claim (controller/correlator.py)."""
+    for n in g.nodes:
+        if n == g.late_node:
+            await publish_finding(js, finding(n, "PCIE-1-test", "PCIE-1", Layer.PCIE, g.t0 + i,
+                                              cluster=g.cluster, entity="0000:3b:00.0"))
+        else:
+            await publish_finding(js, finding(n, "GPU-8-test", "GPU-8", Layer.ENGINE, g.t0 + i,
+                                              cluster=g.cluster, entity="engine0"))
 
 
 async def stored(url: str, stream: str, subject: str, timeout: float = 3.0) -> list[Any]:

@@ -418,3 +418,79 @@ async def test_vllm_plugin_publishes_phases_with_its_nodes_seed(secured, monkeyp
     finally:
         await asyncio.to_thread(pub.close)
         await reader.nc.close()
+
+
+PARTITIONS = 4
+
+
+@pytest.fixture(scope="module")
+def secured_partitioned(nats_server_bin: str, tmp_path_factory: pytest.TempPathFactory):
+    """The shipped config with users generated for a scaled-out controller
+    (`skewd nats-auth --partitions 4`): the account's mapping partitions summaries."""
+    base = tmp_path_factory.mktemp("secured-nats-partitioned")
+    users = generate(base, CLUSTER, NODES, ["router-1"], partitions=PARTITIONS)
+    assert "partition(4,3)" in (base / "skewd-auth.conf").read_text()
+    tls = make_ca_and_server(base / "tls", server="server")
+    make_ca_and_server(base / "unused", server="route")
+    text = local_config(SHIPPED.read_text(), base / "tls", base / "js")
+    srv = EmbeddedNatsServer(store_dir=base / "js", config_text=text, binary=nats_server_bin, jetstream=False)
+    srv.start()
+    yield {"server": srv, "seeds": base, "ca": tls["ca"], "users": users, "url": f"tls://127.0.0.1:{srv.port}"}
+    srv.stop()
+
+
+async def test_partitioned_summaries_keep_every_role_to_its_own(secured_partitioned) -> None:
+    """With the partition mapping, an agent's summary (placement token: its TP group) reaches
+    the controller's workers on the partition subject; an agent still cannot speak for another
+    node (the server checks the mapped subject), directly on a partition subject or not; the
+    scaled-out controller's workers run under the controller's credential (leases in KV, the
+    partition subscriptions, digests to the leader) without a permissions violation."""
+    from skewd.controller.scaleout import Worker
+
+    s = secured_partitioned
+    a1 = await agent(s, "n1")
+    r1 = await inference(s, "router-1")
+    workers = [Worker(controller_config(s, controller_id=f"w{k}", scaleout={"partitions": PARTITIONS, "lease": "1s"}))
+               for k in range(2)]
+    try:
+        for w in workers:
+            await asyncio.wait_for(w.start(), 30)
+        await _wait(lambda: sorted(len(w.partitions) for w in workers) == [2, 2]
+                    and sum(w.leader is not None for w in workers) == 1, 20, "two workers sharing the partitions")
+        seen: list[str] = []
+
+        async def spy(m: Any) -> None:
+            seen.append(m.subject)
+
+        await r1.nc.subscribe(wire.summary_filters(CLUSTER)[1], cb=spy)  # inference controllers may read them
+        await r1.nc.flush()
+        part = wire.partition_of("tp0", PARTITIONS)
+        g = ScriptedGroup(cluster=CLUSTER, late_s=0.0)
+        for i in range(8):
+            await a1.nc.publish(wire.summary_subject(CLUSTER, "n1", "tp0"), g.summary(i, "n1"))
+            await a1.nc.flush()
+            await asyncio.sleep(0.05)
+        owner = next(w for w in workers if part in w.partitions)
+        await _wait(lambda: owner.partitions[part].stats.summaries == 8, 10, "n1's summaries in tp0's partition")
+        assert seen and all(x == f"skewd.v1.psummary.{CLUSTER}.{part}.n1.tp0" for x in seen)
+        leader = next(w for w in workers if w.leader is not None).leader
+        await _wait(lambda: leader.digests_in > 0, 10, "a digest at the leader")
+        # an agent speaks only for its own node, mapped or not: the server checks (and names) the
+        # subject the mapping made
+        for subject, mapped in ((wire.summary_subject(CLUSTER, "n2", "tp0"), f"{part}.n2.tp0"),
+                                (wire.summary_subject(CLUSTER, "n2"), f"{wire.partition_of('n2', PARTITIONS)}.n2.n2")):
+            await a1.nc.publish(subject, g.summary(9, "n2"))
+            await a1.nc.flush()
+            await a1.denied(f'Publish to "skewd.v1.psummary.{CLUSTER}.{mapped}"')
+        await a1.publish_denied(f"skewd.v1.psummary.{CLUSTER}.{part}.n2.tp0", g.summary(9, "n2"))
+        await a1.publish_denied(wire.digest_subject(CLUSTER, part))
+        await a1.subscribe_denied(f"skewd.v1.psummary.{CLUSTER}.>")
+        await r1.publish_denied(wire.digest_subject(CLUSTER, part))
+        assert not [e for w in workers for e in w.errors if "permissions violation" in e.lower()], \
+            [w.errors for w in workers]
+        assert not [e for e in r1.errors if "permissions violation" in e.lower()], r1.errors
+    finally:
+        for w in workers:
+            await w.stop()
+        for p in (a1, r1):
+            await p.nc.close()
