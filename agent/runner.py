@@ -26,6 +26,7 @@ from . import summary as summary_mod
 from .clock import clock_state
 from .rulestatus import RuleStatus, clock_words, rule_status
 from .config import AgentConfig
+from .metrics import serve
 from .pipeline import Pipeline
 from .scheduler import Backoff, CollectorSlot, LiveSource, availability, build_slots
 
@@ -174,8 +175,6 @@ class Agent:
         except (NotImplementedError, RuntimeError, ValueError):
             pass  # not the main thread (tests, embedded): reload on file change only
         await self._start_sinks()
-        from .metrics import serve
-
         try:
             self._metrics_server = serve(self, self.cfg.metrics_listen)
         except OSError as e:

@@ -19,9 +19,10 @@ import numpy as np
 
 from .node import NodeState
 from .qdisc import QueueTruth
-from .scenario import FaultSpec, Scenario
-from .simulator import GroundTruth, NodeTraffic, RepTraffic
+from .spec import FaultSpec, Scenario
 from .topology import Cluster, Node
+from .traffic import NodeTraffic, RepTraffic
+from .truth import GroundTruth
 from .workload import Effects
 
 
