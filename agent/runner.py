@@ -54,6 +54,9 @@ class FindingLog:
 
 
 class Agent:
+    """Owns the live node agent: collector slots, the pipeline, its sinks (publisher, recorder,
+    view), /metrics and rule reloads; ``skewd agent`` and ``skewd up`` build it and :meth:`run` it."""
+
     def __init__(self, cfg: AgentConfig, *, catalogue: Catalogue | None = None,
                  clock: Callable[[], float] = time.time, slots: list[CollectorSlot] | None = None) -> None:
         self.cfg = cfg

@@ -94,7 +94,9 @@ Connection = tuple[tuple[str, int], tuple[str, int]]
 
 
 class Collector(ABC):
-    """Base class. Subclasses set ``name``, ``catalogue`` and ``default_interval``."""
+    """One source of samples on a node, held to the lifecycle contract above; the agent's
+    scheduler (``LiveSource``) probes, starts, collects from and stops it. Subclasses set
+    ``name``, ``catalogue`` and ``default_interval``."""
 
     name: ClassVar[str]
     catalogue: ClassVar[list[SignalSpec]]

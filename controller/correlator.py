@@ -83,6 +83,9 @@ class _Group:
 
 
 class Correlator:
+    """Owns one cluster's findings and the incidents made of them (culprit against victims, layer,
+    inhibited symptoms); the controller hands it every finding (:meth:`observe`) and calls :meth:`correlate` each tick."""
+
     def __init__(self, cluster: str, topology: Topology, timelines: Timelines, *,
                  culprit_pathologies: Sequence[str], never_inhibit: Sequence[str], effect_window: float,
                  node_value: NodeValue | None = None, inhibit_rules: Sequence[InhibitRule] = (),

@@ -66,6 +66,9 @@ def host_command(incident: Incident) -> tuple[str, str]:
 
 
 class Planner:
+    """Owns nothing but its config: turns an incident into typed remap suggestions, least
+    disruptive first; the controller calls it after each correlation."""
+
     def __init__(self, cfg: ControllerConfig) -> None:
         self.cfg = cfg
 

@@ -119,6 +119,10 @@ class _Frame:
 
 
 class Engine:
+    """Owns the alert state of every rule × entity and evaluates the rules over a window store at
+    a time it is given; the agent's Pipeline, the controller (group scopes), ``skewd check`` and
+    ``skewd rules test`` call :meth:`evaluate`."""
+
     def __init__(self, rules: RuleSet, store: WindowStore, lookback: float = 60.0, cluster: str = "",
                  scopes: Iterable[Scope] | None = None) -> None:
         """``scopes`` limits evaluation to rules of those scopes: agents evaluate node-local
