@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from skewd import __version__, cliargs
 from skewd.model import Catalogue, Finding, SampleBatch, SignalSpec, parse_duration
 
-from . import bundle as B
+from . import bundle
 
 log = logging.getLogger("skewd.agent.record")
 
@@ -99,7 +99,7 @@ class Recorder:
         self._last_tick_batches = 0  # batches that preceded the segment's last tick
         self._seg_first_t: float | None = None
         self._last_flush_t: float | None = None
-        self._seq = max([int(d.name[4:]) for d in B.segment_dirs(self.directory)] or [0])
+        self._seq = max([int(d.name[4:]) for d in bundle.segment_dirs(self.directory)] or [0])
         self._need_open = True
         self._ending = False  # the current segment closes at the next batch or tick
         self._seg_est = 0  # estimated bytes of the current segment, producer side
@@ -116,7 +116,7 @@ class Recorder:
         self.current: Path | None = None
         self._q: queue.Queue | None = None
         self._thread: threading.Thread | None = None
-        self._writer: B.SegmentWriter | None = None
+        self._writer: bundle.SegmentWriter | None = None
         self._flushes = 0
         self.max_pending = 64
         self._submitted = 0
@@ -397,7 +397,7 @@ class Recorder:
                 _, path, meta, texts = item
                 self._finish_writer()
                 path.parent.mkdir(parents=True, exist_ok=True)
-                self._writer = B.SegmentWriter(path, meta, texts)
+                self._writer = bundle.SegmentWriter(path, meta, texts)
                 self.segments_written += 1
                 self._rotate_old()
             elif kind == "data":
@@ -408,8 +408,8 @@ class Recorder:
                 before = w.bytes_written
                 w.write_samples(batches)
                 w.write_ticks(ticks)
-                w.write_lines(B.FINDINGS, findings, ft)
-                w.write_lines(B.SUMMARIES, summaries, st)
+                w.write_lines(bundle.FINDINGS, findings, ft)
+                w.write_lines(bundle.SUMMARIES, summaries, st)
                 w.write_packets(packets)
                 for c in captures:
                     w.add_capture_file(c)
@@ -435,9 +435,9 @@ class Recorder:
     def _rotate_old(self) -> None:
         if self.rotate <= 0:
             return
-        segs = B.segment_dirs(self.directory)
+        segs = bundle.segment_dirs(self.directory)
         for d in segs[: max(0, len(segs) - self.rotate)]:
-            B.remove_segment(d)
+            bundle.remove_segment(d)
             self.segments_removed += 1
 
     def stats(self) -> dict[str, float]:

@@ -111,11 +111,11 @@ def run(n_ticks: int, packs=PACKS) -> dict:
                     _ = sum(v for _, v in w) / len(w)
     peer = time.perf_counter() - a
     a = time.perf_counter()
-    from skewd.rules import functions as F
+    from skewd.rules import functions
     for s in sigs:
         for blk in store.signal_blocks(s.name):
             tt, W = blk.window(now - 60, now)
-            _ = F.rate(tt, W) if s.kind is Kind.COUNTER else F.avg(tt, W)
+            _ = functions.rate(tt, W) if s.kind is Kind.COUNTER else functions.avg(tt, W)
     ours_same = time.perf_counter() - a
     return {"entities": n_ent, "rules": len(evaluated), "ticks": n_ticks,
             "eval_ms_p50": statistics.median(times) * 1e3, "eval_ms_p99": float(np.percentile(times, 99)) * 1e3,

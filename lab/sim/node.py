@@ -22,7 +22,7 @@ import numpy as np
 from skewd.collectors.host.parse import NETSTAT
 from skewd.model import SampleBatch
 
-from . import pktfeat as P
+from . import pktfeat
 from .qdisc import QueueTruth, healthy_view, observe
 from .topology import Cluster, Node
 from .workload import HISTS, EngineSim, TickOut
@@ -58,7 +58,7 @@ class RoceFlow:
     egress: bool
     peer: int  # peer node index
     kind: str  # "tp" | "pp" | "kv"
-    state: P.RoceFlowState = field(default_factory=P.RoceFlowState)
+    state: pktfeat.RoceFlowState = field(default_factory=pktfeat.RoceFlowState)
 
 
 @dataclass
@@ -333,13 +333,13 @@ class NodeSim:
         self.c_udp = {"in_errors": 0.0, "rcvbuf_errors": 0.0, "sndbuf_errors": 0.0}
         self.load = np.array([8.0, 8.0, 8.0])
         # pkt state
-        self.flows = P.FlowTable()
-        self.front_port = P.PortAgg(node.front)
-        self.roce_ports = [P.PortAgg(d) for d in node.rdma_netdevs]
+        self.flows = pktfeat.FlowTable()
+        self.front_port = pktfeat.PortAgg(node.front)
+        self.roce_ports = [pktfeat.PortAgg(d) for d in node.rdma_netdevs]
         self.roce_flows: list[RoceFlow] = []
         self._roce_index: dict[tuple[int, int, str, int], int] = {}
         self.fe_carry: tuple | None = None
-        self.bulk_state: dict[str, P.RoceFlowState] = {}
+        self.bulk_state: dict[str, pktfeat.RoceFlowState] = {}
         self._conn_tab: dict[int, dict[int, tuple[int, int]]] = {}
         self.prev_vllm: dict[str, tuple] = {}
         self.vllm_seen: set[str] = set()
@@ -461,8 +461,8 @@ class NodeSim:
         for p in range(len(n.rdma_ports)):
             xb, rb = rd_tx[p], rd_rx[p]
             busy_share = min(1.0, (xb + rb) / dt / c.rdma_speed)
-            d = {"xmit_bytes": xb * 1.014, "rcv_bytes": rb * 1.014, "xmit_packets": math.ceil(xb / P.ROCE_FRAME),
-                 "rcv_packets": math.ceil(rb / P.ROCE_FRAME),
+            d = {"xmit_bytes": xb * 1.014, "rcv_bytes": rb * 1.014, "xmit_packets": math.ceil(xb / pktfeat.ROCE_FRAME),
+                 "rcv_packets": math.ceil(rb / pktfeat.ROCE_FRAME),
                  # some back-pressure is normal under collectives (incast at the all-reduce)
                  "xmit_wait": float(rng.poisson(2e5 * busy_share + 50)),
                  "np_ecn_marked_roce_packets": float(rng.poisson(30 * busy_share)),
@@ -619,7 +619,7 @@ class NodeSim:
         f, tt, w, fn = f[keep], tt[keep], w[keep], fn[keep]
         eg = np.array(self.flows.egress, bool)
         ingress = ~eg[f] if len(f) else np.zeros(0, bool)
-        return {"flow": f, "ts": np.round(tt * P.NS).astype(np.int64), "wl": np.round(w).astype(np.int64),
+        return {"flow": f, "ts": np.round(tt * pktfeat.NS).astype(np.int64), "wl": np.round(w).astype(np.int64),
                 "rtx": np.zeros(len(f), bool), "fin": fn, "ingress": ingress}
 
     # ------------------------------------------------------------------------------------------
@@ -940,10 +940,10 @@ class NodeSim:
             fbytes = cols["bytes"]
             bulk_rows = []
             for b in st.bulk:  # a bulk transfer: one continuous burst, frames back to back
-                bs = self.bulk_state.setdefault(b["name"], P.RoceFlowState())
+                bs = self.bulk_state.setdefault(b["name"], pktfeat.RoceFlowState())
                 dt = st.t1 - st.t0
-                f = P.roce_flow_features(bs, np.array([st.t0]), np.array([dt * 0.999]), np.array([b["bytes"]]), 1,
-                                         max(b["bytes"] / dt, 1.0), 0.0, 0.0, st.t0, st.t1, self.rng)
+                f = pktfeat.roce_flow_features(bs, np.array([st.t0]), np.array([dt * 0.999]), np.array([b["bytes"]]), 1,
+                                               max(b["bytes"] / dt, 1.0), 0.0, 0.0, st.t0, st.t1, self.rng)
                 f["pkt_flow_egress"] = 1.0 if b["egress"] else 0.0
                 f["pkt_flow_tcp_retransmits_total"] = 0.0
                 f["pkt_flow_tcp_spurious_retransmits_total"] = 0.0
@@ -951,8 +951,8 @@ class NodeSim:
                 f.pop("pkt_flow_roce_retransmits_total", None)
                 bulk_rows.append((b["name"], f))
                 fbytes = np.r_[fbytes, b["bytes"]]
-            pf = P.port_features(self.front_port, st.fe_ts, st.fe_wl, ingress, fbytes,
-                                 int(cols["rtx"].sum()), ends, st.t0, st.t1)
+            pf = pktfeat.port_features(self.front_port, st.fe_ts, st.fe_wl, ingress, fbytes,
+                                       int(cols["rtx"].sum()), ends, st.t0, st.t1)
             for name, f in bulk_rows:
                 tot_b = float(fbytes.sum())
                 for k, v in f.items():
@@ -981,11 +981,11 @@ class NodeSim:
         names: list[str] = []
         rows: list[dict[str, float]] = []
         empty = (np.zeros(0), np.zeros(0), np.zeros(0))
-        memo: dict[tuple, tuple[dict, P.RoceFlowState]] = {}
+        memo: dict[tuple, tuple[dict, pktfeat.RoceFlowState]] = {}
         for fi, f in enumerate(self.roce_flows):
             tup = st.roce.get(fi, empty)
             starts, durs, nb = tup
-            if not len(starts) and (math.isnan(f.state.last) or st.t1 - f.state.last > P.FLOW_TIMEOUT):
+            if not len(starts) and (math.isnan(f.state.last) or st.t1 - f.state.last > pktfeat.FLOW_TIMEOUT):
                 continue
             rtx, ecn = st.roce_rtx.get(fi, 0.0), st.roce_ecn.get(fi, 0.0)
             # flows with the same history and the same bursts get the same features: compute once
@@ -996,8 +996,8 @@ class NodeSim:
             if hit is not None:
                 feats, f.state = dict(hit[0]), copy.copy(hit[1])
             else:
-                feats = P.roce_flow_features(f.state, starts, durs, nb, layers, self.c.rdma_speed, rtx, ecn,
-                                             st.t0, st.t1, self.rng)
+                feats = pktfeat.roce_flow_features(f.state, starts, durs, nb, layers, self.c.rdma_speed, rtx, ecn,
+                                                   st.t0, st.t1, self.rng)
                 memo[key] = (dict(feats), copy.copy(f.state))
             if feats["_packets"] > 0:
                 feats["pkt_flow_egress"] = 1.0 if f.egress else 0.0
@@ -1057,8 +1057,8 @@ class NodeSim:
                 e_sorted = np.concatenate([st.roce[fi][0] + st.roce[fi][1] for fi in mine])[order]
                 b_sorted = np.concatenate([st.roce[fi][2] for fi in mine])[order]
                 run_end = np.maximum.accumulate(e_sorted)
-                prev_end = np.concatenate(([agg.last_ns / P.NS if agg.last_ns >= 0 else -np.inf], run_end[:-1]))
-                new = (s_sorted - prev_end) >= P.BURST_GAP
+                prev_end = np.concatenate(([agg.last_ns / pktfeat.NS if agg.last_ns >= 0 else -np.inf], run_end[:-1]))
+                new = (s_sorted - prev_end) >= pktfeat.BURST_GAP
                 agg.bursts += int(new.sum())
                 ks = np.flatnonzero(new)
                 if len(ks):
@@ -1069,8 +1069,8 @@ class NodeSim:
                 else:
                     agg.b_bytes = (0.0 if math.isnan(agg.b_bytes) else agg.b_bytes) + float(b_sorted.sum())
                 if len(run_end):
-                    agg.last_ns = int(run_end[-1] * P.NS)
-            out.update(P._burst_out(agg))
+                    agg.last_ns = int(run_end[-1] * pktfeat.NS)
+            out.update(pktfeat._burst_out(agg))
             self._emit_silences(o, st, t, dev, 1.0 / len(n.rdma_ports))
             for k, v in out.items():
                 o.one(t, dev, k, float(v))
