@@ -112,7 +112,7 @@ class Recorder:
         self.errors = 0
         self.last_error = ""
         self.full = False
-        self.closed = False
+        self.stopped = False
         self.current: Path | None = None
         self._q: queue.Queue | None = None
         self._thread: threading.Thread | None = None
@@ -175,7 +175,7 @@ class Recorder:
 
     # -- sink protocol ---------------------------------------------------------------------------
     def on_batch(self, batch: SampleBatch) -> None:
-        if self.closed or self.full or not len(batch):
+        if self.stopped or self.full or not len(batch):
             return
         if self._ending:
             self._end_segment()
@@ -185,7 +185,7 @@ class Recorder:
         self._buf_est += _ROW_BYTES * len(batch)
 
     def on_tick(self, t: float, findings: list[Finding]) -> None:
-        if self.closed or self.full:
+        if self.stopped or self.full:
             return
         if self._ending:
             self._end_segment()
@@ -208,7 +208,7 @@ class Recorder:
 
     def on_summary(self, msg: Any) -> None:
         """A node summary (``skewd.wire.Summary`` or its dict form)."""
-        if self.closed or self.full:
+        if self.stopped or self.full:
             return
         line, t = _summary_line(msg)
         self._summaries.append(line)
@@ -218,7 +218,7 @@ class Recorder:
     def on_packets(self, packets: Iterable[tuple], linktype: int = 1) -> None:
         """Captured headers: ``(t, bytes)`` or ``(t, bytes, original length)`` tuples, written to
         ``packets.pcapng`` (``linktype`` 1 = Ethernet, 101 = raw IP)."""
-        if self.closed or self.full:
+        if self.stopped or self.full:
             return
         for p in packets:
             ns, data = int(round(float(p[0]) * 1e9)), bytes(p[1])
@@ -229,7 +229,7 @@ class Recorder:
     def on_frames(self, frames: Any) -> None:
         """Frames as the pkt collector holds them (``buf``, ``doff``, ``caplen``, ``wirelen``,
         ``ts_ns``, ``linktype`` arrays): nanosecond timestamps are kept exactly."""
-        if self.closed or self.full:
+        if self.stopped or self.full:
             return
         buf = memoryview(frames.buf)
         for i in range(len(frames.doff)):
@@ -240,7 +240,7 @@ class Recorder:
 
     def add_capture_file(self, path: str | Path) -> None:
         """Copy a capture file (e.g. a pcapng the pkt collector wrote) into the current segment."""
-        if not (self.closed or self.full):
+        if not (self.stopped or self.full):
             self._captures.append(Path(path))
 
     # -- flushing ------------------------------------------------------------------------------
@@ -341,20 +341,20 @@ class Recorder:
 
     def flush(self) -> None:
         """Write everything buffered and wait until it is on disk (tests, shutdown)."""
-        if not self.closed:
+        if not self.stopped:
             self._flush(force=True)
         if self._q is not None:
             self._q.join()
 
-    def close(self) -> None:
+    def stop(self) -> None:
         """Flush, close the current segment (final meta.json) and stop the writer. Idempotent."""
-        if self.closed:
+        if self.stopped:
             return
         if self._ending:
             self._end_segment()
         if not self.full:
             self._flush(force=True)
-        self.closed = True
+        self.stopped = True
         self._submit(("close",))
         if self._q is not None:
             self._q.put(("stop",))
@@ -615,7 +615,7 @@ async def _record(cfg: Any, catalogue: Catalogue, ruleset: Any, out: Path, durat
                 sys.stderr.flush()
     finally:
         await source.stop()
-        recorder.close()
+        recorder.stop()
     if not quiet and sys.stderr.isatty():
         sys.stderr.write("\n")
     print(f"skewd record: {pipe.store.samples_ingested} samples, {pipe.ticks} evaluations, {findings} transitions "

@@ -136,7 +136,7 @@ def record(directory: Path, hours: float, hz: float, cpus: int, flows: int) -> d
                                                  "summary_gpu_power_watts": {"": 5200.0}},
                                         clock_sync=wire.ClockSync(True, 0.0005), agent_version=__version__))
             rec.on_tick(tick, [])
-    rec.close()
+    rec.stop()
     if rec.errors or rec.dropped_rows:
         raise RuntimeError(f"recorder lost data: {rec.errors} errors ({rec.last_error}), {rec.dropped_rows} rows")
     size = sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())

@@ -188,7 +188,7 @@ async def drive(run: Replayer | ClusterReplay, speed: float | None, publish: str
             await publisher.wait_connected(10.0)
         except BaseException:
             if publisher is not None:
-                await publisher.close()
+                await publisher.stop()
                 publisher.spool.close()
             shutil.rmtree(spool_dir, ignore_errors=True)
             raise
@@ -225,7 +225,7 @@ async def drive(run: Replayer | ClusterReplay, speed: float | None, publish: str
         progress.close()
         if publisher is not None:
             ok = await publisher.wait_drained(30.0)
-            await publisher.close()
+            await publisher.stop()
             publisher.spool.close()
             shutil.rmtree(spool_dir, ignore_errors=True)
             if not ok:

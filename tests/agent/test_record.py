@@ -122,7 +122,7 @@ def run_live(bundle: Path, rules: list[Path], *, node: str = "n1", ticks: int = 
             on_tick(i, pipe, rec)
         findings += pipe.evaluate(t)
         rec.on_summary(summary_mod.make_summary(pipe.store, node, "c1", t, 1.0))
-    rec.close()
+    rec.stop()
     return LiveRun(findings, batches, bundle, rec, pipe)
 
 
@@ -291,7 +291,7 @@ def test_packets_are_written_as_pcapng_scapy_reads(tmp_path: Path) -> None:
     rec.on_tick(T0, [])
     rec.on_packets([(T0 + 1.5, frames[0][:14 + 20], len(frames[0]))])  # a truncated header capture
     rec.on_tick(T0 + 2, [])
-    rec.close()
+    rec.stop()
     seg = bundle_mod.segment_dirs(tmp_path / "cap")[0]
     pkts = rdpcap(str(seg / "packets.pcapng"))
     assert [bytes(p) for p in pkts] == frames + [frames[0][:34]]
@@ -314,7 +314,7 @@ def test_frames_keep_nanosecond_timestamps(tmp_path: Path) -> None:
     rec = Recorder(tmp_path / "cap", node="n1", threaded=False)
     rec.on_frames(frames)
     rec.on_tick(T0, [])
-    rec.close()
+    rec.stop()
     raw = (bundle_mod.segment_dirs(tmp_path / "cap")[0] / "packets.pcapng").read_bytes()
     got, linktypes, pos = [], [], 0
     while pos < len(raw):
@@ -335,7 +335,7 @@ def test_capture_files_are_copied_with_crcs(tmp_path: Path) -> None:
     rec = Recorder(tmp_path / "cap", node="n1", threaded=False)
     rec.add_capture_file(src)
     rec.on_tick(T0, [])
-    rec.close()
+    rec.stop()
     seg = bundle_mod.Segment(bundle_mod.segment_dirs(tmp_path / "cap")[0])
     assert seg.meta["captures"] == ["captures/pkt.pcapng"]
     assert (seg.path / "captures/pkt.pcapng").read_bytes() == src.read_bytes()
@@ -355,7 +355,7 @@ def test_for_agent_uses_the_agent_config(tmp_path: Path, rules_file: Path) -> No
         assert rec.seg_bytes == 2048 * 1024 and rec.seg_duration == 300.0
         assert rec.node_labels == {"gpu-node-7": {"cluster": "prod", "tp_group": "tp3"}}
     finally:
-        rec.close()
+        rec.stop()
 
 
 def test_parse_size() -> None:

@@ -232,15 +232,15 @@ def test_rotated_bundle_replays_its_remaining_segments(tmp_path: Path, rules_fil
 
 
 def test_a_recording_cut_short_by_a_crash_replays_what_was_flushed(tmp_path: Path, rules_file: Path) -> None:
-    """The agent died: no close(), no end-of-stream marker, meta.json still says incomplete."""
+    """The agent died: no stop(), no end-of-stream marker, meta.json still says incomplete."""
     from skewd.agent.record import Recorder
 
     crashed: list = []
 
     def crash(i, pipe, rec):
-        if i == 30:  # SIGKILL: nothing more reaches the recorder, no final flush, no close
+        if i == 30:  # SIGKILL: nothing more reaches the recorder, no final flush, no stop
             crashed.append(rec)
-            rec.closed = True
+            rec.stopped = True
 
     run = run_live(tmp_path / "cap", [rules_file], on_tick=crash, threaded=False)
     assert isinstance(crashed[0], Recorder)

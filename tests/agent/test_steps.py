@@ -133,7 +133,7 @@ def test_a_replayed_capture_gives_the_same_steps(tmp_path) -> None:
         msg = summary_mod.make_summary(pipe.store, "n1", "c1", t + 0.6, 1.0)
         rec.on_summary(msg)
         live.append({k: v for k, v in msg.signals.items() if k.startswith(("collective_", "summary_collective_"))})
-    rec.close()
+    rec.stop()
     assert sum(len(x.get("collective_burst_starts", {})) for x in live) > 50
     for seg in bundle.segment_dirs(tmp_path / "cap"):  # an agent that sent no summaries: recompute them
         (seg / bundle.SUMMARIES).unlink()
