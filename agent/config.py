@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -267,7 +268,11 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
                 checks = registry.collector_config_checks()
             check = checks.get(name)
             if check is not None:
-                problems += [f"{pos('collectors', name)}: {p}" for p in check(cc)]
+                # at the offending key's line when the message names it (collectors.<name>.<key>)
+                for p in check(cc):
+                    key = re.match(rf"collectors\.{re.escape(name)}\.(\w+)", p)
+                    at = ("collectors", name, key.group(1)) if key and key.group(1) in cc else ("collectors", name)
+                    problems.append(f"{pos(*at)}: {p}")
     durations = {}
     for k in ("evaluation_interval", "lookback", "horizon", "summary_interval"):
         try:
