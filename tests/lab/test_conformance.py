@@ -127,7 +127,7 @@ def test_vllm_engine_step_counter_starts_over_when_the_engine_restarts(tmp_path)
 
 def test_vllm_quantiles_use_the_collectors_arithmetic():
     from skewd.collectors.vllm.parse import histogram_quantile
-    from skewd.lab.sim.node import hist_quantiles
+    from skewd.lab.sim.measure import hist_quantiles
     from skewd.lab.sim.workload import HISTS
 
     rng = np.random.default_rng(0)
