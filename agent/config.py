@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
+from skewd.collectors import registry
 from skewd.model import parse_duration
 from skewd.rules.yamlpos import Pos, SettingsFileError, deep_merge, read_settings
 
@@ -191,7 +193,7 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
     lets each enabled collector validate its own settings here, at load time, so a bad
     endpoint URL is an operator error at startup rather than a collector "unavailable" for
     the agent's whole life. Without it, the checks of the shipped collectors run whenever
-    ``collector_keys`` is given (:func:`skewd.agent.scheduler.collector_config_checks`)."""
+    ``collector_keys`` is given (:func:`skewd.collectors.registry.collector_config_checks`)."""
     env = os.environ if env is None else env
     problems: list[str] = []
     doc: Any = {}
@@ -263,12 +265,14 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
             problems.append(f"{pos('collectors', name)}: collectors.{name} is both disabled and required")
         if known and cc.get("enabled") is not False:
             if checks is None:
-                from .scheduler import collector_config_checks
-
-                checks = collector_config_checks()
+                checks = registry.collector_config_checks()
             check = checks.get(name)
             if check is not None:
-                problems += [f"{pos('collectors', name)}: {p}" for p in check(cc)]
+                # at the offending key's line when the message names it (collectors.<name>.<key>)
+                for p in check(cc):
+                    key = re.match(rf"collectors\.{re.escape(name)}\.(\w+)", p)
+                    at = ("collectors", name, key.group(1)) if key and key.group(1) in cc else ("collectors", name)
+                    problems.append(f"{pos(*at)}: {p}")
     durations = {}
     for k in ("evaluation_interval", "lookback", "horizon", "summary_interval"):
         try:

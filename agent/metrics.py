@@ -6,14 +6,16 @@ hot path updates metric objects. Bound to 127.0.0.1 unless configured otherwise.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Callable, Iterator, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from skewd import metrics
 
-if TYPE_CHECKING:
-    from .runner import Agent
+from .clock import ClockState
+from .pipeline import Pipeline
+from .rulestatus import RuleStatus
+from .scheduler import CollectorSlot
 
 log = logging.getLogger("skewd.agent.metrics")
 
@@ -21,8 +23,26 @@ log = logging.getLogger("skewd.agent.metrics")
 PUBLISHER_GAUGES = frozenset({"connected", "spool_depth", "spool_bytes"})
 
 
+class MeteredAgent(Protocol):
+    """What the endpoint reads of the live agent (:class:`skewd.agent.runner.Agent` is one): the
+    agent serves its metrics, so this module names the reading it needs instead of importing it."""
+
+    slots: list[CollectorSlot]
+    pipeline: Pipeline | None
+    publisher: Any
+    clock: Callable[[], float]
+    reloads_ok: int
+    reloads_rejected: int
+
+    def rule_status(self, now: float) -> RuleStatus: ...
+
+    def clock_now(self, now: float) -> ClockState: ...
+
+
 class AgentMetrics:
-    def __init__(self, agent: "Agent") -> None:
+    """The prometheus_client custom collector over one :class:`MeteredAgent`; built by :func:`serve`."""
+
+    def __init__(self, agent: MeteredAgent) -> None:
         self.agent = agent
 
     def collect(self) -> Iterator[Any]:
@@ -91,14 +111,14 @@ class AgentMetrics:
         yield _reloads(a)
 
 
-def _reloads(a: "Agent") -> CounterMetricFamily:
+def _reloads(a: MeteredAgent) -> CounterMetricFamily:
     c = CounterMetricFamily("skewd_rule_reloads", "rule reloads by result", labels=["result"])
     c.add_metric(["ok"], a.reloads_ok)
     c.add_metric(["rejected"], a.reloads_rejected)
     return c
 
 
-def serve(agent: "Agent", listen: str):
+def serve(agent: MeteredAgent, listen: str):
     """Start the endpoint (with ``process_*`` and ``skewd_build_info``); returns the server
     (call .shutdown()) or None when disabled."""
     return metrics.serve(metrics.registry("agent", AgentMetrics(agent)), listen, "agent")

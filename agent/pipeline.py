@@ -40,6 +40,9 @@ def by_time(batch: SampleBatch) -> list[SampleBatch]:
 
 
 class Pipeline:
+    """Owns one node's window store, rule engine and sinks: batches in, transitions out to the
+    sinks; the live agent, the recorder CLI, replay and the lab harness feed it."""
+
     def __init__(self, catalogue: Catalogue, ruleset: RuleSet, *, node: str, cluster: str = "",
                  labels: dict[str, str] | None = None, lookback: float = 60.0, horizon: float = 600.0,
                  sinks: Iterable[Sink] = (), gc_every: float = 30.0) -> None:

@@ -154,7 +154,7 @@ class Publisher:
             await asyncio.sleep(0.02)
         return True
 
-    async def close(self, drain_timeout: float = 0.0) -> None:
+    async def stop(self, drain_timeout: float = 0.0) -> None:
         """Stop publishing. With ``drain_timeout`` > 0, first give the spool that long to empty.
         Whatever is left stays in the spool for the next start. Does not close the spool (its
         owner does). Idempotent."""

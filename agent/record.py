@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from skewd import __version__, cliargs
 from skewd.model import Catalogue, Finding, SampleBatch, SignalSpec, parse_duration
 
-from . import bundle as B
+from . import bundle
 
 log = logging.getLogger("skewd.agent.record")
 
@@ -99,7 +99,7 @@ class Recorder:
         self._last_tick_batches = 0  # batches that preceded the segment's last tick
         self._seg_first_t: float | None = None
         self._last_flush_t: float | None = None
-        self._seq = max([int(d.name[4:]) for d in B.segment_dirs(self.directory)] or [0])
+        self._seq = max([int(d.name[4:]) for d in bundle.segment_dirs(self.directory)] or [0])
         self._need_open = True
         self._ending = False  # the current segment closes at the next batch or tick
         self._seg_est = 0  # estimated bytes of the current segment, producer side
@@ -112,11 +112,11 @@ class Recorder:
         self.errors = 0
         self.last_error = ""
         self.full = False
-        self.closed = False
+        self.stopped = False
         self.current: Path | None = None
         self._q: queue.Queue | None = None
         self._thread: threading.Thread | None = None
-        self._writer: B.SegmentWriter | None = None
+        self._writer: bundle.SegmentWriter | None = None
         self._flushes = 0
         self.max_pending = 64
         self._submitted = 0
@@ -175,7 +175,7 @@ class Recorder:
 
     # -- sink protocol ---------------------------------------------------------------------------
     def on_batch(self, batch: SampleBatch) -> None:
-        if self.closed or self.full or not len(batch):
+        if self.stopped or self.full or not len(batch):
             return
         if self._ending:
             self._end_segment()
@@ -185,7 +185,7 @@ class Recorder:
         self._buf_est += _ROW_BYTES * len(batch)
 
     def on_tick(self, t: float, findings: list[Finding]) -> None:
-        if self.closed or self.full:
+        if self.stopped or self.full:
             return
         if self._ending:
             self._end_segment()
@@ -208,7 +208,7 @@ class Recorder:
 
     def on_summary(self, msg: Any) -> None:
         """A node summary (``skewd.wire.Summary`` or its dict form)."""
-        if self.closed or self.full:
+        if self.stopped or self.full:
             return
         line, t = _summary_line(msg)
         self._summaries.append(line)
@@ -218,7 +218,7 @@ class Recorder:
     def on_packets(self, packets: Iterable[tuple], linktype: int = 1) -> None:
         """Captured headers: ``(t, bytes)`` or ``(t, bytes, original length)`` tuples, written to
         ``packets.pcapng`` (``linktype`` 1 = Ethernet, 101 = raw IP)."""
-        if self.closed or self.full:
+        if self.stopped or self.full:
             return
         for p in packets:
             ns, data = int(round(float(p[0]) * 1e9)), bytes(p[1])
@@ -229,7 +229,7 @@ class Recorder:
     def on_frames(self, frames: Any) -> None:
         """Frames as the pkt collector holds them (``buf``, ``doff``, ``caplen``, ``wirelen``,
         ``ts_ns``, ``linktype`` arrays): nanosecond timestamps are kept exactly."""
-        if self.closed or self.full:
+        if self.stopped or self.full:
             return
         buf = memoryview(frames.buf)
         for i in range(len(frames.doff)):
@@ -240,7 +240,7 @@ class Recorder:
 
     def add_capture_file(self, path: str | Path) -> None:
         """Copy a capture file (e.g. a pcapng the pkt collector wrote) into the current segment."""
-        if not (self.closed or self.full):
+        if not (self.stopped or self.full):
             self._captures.append(Path(path))
 
     # -- flushing ------------------------------------------------------------------------------
@@ -341,20 +341,20 @@ class Recorder:
 
     def flush(self) -> None:
         """Write everything buffered and wait until it is on disk (tests, shutdown)."""
-        if not self.closed:
+        if not self.stopped:
             self._flush(force=True)
         if self._q is not None:
             self._q.join()
 
-    def close(self) -> None:
+    def stop(self) -> None:
         """Flush, close the current segment (final meta.json) and stop the writer. Idempotent."""
-        if self.closed:
+        if self.stopped:
             return
         if self._ending:
             self._end_segment()
         if not self.full:
             self._flush(force=True)
-        self.closed = True
+        self.stopped = True
         self._submit(("close",))
         if self._q is not None:
             self._q.put(("stop",))
@@ -397,7 +397,7 @@ class Recorder:
                 _, path, meta, texts = item
                 self._finish_writer()
                 path.parent.mkdir(parents=True, exist_ok=True)
-                self._writer = B.SegmentWriter(path, meta, texts)
+                self._writer = bundle.SegmentWriter(path, meta, texts)
                 self.segments_written += 1
                 self._rotate_old()
             elif kind == "data":
@@ -408,8 +408,8 @@ class Recorder:
                 before = w.bytes_written
                 w.write_samples(batches)
                 w.write_ticks(ticks)
-                w.write_lines(B.FINDINGS, findings, ft)
-                w.write_lines(B.SUMMARIES, summaries, st)
+                w.write_lines(bundle.FINDINGS, findings, ft)
+                w.write_lines(bundle.SUMMARIES, summaries, st)
                 w.write_packets(packets)
                 for c in captures:
                     w.add_capture_file(c)
@@ -435,9 +435,9 @@ class Recorder:
     def _rotate_old(self) -> None:
         if self.rotate <= 0:
             return
-        segs = B.segment_dirs(self.directory)
+        segs = bundle.segment_dirs(self.directory)
         for d in segs[: max(0, len(segs) - self.rotate)]:
-            B.remove_segment(d)
+            bundle.remove_segment(d)
             self.segments_removed += 1
 
     def stats(self) -> dict[str, float]:
@@ -615,7 +615,7 @@ async def _record(cfg: Any, catalogue: Catalogue, ruleset: Any, out: Path, durat
                 sys.stderr.flush()
     finally:
         await source.stop()
-        recorder.close()
+        recorder.stop()
     if not quiet and sys.stderr.isatty():
         sys.stderr.write("\n")
     print(f"skewd record: {pipe.store.samples_ingested} samples, {pipe.ticks} evaluations, {findings} transitions "

@@ -26,6 +26,7 @@ from . import summary as summary_mod
 from .clock import clock_state
 from .rulestatus import RuleStatus, clock_words, rule_status
 from .config import AgentConfig
+from .metrics import serve
 from .pipeline import Pipeline
 from .scheduler import Backoff, CollectorSlot, LiveSource, availability, build_slots
 
@@ -53,6 +54,9 @@ class FindingLog:
 
 
 class Agent:
+    """Owns the live node agent: collector slots, the pipeline, its sinks (publisher, recorder,
+    view), /metrics and rule reloads; ``skewd agent`` and ``skewd up`` build it and :meth:`run` it."""
+
     def __init__(self, cfg: AgentConfig, *, catalogue: Catalogue | None = None,
                  clock: Callable[[], float] = time.time, slots: list[CollectorSlot] | None = None) -> None:
         self.cfg = cfg
@@ -167,7 +171,9 @@ class Agent:
         return res
 
     # -- run -----------------------------------------------------------------------------------
-    async def run(self, stop: asyncio.Event) -> None:
+    async def start(self) -> None:
+        """Set up if needed, start the sinks (publisher, recorder), /metrics and the collectors'
+        schedule; returns once they run (the publisher connects in the background)."""
         if self.pipeline is None:
             self.setup()
         loop = asyncio.get_running_loop()
@@ -176,8 +182,6 @@ class Agent:
         except (NotImplementedError, RuntimeError, ValueError):
             pass  # not the main thread (tests, embedded): reload on file change only
         await self._start_sinks()
-        from .metrics import serve
-
         try:
             self._metrics_server = serve(self, self.cfg.metrics_listen)
         except OSError as e:
@@ -187,17 +191,22 @@ class Agent:
                                  on_change=self._on_collector_change)
         self.source.start()
         self.started.set()
+
+    async def run(self, stop_requested: asyncio.Event) -> None:
+        """:meth:`start`, then evaluate every ``evaluation_interval`` until ``stop_requested`` is
+        set, then :meth:`stop` (also when the loop fails)."""
+        await self.start()
         interval = self.cfg.evaluation_interval
         next_tick = self.clock()
         next_summary = next_tick
         next_health = next_tick
         next_reload_check = next_tick
         try:
-            while not stop.is_set():
+            while not stop_requested.is_set():
                 delay = next_tick - self.clock()
                 if delay > 0:
                     try:
-                        await asyncio.wait_for(stop.wait(), timeout=delay)
+                        await asyncio.wait_for(stop_requested.wait(), timeout=delay)
                         break
                     except asyncio.TimeoutError:
                         pass
@@ -218,7 +227,7 @@ class Agent:
                     next_health = now + 10.0
                     await self._send_health(now)
         finally:
-            await self.shutdown()
+            await self.stop()
 
     def tick(self, now: float) -> list[Finding]:
         """One evaluation at ``now``: ingest what the collectors produced, evaluate, publish."""
@@ -323,17 +332,20 @@ class Agent:
             if s.collector is not None:
                 s.collector.ignore_connections([conn])
 
-    async def shutdown(self) -> None:
+    async def stop(self) -> None:
+        """Stop the collectors (see :meth:`LiveSource.stop` for a collection still running), then
+        the publisher (2 s to drain; the rest stays spooled), the recorder and /metrics.
+        Idempotent, and safe when :meth:`start` never ran."""
         if self.source is not None:
             await self.source.stop()
             self.source = None
         if self.publisher is not None:
             try:
-                await self.publisher.close(drain_timeout=2.0)
+                await self.publisher.stop(drain_timeout=2.0)
             except Exception as e:  # shutting down anyway: findings stay spooled on disk
-                log.warning("publisher close: %s", e)
+                log.warning("publisher stop: %s", e)
         if self.recorder is not None:
-            self.recorder.close()
+            self.recorder.stop()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server = None

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from skewd.collectors import registry
+from skewd.collectors.registry import collector_config_keys  # noqa: F401 (where the agent's entry points look)
 from skewd.collectors.base import Availability, Collector, Status
 from skewd.model import SampleBatch
 
@@ -73,15 +74,6 @@ class Backoff:
     def next(self, delay: float | None) -> float:
         """The delay after ``delay`` (None: the first one)."""
         return self.initial if delay is None else min(self.maximum, max(delay, self.initial) * 2)
-
-
-def collector_config_keys() -> dict[str, set[str]]:
-    return {n: set(registry.collector_class(n).config_keys) for n in registry.available_names()}
-
-
-def collector_config_checks() -> dict[str, Callable[[dict[str, Any]], list[str]]]:
-    """Each collector's own validation of its settings (``Collector.config_problems``)."""
-    return {n: registry.collector_class(n).config_problems for n in registry.available_names()}
 
 
 def probe_slot(slot: CollectorSlot) -> tuple[Collector | None, Status]:

@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 
 from skewd.model import BatchBuilder, SampleBatch, signal
-from skewd.rules import functions as F
+from skewd.rules import functions
 from skewd.rules.store import WindowStore
 
 from skewd import __version__
@@ -108,7 +108,7 @@ _REDUCE: dict[str, Callable[[np.ndarray], float]] = {
     "sum": np.nansum, "mean": np.nanmean, "max": np.nanmax, "min": np.nanmin, "median": np.nanmedian,
     "count": lambda v: float(np.count_nonzero(~np.isnan(v))),
 }
-_WINDOW = {"avg": F.avg, "max": F.wmax, "min": F.wmin, "last": F.last}
+_WINDOW = {"avg": functions.avg, "max": functions.wmax, "min": functions.wmin, "last": functions.last}
 
 
 #: what the engine-queue summaries read, per engine (entity) of the node's vLLM collections
@@ -215,7 +215,7 @@ def compute(store: WindowStore, node: str, t: float, interval: float, lookback: 
         elif spec.window == "rate":
             # two samples at least: look back further than one interval when collectors are slower
             tt, W = blk.window(t - max(interval * 2, 2.0), t)
-            vals = F.rate(tt, W, store.catalogue[spec.source].wrap_bits)
+            vals = functions.rate(tt, W, store.catalogue[spec.source].wrap_bits)
         else:
             win = interval if spec.window != "last" else lookback
             tt, W = blk.window(t - win, t)

@@ -192,7 +192,7 @@ def record(directory: Path, hours: float, hz: float, cpus: int, flows: int,
                                                  "summary_gpu_power_watts": {"": 5200.0}},
                                         clock_sync=wire.ClockSync(True, 0.0005), agent_version=__version__))
             rec.on_tick(tick, [])
-    rec.close()
+    rec.stop()
     if rec.errors or rec.dropped_rows:
         raise RuntimeError(f"recorder lost data: {rec.errors} errors ({rec.last_error}), {rec.dropped_rows} rows")
     size = sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
@@ -291,7 +291,9 @@ def replay(directory: Path, warm_s: float, per_tick: bool = False, jobs: int = 1
             raise RuntimeError(f"bundle unreadable: {damage}")
         cat = R.replay_catalogue(segments)
         c0 = time.process_time()
-        rep = R.Replayer(segments, cat, rules=[str(PACKS)], range_eval=not per_tick, jobs=jobs)
+        from skewd.agent.replay.slices import ParallelReplayer
+
+        rep = ParallelReplayer(segments, cat, rules=[str(PACKS)], range_eval=not per_tick, jobs=jobs)
         first = None
         mark = None
         evals = 0

@@ -41,7 +41,46 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, ClassVar, Mapping, Sequence
 
-from skewd.model import SampleBatch, SignalSpec
+from skewd.model import SampleBatch, SignalSpec, parse_duration
+
+
+def config_bool(config: Mapping[str, Any], key: str, default: bool, collector: str) -> bool:
+    """``collectors.<collector>.<key>`` as a YAML boolean: ``"no"`` or ``0`` is an operator's
+    typo, not false (``bool("no")`` would read it as true)."""
+    value = config.get(key, default)
+    if not isinstance(value, bool):
+        raise ValueError(f"collectors.{collector}.{key} must be true or false, not {value!r}")
+    return value
+
+
+def config_int(config: Mapping[str, Any], key: str, default: int, collector: str, minimum: int | None = None,
+               maximum: int | None = None, why: str = "") -> int:
+    """``collectors.<collector>.<key>`` as an integer within [minimum, maximum]; the error names
+    the key and the range (``why`` says where the bound comes from)."""
+    value = config.get(key, default)
+    ok = isinstance(value, int) and not isinstance(value, bool)
+    if ok and ((minimum is not None and value < minimum) or (maximum is not None and value > maximum)):
+        ok = False
+    if not ok:
+        rng = (f" from {minimum} to {maximum}" if minimum is not None and maximum is not None else
+               f" of at least {minimum}" if minimum is not None else f" of at most {maximum}" if maximum is not None
+               else "")
+        raise ValueError(f"collectors.{collector}.{key} must be an integer{rng}, not {value!r}"
+                         + (f" ({why})" if why else ""))
+    return value
+
+
+def config_duration(config: Mapping[str, Any], key: str, default: str, collector: str) -> float:
+    """``collectors.<collector>.<key>`` as a duration in seconds (``10ms``, ``2s``, ``1m``, or a
+    number of seconds), longer than 0."""
+    value = config.get(key, default)
+    try:
+        seconds = parse_duration(value)
+    except ValueError as e:
+        raise ValueError(f"collectors.{collector}.{key}: {e}") from None
+    if seconds <= 0:
+        raise ValueError(f"collectors.{collector}.{key} must be longer than 0s, not {value!r}")
+    return seconds
 
 
 class Availability(str, Enum):
@@ -94,7 +133,9 @@ Connection = tuple[tuple[str, int], tuple[str, int]]
 
 
 class Collector(ABC):
-    """Base class. Subclasses set ``name``, ``catalogue`` and ``default_interval``."""
+    """One source of samples on a node, held to the lifecycle contract above; the agent's
+    scheduler (``LiveSource``) probes, starts, collects from and stops it. Subclasses set
+    ``name``, ``catalogue`` and ``default_interval``."""
 
     name: ClassVar[str]
     catalogue: ClassVar[list[SignalSpec]]

@@ -19,7 +19,7 @@ from typing import Any, Iterable
 
 import pynvml
 
-from .base import Availability, CollectorStats, Status
+from .base import Availability, CollectorStats, Status, config_bool  # noqa: F401 (gpu and pcie read it here)
 
 log = logging.getLogger(__name__)
 
@@ -330,13 +330,6 @@ def to_status(st: NvmlStatus, required: bool, required_key: str) -> Status:
     if st.kind == "operator":
         return Status(Availability.NEEDS_OPERATOR, f"{st.reason}: {st.fix}")
     return Status(Availability.UNAVAILABLE, f"{st.reason} (retrying)")
-
-
-def config_bool(config: dict, key: str, default: bool, collector: str) -> bool:
-    value = config.get(key, default)
-    if not isinstance(value, bool):
-        raise ValueError(f"collectors.{collector}.{key} must be true or false, not {value!r}")
-    return value
 
 
 _shared: NvmlBackend | None = None

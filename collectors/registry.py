@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import importlib
-from typing import Iterable
+from typing import Any, Callable, Iterable
 
 from skewd.model import Catalogue
 
@@ -30,6 +30,18 @@ def available_names() -> list[str]:
             raise
         out.append(n)
     return out
+
+
+def collector_config_keys() -> dict[str, set[str]]:
+    """Each collector's accepted settings (``Collector.config_keys``): the agent config's schema
+    for ``collectors.<name>``."""
+    return {n: set(collector_class(n).config_keys) for n in available_names()}
+
+
+def collector_config_checks() -> dict[str, Callable[[dict[str, Any]], list[str]]]:
+    """Each collector's own validation of its settings (``Collector.config_problems``), run by the
+    agent's config loader so a bad setting is an operator error at load time."""
+    return {n: collector_class(n).config_problems for n in available_names()}
 
 
 def catalogue(names: Iterable[str] | None = None) -> Catalogue:

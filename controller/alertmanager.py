@@ -33,7 +33,7 @@ import urllib.request
 from typing import Any, Callable
 
 from . import client
-from . import messages as M
+from . import messages
 from .config import AlertmanagerConfig
 
 log = logging.getLogger("skewd.controller.alertmanager")
@@ -52,7 +52,7 @@ def _label_value(v: Any) -> str:
     return str(v)
 
 
-def alert_for(inc: M.Incident, cfg: AlertmanagerConfig, now: float) -> dict[str, Any]:
+def alert_for(inc: messages.Incident, cfg: AlertmanagerConfig, now: float) -> dict[str, Any]:
     """The v2 ``postableAlert`` for ``inc`` as of wall time ``now`` (pure)."""
     labels: dict[str, str] = dict(cfg.labels)
     labels.update({k: _label_value(v) for k, v in sorted(inc.group.items()) if v})
@@ -99,7 +99,7 @@ class AlertmanagerSink:
         self.cluster = cluster
         self.wall = wall_clock
         self.post = post
-        self.incidents: dict[str, M.Incident] = {}
+        self.incidents: dict[str, messages.Incident] = {}
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
@@ -129,7 +129,7 @@ class AlertmanagerSink:
             await asyncio.wait(self._tasks, timeout=5.0)
         self._tasks = []
 
-    def observe(self, inc: M.Incident) -> None:
+    def observe(self, inc: messages.Incident) -> None:
         """Take one incident message (latest state wins) and mark it for sending."""
         old = self.incidents.get(inc.id)
         if old is not None and old.updated_at > inc.updated_at:

@@ -37,7 +37,7 @@ from skewd import wire
 from skewd.model import Finding
 from skewd.wire import Health, Summary, WireError
 
-from . import messages as M
+from . import messages
 from .messages import (ActionType, Decision, Incident, PhaseRecord, ReceiptStatus, RemapAction, RemapReceipt,
                        RemapReply, RemapSuggestion, Target)
 
@@ -50,7 +50,7 @@ log = logging.getLogger("skewd.client")
 Event = Union[Finding, RemapSuggestion, Incident, Summary, Health, PhaseRecord]
 KINDS = ("finding", "remap", "incident", "summary", "health", "phase")
 _DURABLE = {"finding": wire.FINDINGS_STREAM.name, "remap": wire.REMAPS_STREAM.name,
-            "incident": M.INCIDENTS_STREAM.name}
+            "incident": messages.INCIDENTS_STREAM.name}
 
 
 class ReplyError(Exception):
@@ -59,7 +59,7 @@ class ReplyError(Exception):
 
 def _subject(kind: str, cluster: str) -> str:
     if kind == "incident":
-        return M.incident_subject(cluster)
+        return messages.incident_subject(cluster)
     if kind == "remap":
         return wire.remap_subject(cluster)
     return wire.subject_filter(kind, cluster=cluster)
@@ -72,7 +72,7 @@ def _decode(kind: str, data: bytes) -> Event:
         return wire.decode_summary(data)
     if kind == "health":
         return wire.decode_health(data)
-    return M.decode(data, kind)  # type: ignore[return-value]
+    return messages.decode(data, kind)  # type: ignore[return-value]
 
 
 async def _nc(nc_or_url: Any) -> tuple[Any, bool]:
@@ -226,11 +226,12 @@ async def reply(nc_or_url: Any, suggestion: RemapSuggestion | str, decision: Dec
     nc, owned = await _nc(nc_or_url)
     try:
         try:
-            resp = await nc.request(M.reply_subject(cluster), M.encode(msg), timeout=timeout, headers=M.headers(msg))
+            resp = await nc.request(messages.reply_subject(cluster), messages.encode(msg), timeout=timeout,
+                                    headers=messages.headers(msg))
         except Exception as e:  # noqa: BLE001 - nats TimeoutError / NoRespondersError
             raise ReplyError(f"no skewd controller for cluster {cluster!r} answered within {timeout:g}s "
                              f"({type(e).__name__})") from None
-        return M.decode(resp.data, M.Kind.REMAP_RECEIPT)  # type: ignore[return-value]
+        return messages.decode(resp.data, messages.Kind.REMAP_RECEIPT)  # type: ignore[return-value]
     finally:
         if owned:
             await nc.close()

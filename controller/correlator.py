@@ -51,7 +51,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 from skewd.model import GROUP_SCOPES, Finding, Layer, Scope, State
 
-from . import culprit as C
+from . import culprit as culprit_mod
 from .align import GroupReport
 from .config import InhibitRule
 from .messages import Cause, Effect, Incident, PhaseContext, Target, stable_key
@@ -83,10 +83,14 @@ class _Group:
 
 
 class Correlator:
+    """Owns one cluster's findings and the incidents made of them (culprit against victims, layer,
+    inhibited symptoms); the controller hands it every finding (:meth:`observe`) and calls :meth:`correlate` each tick."""
+
     def __init__(self, cluster: str, topology: Topology, timelines: Timelines, *,
                  culprit_pathologies: Sequence[str], never_inhibit: Sequence[str], effect_window: float,
                  node_value: NodeValue | None = None, inhibit_rules: Sequence[InhibitRule] = (),
-                 direct_evidence: Sequence[str] = (), culprit_evidence: Mapping[str, C.CulpritEvidence] | None = None,
+                 direct_evidence: Sequence[str] = (),
+                 culprit_evidence: Mapping[str, culprit_mod.CulpritEvidence] | None = None,
                  maturities: Mapping[str, str] | None = None) -> None:
         """``direct_evidence``: pathologies whose node-local findings measure a fault on their
         own node (never inhibited by an inference naming another node); ``culprit_evidence``:
@@ -108,7 +112,7 @@ class Correlator:
         self.held_from: dict[str, float] = {}  # open incident id → when correlation first had it
         self.reports: Mapping[str, GroupReport] = {}
         self.direct_evidence = set(direct_evidence)
-        self.culprit_evidence: Mapping[str, C.CulpritEvidence] = dict(culprit_evidence or {})
+        self.culprit_evidence: Mapping[str, culprit_mod.CulpritEvidence] = dict(culprit_evidence or {})
         self.maturities: Mapping[str, str] = dict(maturities or {})
         # what the last correlate() refused to name, and what it kept as findings only
         self.refused: dict[str, tuple[Finding, str]] = {}  # fingerprint → (culprit claim, why it names nobody)
@@ -117,7 +121,7 @@ class Correlator:
         self.sandbox_total = 0  # sandbox finding occurrences ever seen firing
         self._counted: set[str] = set()  # finding ids already counted in the two totals
         self._plan: dict[str, str] = {}  # open incident id → "" (may be planned) or why not
-        self._verdicts: dict[str, C.Verdict] = {}  # fingerprint → verdict of the last correlate()
+        self._verdicts: dict[str, culprit_mod.Verdict] = {}  # fingerprint → verdict of the last correlate()
 
     # -- input --------------------------------------------------------------------------------
     def observe(self, f: Finding) -> bool:
@@ -147,17 +151,17 @@ class Correlator:
             return f.maturity
         return self.maturities.get(f.rule_id, UNKNOWN_MATURITY)
 
-    def verdict(self, f: Finding) -> C.Verdict:
+    def verdict(self, f: Finding) -> culprit_mod.Verdict:
         """Whether the culprit claim ``f`` singles out its node (:func:`culprit.judge`)."""
         peers = (p for p in self.findings.values() if self.maturity(p) != "sandbox")
-        return C.judge(f, self.culprit_evidence.get(f.rule_id), peers)
+        return culprit_mod.judge(f, self.culprit_evidence.get(f.rule_id), peers)
 
     def contract(self, f: Finding) -> dict[str, float]:
         """The culprit-contract evidence of ``f`` (its own keys, or derived from its rule's
         ``correlation.culprit_evidence`` entry)."""
-        return C.contract_evidence(f, self.culprit_evidence.get(f.rule_id))
+        return culprit_mod.contract_evidence(f, self.culprit_evidence.get(f.rule_id))
 
-    def _corroboration(self, f: Finding, firing: Sequence[Finding], verdicts: Mapping[str, C.Verdict]) -> str:
+    def _corroboration(self, f: Finding, firing: Sequence[Finding], verdicts: Mapping[str, culprit_mod.Verdict]) -> str:
         """What else points at the node an incubating culprit claim names: a finding on that
         node itself that its TP peers do not share (a symptom every waiting peer shows is no
         evidence against one of them), or another rule's claim that singles out the same node.

@@ -32,7 +32,7 @@ from skewd import wire
 from skewd.model import Catalogue, Finding
 from skewd.rules.engine import RuleSet
 
-from . import messages as M
+from . import messages
 from .config import ControllerConfig, load_config
 from .service import Controller
 
@@ -72,8 +72,8 @@ class Published:
     suggestions, each in publication order, decoded from the bytes a subscriber received."""
 
     findings: list[Finding] = field(default_factory=list)
-    incidents: list[M.Incident] = field(default_factory=list)
-    suggestions: list[M.RemapSuggestion] = field(default_factory=list)
+    incidents: list[messages.Incident] = field(default_factory=list)
+    suggestions: list[messages.RemapSuggestion] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.findings or self.incidents or self.suggestions)
@@ -163,7 +163,7 @@ class OfflineController:
             ctl.correlator.forget_closed(ctl.now - self.cfg.horizon)
 
     # -- state -----------------------------------------------------------------------------------
-    def open_incidents(self) -> list[M.Incident]:
+    def open_incidents(self) -> list[messages.Incident]:
         """Incidents open now (shown or still held)."""
         return sorted(self.ctl.correlator.open_incidents(), key=lambda i: (i.opened_at, i.id))
 
@@ -254,8 +254,8 @@ class CaptureJetStream:
     def __init__(self) -> None:
         self.published: list[str] = []  # subjects, in order
         self.findings: list[Finding] = []
-        self.incidents: list[M.Incident] = []
-        self.suggestions: list[M.RemapSuggestion] = []
+        self.incidents: list[messages.Incident] = []
+        self.suggestions: list[messages.RemapSuggestion] = []
 
     async def publish(self, subject: str, payload: bytes = b"", headers: dict | None = None, timeout: float = 0.0,
                       **kw: Any) -> "_Ack":
@@ -264,10 +264,10 @@ class CaptureJetStream:
         kind = headers.get(wire.HDR_KIND)
         if kind == wire.MessageKind.FINDING.value:
             self.findings.append(wire.decode_finding(payload))
-        elif kind == M.Kind.INCIDENT.value:
-            self.incidents.append(M.decode(payload, M.Kind.INCIDENT))  # type: ignore[arg-type]
-        elif kind == M.Kind.REMAP.value:
-            self.suggestions.append(M.decode(payload, M.Kind.REMAP))  # type: ignore[arg-type]
+        elif kind == messages.Kind.INCIDENT.value:
+            self.incidents.append(messages.decode(payload, messages.Kind.INCIDENT))  # type: ignore[arg-type]
+        elif kind == messages.Kind.REMAP.value:
+            self.suggestions.append(messages.decode(payload, messages.Kind.REMAP))  # type: ignore[arg-type]
         return _Ack(len(self.published))
 
     def mark(self) -> tuple[int, int, int]:

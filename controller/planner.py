@@ -90,6 +90,9 @@ def egress_drop_command(port: str) -> tuple[str, str]:
 
 
 class Planner:
+    """Owns nothing but its config: turns an incident into typed remap suggestions, least
+    disruptive first; the controller calls it after each correlation."""
+
     def __init__(self, cfg: ControllerConfig) -> None:
         self.cfg = cfg
 

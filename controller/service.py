@@ -684,7 +684,7 @@ class Controller:
     # -- scale-out: partition → leader digests ---------------------------------------------------
     async def _publish_digest(self, t: float, derived: dict[str, dict[str, float]]) -> None:
         """Hand the leader what it needs of this partition at ``t`` (controller/scaleout.py)."""
-        from .scaleout import encode_digests
+        from .digest import encode_digests
 
         rows, self._digest_rows = self._digest_rows, {}
         if self._leader_ctl is None:  # the ctl_* values the cluster-wide rules read: all the leader needs of them
@@ -700,7 +700,7 @@ class Controller:
                 log.warning("partition %s: digest not published: %s", self.partition, e)
 
     async def _on_digest(self, msg: Any) -> None:
-        from .scaleout import decode_digest
+        from .digest import decode_digest
 
         try:
             d = decode_digest(msg.data)

@@ -33,7 +33,7 @@ from typing import Any, Awaitable, Callable
 
 from skewd import wire
 from skewd.model import Finding, State
-from skewd.rules.engine import AlertState, Engine
+from skewd.rules.engine import Alert, Engine
 
 log = logging.getLogger("skewd.controller.state")
 
@@ -294,7 +294,7 @@ def restore_engine(engine: Engine, snap: dict[str, Any]) -> int:
         for fp, d in (saved.get("states") or {}).items():
             d = dict(d)
             d["state"] = State(d["state"])
-            states[fp] = AlertState(**d)
+            states[fp] = Alert(**d)
             n += 1
     return n
 

@@ -70,6 +70,9 @@ def _change(now: float | None, base: float | None) -> str:
 
 
 class Timelines:
+    """Owns every engine's recent phase timeline, from the phase records and node summaries the
+    controller hands it; the correlator reads it for a finding's phase and observed effect."""
+
     def __init__(self, horizon: float = 900.0, stale_after: float = 30.0) -> None:
         self.horizon = horizon
         self.stale_after = stale_after

@@ -25,6 +25,10 @@ class _Learned:
 
 @dataclass
 class Topology:
+    """Owns the cluster's groups (TP/PP groups and models, configured or learned from the labels
+    agents send); the controller hands it each summary's labels (:meth:`observe`), gives its
+    node labels to the rule engine's store, and the correlator asks it a node's group."""
+
     cluster: str
     configured_tp: dict[str, TPGroup] = field(default_factory=dict)
     configured_pp: dict[str, PPGroup] = field(default_factory=dict)

@@ -37,7 +37,7 @@ import threading
 import time
 from typing import Any
 
-from skewd.controller import messages as M
+from skewd.controller import messages
 
 try:  # the plugin is only registered where vLLM is installed; importing it elsewhere still works
     from vllm.v1.metrics.loggers import StatLoggerBase
@@ -140,7 +140,7 @@ class _Publisher:
                 for subject, rec in self._records():
                     if self.connected and nc.is_connected:
                         try:
-                            await nc.publish(subject, M.encode(rec), headers=M.headers(rec))
+                            await nc.publish(subject, messages.encode(rec), headers=messages.headers(rec))
                             self.published += 1
                         except Exception:  # noqa: BLE001 - dropped, counted
                             self.dropped["disconnected"] += 1
@@ -159,7 +159,7 @@ class _Publisher:
             except Exception:  # noqa: BLE001
                 pass
 
-    def _records(self) -> list[tuple[str, M.PhaseRecord]]:
+    def _records(self) -> list[tuple[str, messages.PhaseRecord]]:
         """Everything queued so far, one record per engine."""
         by_engine: dict[tuple, dict[str, Any]] = {}
         while True:
@@ -184,10 +184,11 @@ class _Publisher:
                 acc["itl"][2] = mx if acc["itl"][2] is None else max(acc["itl"][2], mx)
         out = []
         for (cluster, node, engine, model), acc in by_engine.items():
-            rec = M.PhaseRecord(node=node, cluster=cluster, engine=engine, model=model, t_start=acc["t0"], t=acc["t"],
-                                phase=M.classify_steps(acc["steps"]), steps=acc["steps"], finished=acc["fin"],
-                                ttft_s=acc["ttft"], itl_count=acc["itl"][0], itl_sum_s=acc["itl"][1],
-                                itl_max_s=acc["itl"][2], dropped=dict(self.dropped), plugin_version=_VERSION)
+            rec = messages.PhaseRecord(node=node, cluster=cluster, engine=engine, model=model, t_start=acc["t0"],
+                                       t=acc["t"], phase=messages.classify_steps(acc["steps"]), steps=acc["steps"],
+                                       finished=acc["fin"], ttft_s=acc["ttft"], itl_count=acc["itl"][0],
+                                       itl_sum_s=acc["itl"][1], itl_max_s=acc["itl"][2], dropped=dict(self.dropped),
+                                       plugin_version=_VERSION)
             out.append((_phase_subject(cluster, node, engine), rec))
         return out
 
@@ -264,18 +265,18 @@ class SkewdStatLogger(StatLoggerBase):
                     ctx_t = _int(iteration_stats, "num_prompt_tokens")
                     gen_t = _int(iteration_stats, "num_generation_tokens")
                     elapsed_s, index = None, _int(scheduler_stats, "step_counter")
-                step = M.StepStat(t=t, index=index, ctx_reqs=ctx_r, ctx_tokens=ctx_t, gen_reqs=gen_r, gen_tokens=gen_t,
-                                  elapsed_s=elapsed_s, running=_int(scheduler_stats, "num_running_reqs"),
-                                  waiting=_int(scheduler_stats, "num_waiting_reqs"),
-                                  kv_usage_ratio=_num(scheduler_stats, "kv_cache_usage",
-                                                      _num(scheduler_stats, "gpu_cache_usage")))
-            finished: list[M.FinishedStat] = []
+                step = messages.StepStat(t=t, index=index, ctx_reqs=ctx_r, ctx_tokens=ctx_t, gen_reqs=gen_r,
+                                         gen_tokens=gen_t, elapsed_s=elapsed_s, running=_int(scheduler_stats, "num_running_reqs"),
+                                         waiting=_int(scheduler_stats, "num_waiting_reqs"),
+                                         kv_usage_ratio=_num(scheduler_stats, "kv_cache_usage",
+                                                             _num(scheduler_stats, "gpu_cache_usage")))
+            finished: list[messages.FinishedStat] = []
             ttft: list[float] = []
             itl = (0, 0.0, None)
             if iteration_stats is not None:
                 for fr in getattr(iteration_stats, "finished_requests", None) or ():
                     reason = getattr(fr, "finish_reason", "")
-                    finished.append(M.FinishedStat(
+                    finished.append(messages.FinishedStat(
                         t=t, queued_s=_num(fr, "queued_time"), prefill_s=_num(fr, "prefill_time"),
                         decode_s=_num(fr, "decode_time"), prompt_tokens=_int(fr, "num_prompt_tokens"),
                         gen_tokens=_int(fr, "num_generation_tokens"),

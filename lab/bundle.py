@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Sequence
 
 from skewd import wire
-from skewd.agent import bundle as B
+from skewd.agent import bundle
 from skewd.agent import summary as summary_mod
 from skewd.catalogue import full_catalogue
 from skewd.rules.loader import rule_files
@@ -43,7 +43,7 @@ def write_bundle(sim: Simulation, directory: str | Path, rules: Sequence[str | P
             "fault_lab": {"scenario": sim.scenario.name, "seed": sim.seed,
                           "truth": [t.to_dict() for t in sim.truth]}}
     seg = Path(directory) / "seg-000001"
-    w = B.SegmentWriter(seg, meta, texts)
+    w = bundle.SegmentWriter(seg, meta, texts)
     signals: set[str] = set()
     stores = {n: WindowStore(cat, horizon=horizon) for n in sim.node_names}
     next_tick = sim.start + eval_interval
@@ -84,7 +84,7 @@ def write_bundle(sim: Simulation, directory: str | Path, rules: Sequence[str | P
                         msg.signals["collective_burst_bytes"] = {str(k): y for k, (_, y) in enumerate(bs)}
                     lines.append(wire.encode(msg).decode("utf-8"))
                 w.write_samples(own)  # after the tick: the next evaluation sees them, as live
-                w.write_lines(B.SUMMARIES, lines, [t] * len(lines))
+                w.write_lines(bundle.SUMMARIES, lines, [t] * len(lines))
     finally:
         w.close([cat[s] for s in sorted(signals) if s in cat])
     return seg

@@ -173,7 +173,7 @@ async def run(scenario, args, out=None) -> int:
     finally:
         stop.set()
         for pub in pubs.values():
-            await pub.close(drain_timeout=2.0)
+            await pub.stop(drain_timeout=2.0)
         await nc.close()
         try:
             await asyncio.wait_for(ctl_task, 15)

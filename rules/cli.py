@@ -16,6 +16,7 @@ from skewd.model import GROUP_SCOPES, Catalogue, format_duration
 
 from .engine import RuleSet
 from .loader import load_rules
+from .lint import lint_warnings  # after the loader: the stage that follows it
 from .paths import PACKS, SHIPPED
 from .pathologies import PATHOLOGIES
 from .schema import rule_file_schema
@@ -79,10 +80,13 @@ def _load_or_print(paths: Sequence, catalogue: Catalogue, out: TextIO) -> RuleSe
 def lint(paths: Sequence, catalogue: Catalogue, as_json: bool, out: TextIO) -> int:
     res = load_rules(paths, catalogue)
     if as_json:
-        out.write(json.dumps([i.to_dict() for i in res.issues], indent=2) + "\n")
+        out.write(json.dumps([i.to_dict() for i in res.issues] + [w.to_dict() for w in lint_warnings(paths)],
+                             indent=2) + "\n")
     else:
         for i in res.issues:
             out.write(f"{i}\n")
+        for w in lint_warnings(paths):  # never fail the lint: they load fine
+            out.write(f"{w}\n")
         if res.ok:
             n = len(res.ruleset.rules)
             out.write(f"ok: {n} rules in {len(res.ruleset.files)} files\n")

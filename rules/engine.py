@@ -95,7 +95,10 @@ class RuleSet:
 
 
 @dataclass
-class AlertState:
+class Alert:
+    """One alert instance: a rule for one entity (and its labels), in the state it is in
+    (:class:`~skewd.model.State`: pending or firing) since ``active_at`` (Prometheus' ``Alert``)."""
+
     rule_id: str
     node: str
     entity: str
@@ -120,6 +123,10 @@ class _Frame:
 
 
 class Engine:
+    """Owns the alert state of every rule × entity and evaluates the rules over a window store at
+    a time it is given; the agent's Pipeline, the controller (group scopes), ``skewd check`` and
+    ``skewd rules test`` call :meth:`evaluate`."""
+
     def __init__(self, rules: RuleSet, store: WindowStore, lookback: float = 60.0, cluster: str = "",
                  scopes: Iterable[Scope] | None = None) -> None:
         """``scopes`` limits evaluation to rules of those scopes: agents evaluate node-local
@@ -129,7 +136,7 @@ class Engine:
         self.lookback = float(lookback)
         self.cluster = cluster
         self.rules = rules
-        self.states: dict[str, dict[str, AlertState]] = {r.id: {} for r in rules.rules}
+        self.states: dict[str, dict[str, Alert]] = {r.id: {} for r in rules.rules}
         self.available: set[str] | None = None
         self.inactive: dict[str, str] = {}
         self._frames: dict[tuple, tuple[int, int, _Frame]] = {}
@@ -185,7 +192,7 @@ class Engine:
         """Swap in a new (already validated) rule set; returns ids whose state carried over."""
         old = self.rules.by_id()
         carried = []
-        states: dict[str, dict[str, AlertState]] = {}
+        states: dict[str, dict[str, Alert]] = {}
         for r in rules.rules:
             prev = old.get(r.id)
             if prev is not None and prev.digest == r.digest:
@@ -529,7 +536,7 @@ class Engine:
         for i, node, entity, labels, fp, st in hits:
             seen.add(fp)
             if st is None:
-                st = AlertState(rule.id, node, entity, State.PENDING, now, now, None, _evidence(ctx, i), dict(labels))
+                st = Alert(rule.id, node, entity, State.PENDING, now, now, None, _evidence(ctx, i), dict(labels))
                 states[fp] = st
                 if rule.for_s <= 0:
                     st.state, st.fired_at = State.FIRING, now
@@ -563,7 +570,7 @@ class Engine:
             self.held.pop(rule.id, None)
         return out
 
-    def _no_evidence_of_end(self, rule: Rule, st: AlertState, now: float, until: float) -> bool:
+    def _no_evidence_of_end(self, rule: Rule, st: Alert, now: float, until: float) -> bool:
         """Whether a firing alert that is not true at ``now`` must be held rather than resolved
         (module doc): the rule's windows are still refilling after an evaluation gap, or the
         entity has no sample of the rule's signals within the rule's window (up to ``until``,
@@ -597,7 +604,7 @@ class Engine:
             self._fp_cache[fkey] = fp
         return node, entity, labels, fp[1]
 
-    def _finding(self, rule: Rule, st: AlertState, now: float, resolved_at: float | None = None) -> Finding:
+    def _finding(self, rule: Rule, st: Alert, now: float, resolved_at: float | None = None) -> Finding:
         summary = _render(rule.summary or rule.desc, st, rule.params)
         return Finding(
             rule_id=rule.id, pathology=rule.pathology, severity=rule.severity, layer=rule.layer,
@@ -611,7 +618,7 @@ class Engine:
         return self.scopes is None or rule.scope in self.scopes
 
     # -- introspection ------------------------------------------------------------------------
-    def alerts(self) -> list[AlertState]:
+    def alerts(self) -> list[Alert]:
         """Current pending and firing alerts, in a stable order."""
         out = [st for r in self.rules.rules for st in self.states.get(r.id, {}).values()]
         return sorted(out, key=lambda s: (s.rule_id, s.node, s.entity))
@@ -660,7 +667,7 @@ def _plain_params(params: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in params.items() if isinstance(v, (int, float, str))}
 
 
-def _render(template: str, st: AlertState, params: Mapping[str, Any]) -> str:
+def _render(template: str, st: Alert, params: Mapping[str, Any]) -> str:
     """``{node}``, ``{entity}`` and ``{param}`` placeholders only: no format-spec, no attributes."""
     import re
 

@@ -272,6 +272,8 @@ class _TestFile:
         t = 0.0
         fed = 0
         ci = 0
+        by_id = ruleset.by_id()
+        errored: set[str] = set()
         end = max((c[0] for c in checks), default=0.0)
         n_steps = int(round(end / step))
         for k in range(n_steps + 1):
@@ -281,6 +283,13 @@ class _TestFile:
                 store.ingest(batch_all.select(np.arange(fed, hi)))
                 fed = hi
             engine.evaluate(t)
+            # an evaluation error fails the case (promtool fails on a rule's last error): it
+            # would otherwise read as "expected, not firing" and hide the broken expression
+            for rid, err in engine.last_eval_errors.items():
+                if rid not in errored:
+                    errored.add(rid)
+                    rule = by_id[rid]
+                    result.failures.append(f"{rule.source or self.path}: rule {rid} at {t:g}s: evaluation error: {err}")
             while ci < len(checks) and checks[ci][0] <= t + 1e-9:
                 et, rid, want, pos = checks[ci]
                 got = [{"node": st.node, "entity": st.entity, "labels": dict(st.labels), "state": st.state.value}

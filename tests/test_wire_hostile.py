@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from skewd import wire
-from skewd.controller import messages as M
+from skewd.controller import messages
 from skewd.model import Finding, Layer, Scope, Severity, State
 
 T = 1_700_000_030.0
@@ -42,23 +42,23 @@ def _health_dict() -> dict:
 
 
 def _phase_dict() -> dict:
-    rec = M.PhaseRecord(node="gpu-node-17", cluster="prod", engine="engine0", model="m", t_start=T - 1, t=T,
-                        phase=M.Phase.DECODE,
-                        steps=[M.StepStat(T, 1, 0, 0, 4, 4, 0.02, 4, 0, 0.5)], finished=[], ttft_s=[0.1],
-                        itl_count=4, itl_sum_s=0.08, itl_max_s=0.03, dropped={})
-    return json.loads(M.encode(rec))
+    rec = messages.PhaseRecord(node="gpu-node-17", cluster="prod", engine="engine0", model="m", t_start=T - 1, t=T,
+                               phase=messages.Phase.DECODE,
+                               steps=[messages.StepStat(T, 1, 0, 0, 4, 4, 0.02, 4, 0, 0.5)], finished=[], ttft_s=[0.1],
+                               itl_count=4, itl_sum_s=0.08, itl_max_s=0.03, dropped={})
+    return json.loads(messages.encode(rec))
 
 
 def _reply_dict() -> dict:
-    return json.loads(M.encode(M.RemapReply(key="k", decision=M.Decision.ACK, consumer="router")))
+    return json.loads(messages.encode(messages.RemapReply(key="k", decision=messages.Decision.ACK, consumer="router")))
 
 
 DECODERS = {
     "finding": (_finding_dict, wire.decode_finding),
     "summary": (_summary_dict, wire.decode_summary),
     "health": (_health_dict, wire.decode_health),
-    "phase": (_phase_dict, lambda b: M.decode(b, M.Kind.PHASE)),
-    "remap_reply": (_reply_dict, lambda b: M.decode(b, M.Kind.REMAP_REPLY)),
+    "phase": (_phase_dict, lambda b: messages.decode(b, messages.Kind.PHASE)),
+    "remap_reply": (_reply_dict, lambda b: messages.decode(b, messages.Kind.REMAP_REPLY)),
 }
 
 

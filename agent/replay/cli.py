@@ -26,6 +26,7 @@ from .diff import diff_findings, diff_incidents, incident_stories, occurrences
 from .output import (TABLE_HEADER, canonical_json, finding_json, finding_row, fmt_t, incident_json, incident_row,
                      suggestion_json, suggestion_row)
 from .progress import Progress
+from .slices import ParallelReplayer
 
 EXIT_OK, EXIT_DIFF, EXIT_USAGE, EXIT_DAMAGED = 0, 1, 2, 3
 
@@ -114,9 +115,9 @@ def make_replay(args: argparse.Namespace, segments: list[bundle.Segment], damage
     start = min(_first_tick(s) for s in segments)
     t_from = parse_time(args.t_from, start) if args.t_from else None
     t_to = parse_time(args.t_to, start) if args.t_to else None
-    rep = Replayer(segments, catalogue, rules=rules, t_from=t_from, t_to=t_to, nodes=args.node,
-                   open_damage=damage, range_eval=range_eval,
-                   jobs=getattr(args, "jobs", 1) if range_eval else 1)
+    jobs = getattr(args, "jobs", 1) if range_eval else 1
+    kw = dict(rules=rules, t_from=t_from, t_to=t_to, nodes=args.node, open_damage=damage, range_eval=range_eval)
+    rep = ParallelReplayer(segments, catalogue, jobs=jobs, **kw) if jobs > 1 else Replayer(segments, catalogue, **kw)
     if args.no_controller:
         return rep
     try:
@@ -193,7 +194,7 @@ async def drive(run: Replayer | ClusterReplay, speed: float | None, publish: str
             await publisher.wait_connected(10.0)
         except BaseException:
             if publisher is not None:
-                await publisher.close()
+                await publisher.stop()
                 publisher.spool.close()
             shutil.rmtree(spool_dir, ignore_errors=True)
             raise
@@ -230,7 +231,7 @@ async def drive(run: Replayer | ClusterReplay, speed: float | None, publish: str
         progress.close()
         if publisher is not None:
             ok = await publisher.wait_drained(30.0)
-            await publisher.close()
+            await publisher.stop()
             publisher.spool.close()
             shutil.rmtree(spool_dir, ignore_errors=True)
             if not ok:

@@ -24,6 +24,8 @@ import numpy as np
 from skewd import wire
 from skewd.controller import messages as controller_messages
 from skewd.model import NODE_SCOPES, Catalogue, Finding, SampleBatch
+
+from .events import Checkpoint, Event
 from skewd.rules.engine import RuleSet
 from skewd.rules.loader import LoadIssue, load_rules
 
@@ -88,29 +90,6 @@ class RuleLoadFailed(ReplayError):
 # ---------------------------------------------------------------------------------------------
 # The replay loop
 # ---------------------------------------------------------------------------------------------
-
-@dataclass
-class Event:
-    """One step of the replay: an evaluation time and what it produced - the node findings (and,
-    in a cluster replay, the controller's), the node summaries made or recorded at it, and what
-    the controller published: incident messages and remap suggestions."""
-
-    t: float
-    findings: list[Finding]
-    summaries: list[wire.Summary] = field(default_factory=list)
-    incidents: list[controller_messages.Incident] = field(default_factory=list)
-    suggestions: list[controller_messages.RemapSuggestion] = field(default_factory=list)
-
-
-@dataclass
-class Checkpoint:
-    """A time slice's boundary in :meth:`Replayer.steps`: everything before ``t`` has been
-    ingested and evaluated, nothing at or after it; ``digest`` is :meth:`Replayer.state_digest`
-    there."""
-
-    t: float
-    digest: str
-
 
 @dataclass
 class ReplayResult:
@@ -222,11 +201,10 @@ class Replayer:
     def __init__(self, segments: Sequence[bundle.Segment], catalogue: Catalogue, *,
                  rules: Sequence[str | Path] | None = None, t_from: float | None = None,
                  t_to: float | None = None, nodes: Sequence[str] | None = None,
-                 open_damage: Sequence[bundle.Damage] = (), range_eval: bool = True, max_range: int = 300,
-                 jobs: int = 1) -> None:
+                 open_damage: Sequence[bundle.Damage] = (), range_eval: bool = True, max_range: int = 300) -> None:
         """``range_eval``: evaluate each node's ticks in ranges of up to ``max_range`` ticks
         (same findings, see :meth:`events`); False evaluates at every tick as it is reached.
-        ``jobs``: time slices replayed in parallel processes (:mod:`.slices`; same events)."""
+        Time slices replayed in parallel processes: :class:`.slices.ParallelReplayer`."""
         if not segments:
             raise ReplayError("no readable capture segment")
         self.segments = list(segments)
@@ -237,7 +215,6 @@ class Replayer:
         self.open_damage = list(open_damage)
         self.range_eval = bool(range_eval)
         self.max_range = max(1, int(max_range))
-        self.jobs = max(1, int(jobs))
         self.rule_paths = [str(r) for r in rules] if rules else None
         self.samples_elsewhere = 0  # samples the slice workers ingested (see .slices)
         self._sig_cache: dict[int, tuple] = {}
@@ -337,14 +314,8 @@ class Replayer:
         evaluated in ranges (``Engine.evaluate_range``): batches are still ingested tick by tick
         (summaries are made from the store as at each tick), evaluation waits until a
         range must end, and the events are yielded then, in the same order and with the same
-        findings as evaluating at every tick. With ``jobs`` > 1 the recording is cut into time
-        slices replayed in parallel, each handed over only where its state equals the serial
-        replay's (:mod:`.slices`): the same events."""
-        if self.jobs > 1:
-            from .slices import sliced_events
-
-            yield from sliced_events(self)
-            return
+        findings as evaluating at every tick (:class:`.slices.ParallelReplayer` cuts the recording
+        into time slices replayed in parallel, with the same events)."""
         for x in self.steps():
             if isinstance(x, Event):
                 yield x

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 
-from .core import Checkpoint, Event, Replayer
+from .core import Replayer
+from .events import Checkpoint, Event
 
 
 @dataclass
@@ -206,4 +207,20 @@ def sliced_events(rep: Replayer) -> Iterator[Event]:
         local.close()
 
 
-__all__ = ["SliceStats", "boundaries", "sliced_events"]
+class ParallelReplayer(Replayer):
+    """A :class:`Replayer` whose :meth:`events` come from ``jobs`` time slices replayed in
+    parallel processes (:func:`sliced_events`): the same events as the serial replay. Callers:
+    ``skewd replay --jobs``, bench/replay_speed.py."""
+
+    def __init__(self, *args: Any, jobs: int = 2, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.jobs = max(1, int(jobs))
+
+    def events(self) -> Iterator[Event]:
+        if self.jobs > 1:
+            yield from sliced_events(self)
+        else:
+            yield from super().events()
+
+
+__all__ = ["ParallelReplayer", "SliceStats", "boundaries", "sliced_events"]

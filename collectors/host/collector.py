@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from skewd.collectors.base import Availability, Collector, CollectorError, Status
+from skewd.collectors.base import Availability, Collector, CollectorError, Status, config_bool, config_int
 from skewd.collectors.netdev.netns import netns_exists, netns_path, run_in_netns
 from skewd.collectors.sysfs import read_str
 from skewd.model import BatchBuilder, SampleBatch
@@ -47,14 +47,11 @@ class HostCollector(Collector):
     def __init__(self, node: str, config: Mapping[str, Any] | None = None,
                  sys_root: str | Path = "/sys", proc_root: str | Path = "/proc") -> None:
         super().__init__(node, config, sys_root, proc_root)
-        hz = self.config.get("user_hz", parse.USER_HZ)
-        if isinstance(hz, bool) or not isinstance(hz, int) or hz <= 0:
-            raise ValueError("host: 'user_hz' must be a positive integer (Linux uses 100)")
-        self.user_hz = hz
-        self.loadavg = bool(self.config.get("loadavg", True))
+        self.user_hz = config_int(self.config, "user_hz", parse.USER_HZ, self.name, minimum=1, why="Linux uses 100")
+        self.loadavg = config_bool(self.config, "loadavg", True, self.name)
         netns = self.config.get("netns")
         if netns is not None and not isinstance(netns, str):
-            raise ValueError("host: 'netns' must be a network namespace name or path")
+            raise ValueError(f"collectors.host.netns must be a network namespace name or path, not {netns!r}")
         self.netns: str | None = netns or None
         # last value per (entity, signal) of the /proc/stat CPU times, see _monotonic()
         self._last: dict[tuple[str, str], float] = {}

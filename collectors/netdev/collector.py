@@ -204,16 +204,16 @@ class NetdevCollector(Collector):
         super().__init__(node, config, sys_root, proc_root)
         ifs = self.config.get("interfaces")
         if ifs is not None and (isinstance(ifs, str) or not all(isinstance(i, str) for i in ifs)):
-            raise ValueError("netdev: 'interfaces' must be a list of interface names or globs")
+            raise ValueError("collectors.netdev.interfaces must be a list of interface names or globs")
         self._patterns: Sequence[str] | None = list(ifs) if ifs else None
         self._want = parse.interface_filter(self._patterns)
         netns = self.config.get("netns")
         if netns is not None and not isinstance(netns, str):
-            raise ValueError("netdev: 'netns' must be a namespace name or path")
+            raise ValueError(f"collectors.netdev.netns must be a namespace name or path, not {netns!r}")
         self.netns: str | None = netns or None
         hz = self.config.get("qdisc_sample_hz", DEFAULT_QDISC_SAMPLE_HZ)
         if isinstance(hz, bool) or not isinstance(hz, (int, float)) or not 0 <= hz <= MAX_QDISC_SAMPLE_HZ:
-            raise ValueError(f"netdev: 'qdisc_sample_hz' must be a number from 0 (off) to "
+            raise ValueError(f"collectors.netdev.qdisc_sample_hz must be a number from 0 (off) to "
                              f"{MAX_QDISC_SAMPLE_HZ:g}, got {hz!r}")
         self.qdisc_sample_hz = float(hz)
         self._injected = source

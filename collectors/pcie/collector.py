@@ -49,8 +49,9 @@ class PcieCollector(Collector):
         super().__init__(node, config, sys_root, proc_root)
         classes = self.config.get("classes", list(parse.DEFAULT_CLASSES))
         addresses = self.config.get("addresses", [])
-        if not isinstance(classes, list) or not isinstance(addresses, list):
-            raise ValueError("collectors.pcie.classes and collectors.pcie.addresses must be lists")
+        for key, value in (("classes", classes), ("addresses", addresses)):
+            if not isinstance(value, list):
+                raise ValueError(f"collectors.pcie.{key} must be a list, not {value!r}")
         errors: list[str] = []
         self.classes: list[parse.ClassFilter] = []
         for c in classes:

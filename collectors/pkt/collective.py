@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .frames import DIR_IN, DIR_OUT
+from .keyhash import hash_rows
 
 NS = 1_000_000_000
 #: RoCEv2 BTH opcodes that answer data rather than carry it (ACK, atomic ACK, CNP)
@@ -91,8 +92,6 @@ class _PortState:
 def connection_hash(src_hi: np.ndarray, src_lo: np.ndarray, dst_hi: np.ndarray, dst_lo: np.ndarray,
                     sport: np.ndarray, dport: np.ndarray, proto: np.ndarray) -> np.ndarray:
     """A 64-bit key per packet that is the same for both directions of a 5-tuple."""
-    from .features import _hash  # one hash for flows and connections
-
     s_port = sport.astype(np.uint64)
     d_port = dport.astype(np.uint64)
     swap = (src_hi > dst_hi) | ((src_hi == dst_hi) & ((src_lo > dst_lo) | ((src_lo == dst_lo) & (s_port > d_port))))
@@ -104,7 +103,7 @@ def connection_hash(src_hi: np.ndarray, src_lo: np.ndarray, dst_hi: np.ndarray, 
     lo_p = np.where(swap, d_port, s_port)
     hi_p = np.where(swap, s_port, d_port)
     k[:, 4] = (proto.astype(np.uint64) & np.uint64(0xFFFF)) << np.uint64(32) | lo_p << np.uint64(16) | hi_p
-    return _hash(k)
+    return hash_rows(k)
 
 
 class CollectiveTracker:

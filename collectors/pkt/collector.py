@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-from skewd.collectors.base import Availability, Collector, CollectorError, Connection, Status
-from skewd.model import SampleBatch, parse_duration
+from skewd.collectors.base import (Availability, Collector, CollectorError, Connection, Status, config_duration,
+                                   config_int)
+from skewd.model import SampleBatch
 
 from .bpf import FilterError, compile_filter, parse_program
 from .catalogue import CATALOGUE
@@ -57,7 +58,7 @@ IGNORED_CONNECTIONS = 8
 def _size(v: Any, key: str) -> int:
     """Bytes from an int or '4MiB' / '512KiB' / '1M' style string."""
     if isinstance(v, bool):
-        raise ValueError(f"{key}: expected a size, got {v!r}")
+        raise ValueError(f"collectors.pkt.{key}: expected a size, got {v!r}")
     if isinstance(v, int):
         return v
     s = str(v).strip().lower().replace("ib", "").replace("b", "")
@@ -65,7 +66,7 @@ def _size(v: Any, key: str) -> int:
     try:
         return int(float(s[:-1] if s[-1:] in "kmg" else s) * mult)
     except ValueError:
-        raise ValueError(f"{key}: bad size {v!r} (write e.g. 1048576 or '1MiB')") from None
+        raise ValueError(f"collectors.pkt.{key}: bad size {v!r} (write e.g. 1048576 or '1MiB')") from None
 
 
 class PktCollector(Collector):
@@ -125,36 +126,30 @@ class PktCollector(Collector):
             err = cls("config-check", config)._cfg_error
         except ValueError as e:  # a setting even the constructor could not read
             err = str(e)
-        return [f"collectors.pkt: {err}"] if err else []
+        if not err:
+            return []
+        return [err if err.startswith("collectors.") else f"collectors.pkt: {err}"]
 
     def _settings(self) -> dict[str, Any]:
         c = self.config
-        snaplen = int(c.get("snaplen", 128))
-        if not 64 <= snaplen <= 65535:
-            raise ValueError(f"snaplen {snaplen} must be between 64 and 65535 (headers need ~90 bytes)")
+        snaplen = config_int(c, "snaplen", 128, self.name, 64, 65535, "headers need ~90 bytes")
         out = {
             "interface": c.get("interface") or "",
             "snaplen": snaplen,
             "block_size": _size(c.get("ring_block_size", LARGE_BLOCK_SIZE), "ring_block_size"),
-            "blocks": int(c.get("ring_blocks", DEFAULT_BLOCKS)),
+            "blocks": config_int(c, "ring_blocks", DEFAULT_BLOCKS, self.name, minimum=2),
             # neither geometry key set: start with small blocks and grow under load
             "adaptive": "ring_block_size" not in c and "ring_blocks" not in c,
-            "block_timeout_ms": max(1, int(round(parse_duration(c.get("block_timeout", "10ms")) * 1000))),
-            "burst_gap": parse_duration(c.get("burst_gap", "1ms")),
-            "flow_timeout": parse_duration(c.get("flow_timeout", "60s")),
-            "max_flows": int(c.get("max_flows", 100_000)),
-            "max_pending": int(c.get("max_pending_packets", 500_000)),
-            "max_listed_silences": int(c.get("max_listed_silences", 256)),
+            "block_timeout_ms": max(1, int(round(config_duration(c, "block_timeout", "10ms", self.name) * 1000))),
+            "burst_gap": config_duration(c, "burst_gap", "1ms", self.name),
+            "flow_timeout": config_duration(c, "flow_timeout", "60s", self.name),
+            "max_flows": config_int(c, "max_flows", 100_000, self.name, minimum=1),
+            "max_pending": config_int(c, "max_pending_packets", 500_000, self.name, minimum=1),
+            "max_listed_silences": config_int(c, "max_listed_silences", 256, self.name, minimum=1),
             "netns": c.get("netns") or None,
             "filter": c.get("filter") or None,
             "filter_program": c.get("filter_program") or None,
         }
-        if out["burst_gap"] <= 0:
-            raise ValueError("burst_gap must be longer than 0s")
-        if out["max_listed_silences"] < 1:
-            raise ValueError("max_listed_silences must be at least 1")
-        if out["blocks"] < 2:
-            raise ValueError("ring_blocks must be at least 2")
         if out["filter"] and out["filter_program"]:
             raise ValueError("set either filter or filter_program, not both")
         if out["filter_program"]:

@@ -38,6 +38,7 @@ import numpy as np
 
 from .collective import CollectiveTracker, Silences, connection_hash
 from .frames import DIR_IN, DIR_OUT
+from .keyhash import hash_rows, mix64
 from .parse import TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, Packets
 
 NS = 1_000_000_000
@@ -45,25 +46,6 @@ _NONE = np.int64(-(1 << 62))
 _PROTO = {1: "icmp", 2: "igmp", 6: "tcp", 17: "udp", 47: "gre", 50: "esp", 58: "icmp6", 132: "sctp"}
 _ROCE_NO_PSN = (17, 18, 0x81)  # ACK, atomic ACK, CNP: not part of the request PSN sequence
 _M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
-def _mix(x: np.ndarray, scratch: np.ndarray | None = None) -> np.ndarray:
-    """Avalanche mix of a uint64 array. With ``scratch`` (a uint64 array of the same shape) it
-    works in place on ``x`` (which it returns), without full-size temporaries."""
-    with np.errstate(over="ignore"):
-        if scratch is None:
-            x = x ^ (x >> np.uint64(33))
-            x = x * np.uint64(0xFF51AFD7ED558CCD)
-            x = x ^ (x >> np.uint64(33))
-            x = x * np.uint64(0xC4CEB9FE1A85EC53)
-            return x ^ (x >> np.uint64(33))
-        s33 = np.uint64(33)
-        x ^= np.right_shift(x, s33, out=scratch)
-        x *= np.uint64(0xFF51AFD7ED558CCD)
-        x ^= np.right_shift(x, s33, out=scratch)
-        x *= np.uint64(0xC4CEB9FE1A85EC53)
-        x ^= np.right_shift(x, s33, out=scratch)
-        return x
-
-
 def flow_key_columns(pk: Packets, idx: np.ndarray) -> np.ndarray:
     """(len(idx), 5) uint64 key: src hi/lo, dst hi/lo, version|proto|sport|dport."""
     k = np.empty((len(idx), 5), np.uint64)
@@ -75,15 +57,6 @@ def flow_key_columns(pk: Packets, idx: np.ndarray) -> np.ndarray:
                | (pk.proto[idx].astype(np.uint64) & np.uint64(0xFFFF)) << np.uint64(32)
                | pk.sport[idx].astype(np.uint64) << np.uint64(16) | pk.dport[idx].astype(np.uint64))
     return k
-
-
-def _hash(k: np.ndarray) -> np.ndarray:
-    """64-bit hash of each row of a uint64 matrix (grouping key; collisions are checked)."""
-    with np.errstate(over="ignore"):
-        h = _mix(k[:, -1] ^ np.uint64(0x9E3779B97F4A7C15))
-        for c in range(k.shape[1] - 1):
-            h = _mix(h ^ k[:, c] * np.uint64(0x100000001B3 + 2 * c))
-    return h
 
 
 def group_flows(pk: Packets, idx: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -124,7 +97,7 @@ def group_flows(pk: Packets, idx: np.ndarray | None) -> tuple[np.ndarray, np.nda
         if v6:
             h += np.multiply(col(pk.src_hi), u64(0xD6E8FEB86659FD93), out=t)
             h += np.multiply(col(pk.dst_hi), u64(0xFF51AFD7ED558CCD), out=t)
-        h = _mix(h, t)
+        h = mix64(h, t)
     bits = max(1, int(n - 1).bit_length())
     mask = u64((1 << bits) - 1)
     comp = np.bitwise_and(h, ~mask, out=t)
@@ -881,7 +854,7 @@ class FlowTracker:
         lo_ep = np.where(lt[:, None], a, b)
         hi_ep = np.where(lt[:, None], b, a)
         key = np.concatenate([lo_ep, hi_ep], 1)
-        ck = _hash(key)
+        ck = hash_rows(key)
         d = (~lt).astype(np.int64)
         o = np.lexsort((pr, ck))  # conversation, then capture order (pr is the packet index)
         cks = ck[o]

@@ -9,7 +9,7 @@ import fnmatch
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from skewd.collectors.base import Availability, Collector, CollectorError, Status
+from skewd.collectors.base import Availability, Collector, CollectorError, Status, config_bool
 from skewd.collectors.sysfs import list_dir, read_str
 from skewd.model import BatchBuilder, SampleBatch
 
@@ -34,10 +34,10 @@ class RdmaCollector(Collector):
         super().__init__(node, config, sys_root, proc_root)
         devs = self.config.get("devices")
         if devs is not None and (isinstance(devs, str) or not all(isinstance(d, str) for d in devs)):
-            raise ValueError("rdma: 'devices' must be a list of device names or globs (mlx5_*)")
+            raise ValueError("collectors.rdma.devices must be a list of device names or globs (mlx5_*)")
         self._patterns: list[str] | None = list(devs) if devs else None
         #: MR/QP counts from RDMA netlink through iproute2's ``rdma -j resource show``; injectable
-        self.resources = bool(self.config.get("resources", True))
+        self.resources = config_bool(self.config, "resources", True, self.name)
         self.resource_reader: Callable[[], str | None] = self._run_rdma_tool
         self._resource_error = ""
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .cgroups import CGROUP_ROOT, cgroup_cpu_mode
 from .scenario import Plan, rank_wire_bytes_per_step
 from .steps import measured_period
 from .topology import ns_exec
@@ -61,25 +62,7 @@ def need_bits_per_s(plan: Plan, period_s: float) -> float:
     return 8 * rank_wire_bytes_per_step(plan.nodes, plan.message_bytes) / period_s
 
 
-# -- cgroups -----------------------------------------------------------------------------------
-CGROUP_ROOT = Path(os.environ.get("SKEWD_LAB_CGROUP_ROOT", "/sys/fs/cgroup"))
-
-
-def cgroup_cpu_mode(root: Path = CGROUP_ROOT) -> tuple[str, Path] | None:
-    """("v2", dir) when the unified hierarchy at ``root`` (or ``root/unified``) offers the cpu
-    controller, ("v1", root/cpu) for a v1 cpu hierarchy, None when neither is usable."""
-    for d in (root, root / "unified"):
-        ctl = d / "cgroup.controllers"
-        try:
-            if "cpu" in ctl.read_text().split():
-                return "v2", d
-        except OSError:
-            continue
-    if (root / "cpu" / "cpu.cfs_quota_us").exists():
-        return "v1", root / "cpu"
-    return None
-
-
+# -- CPU quota -------------------------------------------------------------------------------
 def _cpu_seconds(pid: int) -> float:
     f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
@@ -147,29 +130,6 @@ def steer_cpu(name: str, pid: int, step_log: Path, healthy_period: float, lag: f
         info = limit_cpu(name, pid, fraction)
     return {"means": f"cpu quota {fraction:.3f} of a core (rank used {use:.3f}); tried {tried}",
             "cpu_use": use, "onset": onset, "steering": tried, "healthy_period_s": healthy_period, **info}
-
-
-def cleanup_cgroups(prefix: str) -> list[str]:
-    """Remove the lab's cgroups named with ``prefix`` (their processes go back to the root)."""
-    mode = cgroup_cpu_mode()
-    if mode is None:
-        return []
-    _, base = mode
-    gone = []
-    for d in sorted(base.glob(prefix + "*")):
-        if not d.is_dir():
-            continue
-        try:
-            for pid in (d / "cgroup.procs").read_text().split():
-                try:
-                    (base / "cgroup.procs").write_text(pid)
-                except OSError:
-                    pass
-            d.rmdir()
-            gone.append(str(d))
-        except OSError:
-            pass
-    return gone
 
 
 # -- applying ------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from typing import Any, Callable
 from . import faults as faults_mod
 from . import product, score
 from . import steps as steps_mod
+from .cgroups import cleanup_cgroups
 from .procs import Proc, Procs
 from .scenario import Plan
 from .topology import DEFAULT_PREFIX, DEFAULT_SUBNET, Topology, list_namespaces
@@ -227,7 +228,7 @@ class Lab:
             self.procs.stop()
         finally:
             self.topo.teardown()
-            faults_mod.cleanup_cgroups(self.topo.base)
+            cleanup_cgroups(self.topo.base)
 
 
 def run(plan: Plan, out: Path, opts: LabOptions | None = None, log: Callable[[str], None] = print) -> Path:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from skewd import wire
-from skewd.controller import messages as M
+from skewd.controller import messages
 from skewd.model import State
 
 from .steps import step_stats
@@ -50,19 +50,19 @@ def _decoded(msgs: list[dict[str, Any]]) -> Iterator[tuple[str, Any, float]]:
         data = json.dumps(m["msg"])
         if kind in ("finding", "summary", "health"):
             yield kind, wire.decode(data, kind), m["recv"]
-        elif kind in (M.Kind.INCIDENT.value, M.Kind.REMAP.value):
-            yield kind, M.decode(data, kind), m["recv"]
+        elif kind in (messages.Kind.INCIDENT.value, messages.Kind.REMAP.value):
+            yield kind, messages.decode(data, kind), m["recv"]
         elif m["subject"].startswith(f"{wire.SUBJECT_PREFIX}.finding."):
             yield "finding", wire.decode(data, "finding"), m["recv"]
 
 
-def incident_nodes(inc: M.Incident) -> list[str]:
+def incident_nodes(inc: messages.Incident) -> list[str]:
     if inc.culprit is not None and inc.culprit.node:
         return [inc.culprit.node]
     return [inc.group["node"]] if inc.group.get("node") else []
 
 
-def remap_nodes(s: M.RemapSuggestion) -> list[str]:
+def remap_nodes(s: messages.RemapSuggestion) -> list[str]:
     nodes = [s.culprit.node] if s.culprit is not None and s.culprit.node else []
     nodes += [a.target.node for a in s.actions if a.target.node]
     return sorted(set(nodes))

@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .cgroups import cleanup_cgroups
+
 DEFAULT_PREFIX = os.environ.get("SKEWD_LAB_NETNS_PREFIX", "skwr-")
 DEFAULT_SUBNET = os.environ.get("SKEWD_LAB_SUBNET", "10.79.0.0/16")
 #: host numbers inside each /24
@@ -212,8 +214,6 @@ def cleanup(prefix: str) -> list[str]:
     """Remove every namespace whose name starts with ``prefix`` (and what runs inside it), plus
     the lab's CPU cgroups of that prefix. Returns what was removed."""
     validate_prefix(prefix)
-    from .faults import cleanup_cgroups
-
     gone = list_namespaces(prefix)
     # switches last: node namespaces hold the far ends of their veths
     for ns in sorted(gone, key=lambda n: n.endswith("-sw")):

@@ -28,12 +28,15 @@ Format::
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from skewd.model import parse_duration
 from skewd.rules.yamlpos import PList, PMap, Pos, YamlError, load
+
+from .faults import INJECTORS  # the injectors know their own parameters and requirements
+from .spec import DEFAULT_START, FaultSpec, Range, Scenario, ScenarioError
+from .topology import GPUS, MODELS, build_cluster
 
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
 
@@ -84,52 +87,6 @@ TOP_KEYS = {"name": False, "description": False, "shape": True, "duration": True
 FAULT_KEYS = {"pathology": True, "node": False, "entity": False, "onset": True, "duration": True,
               "severity": False, "variant": False, "params": False}
 LENGTH_KEYS = {"median", "sigma", "max"}
-DEFAULT_START = 1767225600.0  # 2026-01-01T00:00:00Z: fixed, so runs are reproducible
-
-
-class ScenarioError(ValueError):
-    """Every problem found in one scenario file, one ``file:line:col: message`` per line."""
-
-    def __init__(self, errors: list[str]) -> None:
-        super().__init__("\n".join(errors))
-        self.errors = errors
-
-
-Range = tuple[float, float]
-
-
-@dataclass
-class FaultSpec:
-    pathology: str
-    node: str  # node name or "any"
-    entity: str  # entity name or "any"
-    onset: Range
-    duration: Range
-    severity: Range
-    variant: str
-    params: dict[str, float]
-    pos: Pos
-
-
-@dataclass
-class Scenario:
-    name: str
-    description: str
-    shape: str
-    duration: float
-    cluster: dict[str, Any]
-    load: dict[str, Any]
-    faults: list[FaultSpec]
-    start: float = DEFAULT_START
-    pathology: str = ""  # what the scenario is about (defaults to its faults' IDs, or "healthy")
-    path: str = ""
-
-    @property
-    def label(self) -> str:
-        if self.pathology:
-            return self.pathology
-        ids = sorted({f.pathology for f in self.faults})
-        return ",".join(ids) if ids else "healthy"
 
 
 def _suggest(word: str, options: Any) -> str:
@@ -157,8 +114,6 @@ def _deep(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 def load_scenario(path: str | Path) -> Scenario:
     """Parse and validate one scenario file; raises :class:`ScenarioError` listing every problem."""
-    from .faults import INJECTORS  # the injectors know their own parameters and requirements
-
     p = Path(path)
     file = str(p)
     try:
@@ -282,8 +237,6 @@ def _num(v: Any) -> bool:
 
 
 def _cluster_value(k: str, v: Any) -> Any:
-    from .topology import GPUS, MODELS
-
     if k in ("nodes", "gpus_per_node", "tp", "pp", "rdma_nics", "cpus", "max_num_seqs"):
         lim = {"nodes": (1, 64), "gpus_per_node": (1, 16), "tp": (1, 64), "pp": (1, 16), "rdma_nics": (0, 8),
                "cpus": (2, 512), "max_num_seqs": (1, 4096)}[k]
@@ -324,8 +277,6 @@ def _cluster_value(k: str, v: Any) -> Any:
 
 
 def build_from(cluster: dict[str, Any], name: str):
-    from .topology import build_cluster
-
     c = dict(cluster)
     for k in ("rdma_speed", "front_speed"):
         c[k] = _speed(c[k])

@@ -16,71 +16,29 @@ from (seed, purpose), and nothing reads the clock.
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
 from skewd.model import SampleBatch
 
+from .faults import make_injectors
 from .node import NodeSim
+from .scenario import SCENARIO_DIR, Scenario, build_from, load_scenario
 from .steps import StepSilences, step_silences
-from .scenario import Scenario, build_from
 from .topology import Cluster
+from .traffic import NodeTraffic, RepTraffic
+from .truth import GroundTruth
 from .workload import EngineSim, Effects, LoadSpec, TickOut
 
 INTERVAL = 1.0  # collection interval of every simulated collector (their default)
-
-
-@dataclass
-class GroundTruth:
-    """What was injected: the answer key the benchmark scores findings against."""
-
-    pathology: str
-    nodes: list[str]  # culprit node(s)
-    entity: str  # culprit entity on those nodes ("" = the node itself)
-    onset: float  # epoch seconds
-    end: float
-    severity: float  # 0..1 as drawn
-    variant: str
-    params: dict[str, float] = field(default_factory=dict)
-    detectable: str = ""  # non-empty: why no catalogued signal can show it on this host type
-
-    def to_dict(self) -> dict:
-        return {"pathology": self.pathology, "nodes": self.nodes, "entity": self.entity, "onset": self.onset,
-                "end": self.end, "severity": round(self.severity, 4), "variant": self.variant,
-                "params": self.params, "detectable": self.detectable}
-
-
-@dataclass
-class RepTraffic:
-    """Per replica and interval: how faults bend its collective traffic (neutral = healthy)."""
-
-    delay: dict[int, float] = field(default_factory=dict)  # node → seconds its bursts start late
-    delay_jitter: dict[int, float] = field(default_factory=dict)  # node → extra random lateness (s)
-    bytes_mult: dict[int, float] = field(default_factory=dict)  # node → bytes of its share
-    skip: dict[int, float] = field(default_factory=dict)  # node → share of steps it sends nothing
-    stage_weight: dict[int, float] = field(default_factory=dict)  # pp stage → compute weight
-    kv_mult: float = 1.0  # KV transfer size multiplier (disaggregated)
-    kv_rate: dict[int, float] = field(default_factory=dict)  # node → share of link rate KV transfers get
-
-
-@dataclass
-class NodeTraffic:
-    """Per node and interval: per-port effects on its RDMA flows."""
-
-    stall: dict[int, float] = field(default_factory=dict)  # port → share of that port's flows stalled
-    rate: dict[int, float] = field(default_factory=dict)  # port → share of line rate available
-    rtx: dict[int, float] = field(default_factory=dict)  # port → retransmitted packets per second
-    ecn: dict[int, float] = field(default_factory=dict)  # port → CE-marked packets per second
 
 
 class Simulation:
     """Iterate to get ``(t, node, SampleBatch)`` in time order; ``truth`` holds the faults."""
 
     def __init__(self, scenario: Scenario, seed: int = 0, only: set[str] | None = None) -> None:
-        from .faults import make_injectors
-
         self.scenario = scenario
         self.seed = int(seed)
         self.only = frozenset(only) if only is not None else None
@@ -389,9 +347,6 @@ def _cat(prev, new):
 def simulate(scenario: Scenario | str, seed: int = 0) -> Simulation:
     """Run ``scenario`` (a :class:`Scenario` or a path/name) with ``seed``: iterate the result
     for ``(t, node, SampleBatch)``; ``.truth`` lists the injected faults."""
-    from .scenario import load_scenario, SCENARIO_DIR
-    from pathlib import Path
-
     if isinstance(scenario, str):
         p = Path(scenario)
         if not p.exists():

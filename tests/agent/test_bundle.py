@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from skewd.agent import bundle as B
+from skewd.agent import bundle
 from skewd.model import SampleBatch
 
 T0 = 1_700_000_000.0  # invented
@@ -20,14 +20,14 @@ def batch(i: int, n: int = 5, node: str = "n1") -> SampleBatch:
                                    float(i * 10 + k)) for k in range(n)])
 
 
-def write_segment(path: Path, chunks: list[list[SampleBatch]], ticks_per_chunk: int = 1) -> B.SegmentWriter:
-    w = B.SegmentWriter(path, {"nodes": ["n1"], "cluster": "c"})
+def write_segment(path: Path, chunks: list[list[SampleBatch]], ticks_per_chunk: int = 1) -> bundle.SegmentWriter:
+    w = bundle.SegmentWriter(path, {"nodes": ["n1"], "cluster": "c"})
     done = 0
     for k, bs in enumerate(chunks):
         w.write_samples(bs)
         done += len(bs)
         w.write_ticks([(T0 + k, done, 0)])
-        w.write_lines(B.FINDINGS, [json.dumps({"k": k})], [T0 + k])
+        w.write_lines(bundle.FINDINGS, [json.dumps({"k": k})], [T0 + k])
     w.close()
     return w
 
@@ -38,7 +38,7 @@ def test_round_trip_keeps_values_names_nan_and_batch_boundaries(tmp_path: Path) 
                                    (T0 + 0.5, "nöde-β", "udp 10.0.0.1:5000>10.0.0.2:4791", "pkt_x", 1e300)])
     chunks = [[batch(0), batch(1)], [weird], [batch(2, node="n2"), batch(3)]]
     write_segment(tmp_path / "s", chunks)
-    seg = B.Segment(tmp_path / "s")
+    seg = bundle.Segment(tmp_path / "s")
     assert seg.verify() == []
     flat = [b for c in chunks for b in c]
     got = list(seg.iter_batches())
@@ -59,29 +59,29 @@ def test_round_trip_property(tmp_path_factory: pytest.TempPathFactory, rows: lis
     (collectors stamp tick times, and SampleBatch equality compares times exactly)."""
     d = tmp_path_factory.mktemp("p") / "s"
     batches = [SampleBatch.from_rows(r) for r in rows]
-    w = B.SegmentWriter(d, {})
+    w = bundle.SegmentWriter(d, {})
     w.write_samples(batches[:2])
     w.write_samples(batches[2:])
     w.close()
-    seg = B.Segment(d)
+    seg = bundle.Segment(d)
     assert seg.verify() == []
     assert [b for _, b in seg.iter_batches()] == batches
 
 
 def _chunk(seg_path: Path, file: str, k: int) -> dict:
-    entries = [json.loads(x) for x in (seg_path / B.INDEX).read_text().splitlines()]
+    entries = [json.loads(x) for x in (seg_path / bundle.INDEX).read_text().splitlines()]
     return [e for e in entries if e["file"] == file][k]
 
 
 def test_truncated_samples_stop_at_the_last_intact_chunk(tmp_path: Path) -> None:
     chunks = [[batch(i)] for i in range(6)]
     write_segment(tmp_path / "s", chunks)
-    c3 = _chunk(tmp_path / "s", B.SAMPLES, 3)
-    p = tmp_path / "s" / B.SAMPLES
+    c3 = _chunk(tmp_path / "s", bundle.SAMPLES, 3)
+    p = tmp_path / "s" / bundle.SAMPLES
     with open(p, "r+b") as f:
         f.truncate(c3["offset"] + c3["length"] // 2)
-    seg = B.Segment(tmp_path / "s")
-    (dmg,) = [d for d in seg.verify() if d.path.endswith(B.SAMPLES)]
+    seg = bundle.Segment(tmp_path / "s")
+    (dmg,) = [d for d in seg.verify() if d.path.endswith(bundle.SAMPLES)]
     assert dmg.offset == c3["offset"] and "truncated" in dmg.message and "chunk 3" in dmg.message
     assert str(dmg).startswith(f"{p}: byte offset {c3['offset']}:")
     assert [b for _, b in seg.iter_batches()] == [c[0] for c in chunks[:3]]
@@ -93,13 +93,13 @@ def test_truncated_samples_stop_at_the_last_intact_chunk(tmp_path: Path) -> None
 def test_bit_flip_is_caught_by_the_crc(tmp_path: Path) -> None:
     chunks = [[batch(i)] for i in range(6)]
     write_segment(tmp_path / "s", chunks)
-    c4 = _chunk(tmp_path / "s", B.SAMPLES, 4)
-    p = tmp_path / "s" / B.SAMPLES
+    c4 = _chunk(tmp_path / "s", bundle.SAMPLES, 4)
+    p = tmp_path / "s" / bundle.SAMPLES
     data = bytearray(p.read_bytes())
     pos = c4["offset"] + c4["length"] - 20  # inside the float data of the 5th batch
     data[pos] ^= 0x10
     p.write_bytes(bytes(data))
-    seg = B.Segment(tmp_path / "s")
+    seg = bundle.Segment(tmp_path / "s")
     (dmg,) = seg.verify()
     assert dmg.path == str(p) and dmg.offset == c4["offset"]
     assert "CRC32 mismatch in chunk 4" in dmg.message
@@ -108,45 +108,45 @@ def test_bit_flip_is_caught_by_the_crc(tmp_path: Path) -> None:
 
 def test_bit_flip_in_json_lines_and_ticks(tmp_path: Path) -> None:
     write_segment(tmp_path / "s", [[batch(i)] for i in range(4)])
-    for name in (B.FINDINGS, B.TICKS):
+    for name in (bundle.FINDINGS, bundle.TICKS):
         c = _chunk(tmp_path / "s", name, 2)
         p = tmp_path / "s" / name
         data = bytearray(p.read_bytes())
         data[c["offset"] + c["length"] - 3] ^= 0x01
         p.write_bytes(bytes(data))
-    seg = B.Segment(tmp_path / "s")
+    seg = bundle.Segment(tmp_path / "s")
     bad = {Path(d.path).name: d for d in seg.verify()}
-    assert set(bad) == {B.FINDINGS, B.TICKS}
+    assert set(bad) == {bundle.FINDINGS, bundle.TICKS}
     assert seg.findings() == [{"k": 0}, {"k": 1}]
     assert seg.ticks()[0].tolist() == [T0, T0 + 1]
-    assert seg.readable_until(B.FINDINGS) == T0 + 2
+    assert seg.readable_until(bundle.FINDINGS) == T0 + 2
 
 
 def test_damaged_index_line_and_unindexed_tail(tmp_path: Path) -> None:
     write_segment(tmp_path / "s", [[batch(i)] for i in range(4)])
-    idx = tmp_path / "s" / B.INDEX
+    idx = tmp_path / "s" / bundle.INDEX
     lines = idx.read_text().splitlines(keepends=True)
     # flip a digit inside the 3rd line: the line's own CRC catches it
     bad = lines[2].replace('"length":', '"length":1', 1)
     idx.write_text("".join(lines[:2]) + bad + "".join(lines[3:]))
-    seg = B.Segment(tmp_path / "s")
+    seg = bundle.Segment(tmp_path / "s")
     damage = seg.verify()
     offset = sum(len(x.encode()) for x in lines[:2])
     assert any(d.path == str(idx) and d.offset == offset and "line CRC32" in d.message for d in damage)
     # whatever the two good entries cover still reads; the rest of each file is reported
-    assert any(d.path.endswith(B.SAMPLES) and "trailing bytes" in d.message for d in damage)
+    assert any(d.path.endswith(bundle.SAMPLES) and "trailing bytes" in d.message for d in damage)
     assert len(list(seg.iter_batches())) == 1
 
 
 def test_interrupted_recording_reads_up_to_the_last_indexed_chunk(tmp_path: Path) -> None:
     """A crash between a data write and its index line: the tail is reported and ignored."""
-    w = B.SegmentWriter(tmp_path / "s", {})
+    w = bundle.SegmentWriter(tmp_path / "s", {})
     w.write_samples([batch(0)])
     w.write_samples([batch(1)])
-    idx = tmp_path / "s" / B.INDEX
+    idx = tmp_path / "s" / bundle.INDEX
     lines = idx.read_text().splitlines(keepends=True)
     idx.write_text(lines[0] + lines[1][:25])  # the second index line was cut mid-write
-    seg = B.Segment(tmp_path / "s")
+    seg = bundle.Segment(tmp_path / "s")
     damage = seg.verify()
     assert any(d.path == str(idx) and "partial line" in d.message for d in damage)
     assert [b for _, b in seg.iter_batches()] == [batch(0)]
@@ -155,14 +155,14 @@ def test_interrupted_recording_reads_up_to_the_last_indexed_chunk(tmp_path: Path
 
 def test_meta_problems_are_errors_with_position(tmp_path: Path) -> None:
     write_segment(tmp_path / "s", [[batch(0)]])
-    m = tmp_path / "s" / B.META
+    m = tmp_path / "s" / bundle.META
     meta = json.loads(m.read_text())
     m.write_text(json.dumps({**meta, "format_version": 99}))
-    with pytest.raises(B.BundleError, match="format version 99"):
-        B.Segment(tmp_path / "s")
+    with pytest.raises(bundle.BundleError, match="format version 99"):
+        bundle.Segment(tmp_path / "s")
     m.write_text('{"format": "skewd-capture", "nodes": [')
-    with pytest.raises(B.BundleError) as ei:
-        B.Segment(tmp_path / "s")
+    with pytest.raises(bundle.BundleError) as ei:
+        bundle.Segment(tmp_path / "s")
     assert ei.value.path == str(m) and ei.value.offset is not None and "byte offset" in str(ei.value)
 
 
@@ -171,34 +171,34 @@ def test_find_segments_accepts_segment_bundle_or_root(tmp_path: Path) -> None:
         for k in (1, 2):
             write_segment(tmp_path / "root" / node / f"seg-00000{k}", [[batch(k, node=node)]])
     root = tmp_path / "root"
-    assert len(B.find_segments([root])) == 4
-    assert B.find_segments([root / "a"]) == [root / "a" / "seg-000001", root / "a" / "seg-000002"]
-    assert B.find_segments([root / "a" / "seg-000002"]) == [root / "a" / "seg-000002"]
+    assert len(bundle.find_segments([root])) == 4
+    assert bundle.find_segments([root / "a"]) == [root / "a" / "seg-000001", root / "a" / "seg-000002"]
+    assert bundle.find_segments([root / "a" / "seg-000002"]) == [root / "a" / "seg-000002"]
 
 
 def test_empty_directory_has_no_segment(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
-    with pytest.raises(B.BundleError, match="no capture segment"):
-        B.find_segments([tmp_path / "empty"])
-    with pytest.raises(B.BundleError, match="no such file"):
-        B.find_segments([tmp_path / "missing"])
+    with pytest.raises(bundle.BundleError, match="no capture segment"):
+        bundle.find_segments([tmp_path / "empty"])
+    with pytest.raises(bundle.BundleError, match="no such file"):
+        bundle.find_segments([tmp_path / "missing"])
 
 
 def test_stored_rule_file_tampering_is_detected(tmp_path: Path) -> None:
-    w = B.SegmentWriter(tmp_path / "s", {"rules": {"version": "v"}}, [("/etc/skewd/r.yaml", "rules: []\n")])
+    w = bundle.SegmentWriter(tmp_path / "s", {"rules": {"version": "v"}}, [("/etc/skewd/r.yaml", "rules: []\n")])
     w.close()
-    seg = B.Segment(tmp_path / "s")
+    seg = bundle.Segment(tmp_path / "s")
     (p,) = seg.rule_files()
     assert p.read_text() == "rules: []\n" and seg.meta["rules"]["files"][0]["path"] == "/etc/skewd/r.yaml"
     p.write_text("rules: [x]\n")
-    with pytest.raises(B.BundleError, match="sha256"):
-        B.Segment(tmp_path / "s").rule_files()
+    with pytest.raises(bundle.BundleError, match="sha256"):
+        bundle.Segment(tmp_path / "s").rule_files()
 
 
 def test_pcapng_blocks_are_well_formed() -> None:
-    shb = B.pcapng_section_header()
+    shb = bundle.pcapng_section_header()
     assert shb[:4] == b"\x0a\x0d\x0d\x0a" and len(shb) % 4 == 0
-    epb = B.pcapng_packet(0, 1_500_000_000, b"abc")
+    epb = bundle.pcapng_packet(0, 1_500_000_000, b"abc")
     assert len(epb) % 4 == 0 and int.from_bytes(epb[4:8], "little") == len(epb)
     ns = (int.from_bytes(epb[12:16], "little") << 32) | int.from_bytes(epb[16:20], "little")
     assert ns == 1_500_000_000

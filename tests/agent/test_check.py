@@ -35,7 +35,7 @@ def test_check_exits_2_on_a_collector_setting_an_operator_must_fix(tmp_path, cap
     cfg = _agent_yaml(tmp_path, "collectors:\n  vllm:\n    endpoints: [127.0.0.1:8000/metrics]\n")
     assert skewd_main(["agent", "--check", "--config", cfg]) == 2
     err = capsys.readouterr().err
-    assert "invalid config" in err and f"{cfg}:2:" in err and "collectors.vllm.endpoints[0]" in err
+    assert "invalid config" in err and f"{cfg}:3:5:" in err and "collectors.vllm.endpoints[0]" in err  # at the key
 
 
 def test_check_exits_3_when_a_required_collector_is_not_active(tmp_path, capsys):

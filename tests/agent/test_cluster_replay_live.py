@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from skewd.agent import replay as R
+from skewd.agent import replay
 from skewd.agent.config import load_config
 from skewd.agent.runner import Agent
 from skewd.agent.scheduler import build_slots, collector_config_keys
@@ -169,7 +169,7 @@ async def _live_run(tmp: Path, url: str, rules: Path, ctl_yaml: Path) -> tuple[l
 
 def _replay(*args) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
-    rc = R.main([str(a) for a in args], out=out, err=err)
+    rc = replay.main([str(a) for a in args], out=out, err=err)
     return rc, out.getvalue(), err.getvalue()
 
 
@@ -196,10 +196,10 @@ def test_a_recorded_live_fault_replays_to_the_incidents_and_suggestions_the_cont
     assert runs[0][0] == 0, runs[0][2]
     assert runs[0][1] == runs[1][1], "two replays of the same bundles differ"
     lines = [json.loads(x) for x in runs[0][1].splitlines()]
-    from skewd.controller import messages as M
+    from skewd.controller import messages
 
-    rep_incs = [M.incident_from_dict(d) for d in lines if d.get("kind") == "incident"]
-    rep_sugs = [M.suggestion_from_dict(d) for d in lines if d.get("kind") == "remap"]
+    rep_incs = [messages.incident_from_dict(d) for d in lines if d.get("kind") == "incident"]
+    rep_sugs = [messages.suggestion_from_dict(d) for d in lines if d.get("kind") == "remap"]
     replayed = _incident_view(rep_incs)
 
     # the same incidents (ids derive from the recorded findings), telling the same story
@@ -221,11 +221,11 @@ def test_a_recorded_live_fault_replays_to_the_incidents_and_suggestions_the_cont
         assert abs(got["created_at"] - want["created_at"]) <= 2.0
 
     # the agents' findings replay to what they raised live (the recorded findings.jsonl)
-    from skewd.agent import bundle as B
+    from skewd.agent import bundle
 
     for node in NODES:
-        recorded = [json.loads(x) for seg in B.segment_dirs(capture / node)
-                    for x in (seg / B.FINDINGS).read_text().splitlines()]
+        recorded = [json.loads(x) for seg in bundle.segment_dirs(capture / node)
+                    for x in (seg / bundle.FINDINGS).read_text().splitlines()]
         mine = [d for d in lines if "kind" not in d and d["node"] == node and d["scope"] not in ("tp_group", "cluster")]
         assert [(d["rule_id"], d["state"], d["evaluated_at"]) for d in mine] == \
             [(d["rule_id"], d["state"], d["evaluated_at"]) for d in recorded]

@@ -71,7 +71,7 @@ async def test_publisher_names_each_new_connection(monitored, tmp_path: Path) ->
         pub.add_connect_listener(late.append)
         assert late == [seen[1]]
     finally:
-        await pub.close()
+        await pub.stop()
 
 
 @pytest.mark.root

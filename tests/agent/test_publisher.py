@@ -86,7 +86,7 @@ async def test_findings_arrive_in_order_with_headers_and_decode_equal(nats_serve
             pub.publish_finding(f)
         assert await pub.wait_drained(15), f"spool not drained: {pub.metrics()}"
     finally:
-        await pub.close()
+        await pub.stop()
     msgs = await _pull_all(nats_server.url, cluster, "order", len(sent))
     assert [m.headers[wire.HDR_MSG_ID] for m in msgs] == [f.event_id for f in sent]
     for m, f in zip(msgs, sent):
@@ -105,7 +105,7 @@ async def test_streams_are_created_as_specified_and_ensure_is_idempotent(nats_se
         pub.publish_finding(_finding(_cluster("streams"), 0))
         assert await pub.wait_drained(10)
     finally:
-        await pub.close()
+        await pub.stop()
     nc = await nats.connect(nats_server.url)
     try:
         js = nc.jetstream(timeout=20)
@@ -128,7 +128,7 @@ async def test_streams_are_created_as_specified_and_ensure_is_idempotent(nats_se
             pub.publish_finding(_finding(_cluster("streams"), 1))
             assert await pub.wait_drained(10)
         finally:
-            await pub.close()
+            await pub.stop()
         assert (await js.stream_info("SKEWD_FINDINGS")).config.max_age == pytest.approx(14 * 86400.0)
         await ensure_streams(js, [wire.FINDINGS_STREAM])  # back to the default for the other tests
     finally:
@@ -148,7 +148,7 @@ async def test_a_resent_finding_is_stored_once(nats_server, spool) -> None:
         pub.publish_finding(_finding(cluster, 2))
         assert await pub.wait_drained(10)
     finally:
-        await pub.close()
+        await pub.stop()
     msgs = await _pull_all(nats_server.url, cluster, "dedup", 2)
     assert [m.headers[wire.HDR_MSG_ID] for m in msgs] == [f.event_id, _finding(cluster, 2).event_id]
     assert pub.stats.published == 3 and pub.stats.duplicates == 1
@@ -164,7 +164,7 @@ async def test_an_oversized_finding_is_rejected_without_blocking_the_queue(nats_
         pub.publish_finding(_finding(cluster, 1))
         assert await pub.wait_drained(10)
     finally:
-        await pub.close()
+        await pub.stop()
     msgs = await _pull_all(nats_server.url, cluster, "big", 1)
     assert [m.headers[wire.HDR_MSG_ID] for m in msgs] == [_finding(cluster, 1).event_id]
     assert pub.stats.rejected == 1 and pub.drops()["rejected"] == 1
@@ -195,7 +195,7 @@ async def test_summary_and_health_go_best_effort_over_core_nats(nats_server, spo
         assert spool.depth == 0  # never spooled
         assert pub.stats.best_effort_published == 2
     finally:
-        await pub.close()
+        await pub.stop()
         await nc.close()
 
 
@@ -224,7 +224,7 @@ async def test_spool_bound_while_nats_is_down(nats_server_factory, tmp_path: Pat
         await asyncio.wait_for(pub.wait_connected(10), 15)
         assert await pub.wait_drained(15)
     finally:
-        await pub.close()
+        await pub.stop()
         sp.close()
     msgs = await _pull_all(srv.url, cluster, "bound", 10)
     assert [m.headers[wire.HDR_MSG_ID] for m in msgs] == [f.event_id for f in sent[15:]]
@@ -238,7 +238,7 @@ async def test_spooled_findings_survive_an_agent_restart(nats_server_factory, tm
     pub = await _started(srv.url, sp)
     for f in sent:
         pub.publish_finding(f)
-    await pub.close()  # the agent stops while NATS is still down
+    await pub.stop()  # the agent stops while NATS is still down
     sp.close()
     srv.start()
     sp2 = Spool(tmp_path / "spool")
@@ -248,7 +248,7 @@ async def test_spooled_findings_survive_an_agent_restart(nats_server_factory, tm
         await asyncio.wait_for(pub2.wait_connected(10), 15)
         assert await pub2.wait_drained(10)
     finally:
-        await pub2.close()
+        await pub2.stop()
         sp2.close()
     msgs = await _pull_all(srv.url, cluster, "restart", 7)
     assert [m.headers[wire.HDR_MSG_ID] for m in msgs] == [f.event_id for f in sent]
@@ -262,7 +262,7 @@ async def test_publish_finding_from_another_thread_wakes_the_drain(nats_server, 
         await asyncio.to_thread(pub.publish_finding, _finding(cluster, 0))
         assert await pub.wait_drained(5)
     finally:
-        await pub.close()
+        await pub.stop()
     assert len(await _pull_all(nats_server.url, cluster, "thread", 1)) == 1
 
 
@@ -272,7 +272,7 @@ async def test_metrics_expose_the_counters_the_agent_needs(nats_server, spool) -
         await asyncio.wait_for(pub.wait_connected(5), 10)
         m = pub.metrics()
     finally:
-        await pub.close()
+        await pub.stop()
     for key in ("published", "publish_errors", "duplicates", "rejected", "reconnects", "spool_depth",
                 "spool_bytes", "spool_dropped", "best_effort_dropped", "connected"):
         assert key in m and isinstance(m[key], float)

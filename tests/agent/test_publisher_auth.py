@@ -76,7 +76,7 @@ async def test_publisher_with_wrong_credentials_reports_and_keeps_spooling(userp
             assert sp.depth == 1 and pub.stats.auth_errors >= 1 and not pub.stats.connected
             assert "refused our credentials" in pub.stats.last_error
         finally:
-            await pub.close()
+            await pub.stop()
     with Spool(tmp_path / "good") as sp:  # the right password: JetStream works under this auth too
         pub = Publisher(NatsConfig(servers=(userpass_server.url,), user=USER, password=PASSWORD), sp, cluster="auth")
         await pub.start()
@@ -85,7 +85,7 @@ async def test_publisher_with_wrong_credentials_reports_and_keeps_spooling(userp
             await asyncio.wait_for(pub.wait_connected(10), 15)
             assert await pub.wait_drained(10) and pub.stats.published == 1
         finally:
-            await pub.close()
+            await pub.stop()
 
 
 async def test_a_user_denied_publish_on_findings_is_told_what_to_grant(nats_server_factory, tmp_path: Path) -> None:
@@ -109,7 +109,7 @@ async def test_a_user_denied_publish_on_findings_is_told_what_to_grant(nats_serv
             assert "skewd nats-auth" in pub.stats.last_error and "skewd.v1.finding.perm.n1" in pub.stats.last_error
             assert sp.depth == 1 and pub.stats.published == 0  # kept, in order, until an operator fixes it
         finally:
-            await pub.close()
+            await pub.stop()
 
 
 # ---- token ----------------------------------------------------------------------------------
@@ -251,7 +251,7 @@ async def test_publisher_surfaces_config_errors_from_wait_connected(tmp_path: Pa
             with pytest.raises(NatsConfigError, match="tls_ca_file"):
                 await asyncio.wait_for(pub.wait_connected(5), 10)
         finally:
-            await pub.close()
+            await pub.stop()
 
 
 def test_urls_are_redacted_in_messages() -> None:

@@ -71,7 +71,7 @@ async def test_findings_survive_a_server_crash_exactly_once_and_in_order(nats_se
         assert await pub.wait_drained(30), f"spool not drained after the outage: {pub.metrics()}"
     finally:
         producer.cancel()
-        await pub.close()
+        await pub.stop()
         sp.close()
 
     expected = (BEFORE + OUTAGE + AFTER) * RATE

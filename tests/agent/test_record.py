@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from skewd.agent import bundle as B
+from skewd.agent import bundle as bundle_mod
 from skewd.agent import summary as summary_mod
 from skewd.agent.pipeline import Pipeline
 from skewd.agent.record import Recorder, parse_size
@@ -122,7 +122,7 @@ def run_live(bundle: Path, rules: list[Path], *, node: str = "n1", ticks: int = 
             on_tick(i, pipe, rec)
         findings += pipe.evaluate(t)
         rec.on_summary(summary_mod.make_summary(pipe.store, node, "c1", t, 1.0))
-    rec.close()
+    rec.stop()
     return LiveRun(findings, batches, bundle, rec, pipe)
 
 
@@ -137,9 +137,9 @@ def rules_file(tmp_path: Path) -> Path:
 def test_live_run_writes_a_bundle_with_everything_the_agent_saw(tmp_path: Path, rules_file: Path) -> None:
     run = run_live(tmp_path / "cap", [rules_file])
     assert [f.state.value for f in run.findings] == ["pending", "firing", "resolved"]
-    segs = B.segment_dirs(tmp_path / "cap")
+    segs = bundle_mod.segment_dirs(tmp_path / "cap")
     assert [s.name for s in segs] == ["seg-000001"]
-    seg = B.Segment(segs[0])
+    seg = bundle_mod.Segment(segs[0])
     assert seg.verify() == []
     # samples: identical to what was ingested, in order, with batch boundaries kept
     assert seg.samples() == SampleBatch.concat(run.batches)
@@ -174,7 +174,7 @@ def test_bundle_reads_without_skewd(tmp_path: Path, rules_file: Path) -> None:
     import zlib
 
     run = run_live(tmp_path / "cap", [rules_file], ticks=10)
-    seg = B.segment_dirs(tmp_path / "cap")[0]
+    seg = bundle_mod.segment_dirs(tmp_path / "cap")[0]
     table = pa.ipc.open_stream(seg / "samples.arrow").read_all()
     assert table.column_names == ["t", "node", "entity", "signal", "value", "batch"]
     assert table.num_rows == sum(len(b) for b in run.batches)
@@ -196,7 +196,7 @@ def test_bundle_reads_without_skewd(tmp_path: Path, rules_file: Path) -> None:
 
 def test_flushes_are_buffered_per_interval_not_per_batch(tmp_path: Path, rules_file: Path) -> None:
     run_live(tmp_path / "cap", [rules_file], ticks=30, flush_interval=5.0)
-    seg = B.Segment(B.segment_dirs(tmp_path / "cap")[0])
+    seg = bundle_mod.Segment(bundle_mod.segment_dirs(tmp_path / "cap")[0])
     chunks = seg.index()["samples.arrow"]
     # 30 ticks at one flush per 5 s of tick time (+ the final one), never one chunk per batch
     assert 6 <= len([c for c in chunks if "rows" in c.extra]) <= 8
@@ -204,7 +204,7 @@ def test_flushes_are_buffered_per_interval_not_per_batch(tmp_path: Path, rules_f
 
 def test_rotation_keeps_the_newest_segments_within_the_size_bound(tmp_path: Path, rules_file: Path) -> None:
     run = run_live(tmp_path / "cap", [rules_file], ticks=120, max_bytes=60_000, rotate=3)
-    segs = B.segment_dirs(tmp_path / "cap")
+    segs = bundle_mod.segment_dirs(tmp_path / "cap")
     assert len(segs) == 3
     numbers = [int(s.name[4:]) for s in segs]
     assert numbers == sorted(numbers) and numbers[0] > 1  # older ones were removed
@@ -213,14 +213,14 @@ def test_rotation_keeps_the_newest_segments_within_the_size_bound(tmp_path: Path
     # each segment closes once past max_bytes/rotate; one flush (~1 s of data) may overshoot
     assert total < 60_000 * 1.5
     # the newest segment holds the end of the run and every segment is intact
-    last = B.Segment(segs[-1])
+    last = bundle_mod.Segment(segs[-1])
     assert last.ticks()[0][-1] == T0 + 119
-    assert all(B.Segment(s).verify() == [] for s in segs)
+    assert all(bundle_mod.Segment(s).verify() == [] for s in segs)
 
 
 def test_rotation_by_duration(tmp_path: Path, rules_file: Path) -> None:
     run_live(tmp_path / "cap", [rules_file], ticks=60, max_duration=30.0, rotate=3)
-    segs = [B.Segment(s) for s in B.segment_dirs(tmp_path / "cap")]
+    segs = [bundle_mod.Segment(s) for s in bundle_mod.segment_dirs(tmp_path / "cap")]
     assert len(segs) == 3
     spans = [float(s.ticks()[0][-1] - s.ticks()[0][0]) for s in segs]
     assert all(sp <= 11.0 for sp in spans), spans  # 30 s / 3 segments, closed on a tick boundary
@@ -232,8 +232,8 @@ def test_rotation_by_duration(tmp_path: Path, rules_file: Path) -> None:
 def test_rotate_zero_stops_at_the_size_limit(tmp_path: Path, rules_file: Path) -> None:
     run = run_live(tmp_path / "cap", [rules_file], ticks=100, max_bytes=20_000, rotate=0)
     assert run.recorder.full
-    (seg,) = B.segment_dirs(tmp_path / "cap")
-    s = B.Segment(seg)
+    (seg,) = bundle_mod.segment_dirs(tmp_path / "cap")
+    s = bundle_mod.Segment(seg)
     assert s.verify() == [] and s.meta["complete"]
     t = s.ticks()[0]
     assert 0 < len(t) < 100 and t[0] == T0
@@ -248,7 +248,7 @@ def test_a_writer_that_cannot_keep_up_drops_data_instead_of_blocking(tmp_path: P
     rec = run.recorder
     assert rec.dropped_rows > 0 and rec.errors >= 1 and "cannot keep up" in rec.last_error
     # what was written stays consistent: every segment verifies and the bundle replays
-    segs = [B.Segment(s) for s in B.segment_dirs(tmp_path / "cap")]
+    segs = [bundle_mod.Segment(s) for s in bundle_mod.segment_dirs(tmp_path / "cap")]
     assert len(segs) >= 2 and all(s.verify() == [] for s in segs)
     assert segs[0].ticks()[0][-1] >= T0 + 9  # everything before the stall was kept
     assert len(segs) == 2  # dropped backlogs did not leave a segment behind each
@@ -269,7 +269,7 @@ def test_new_rules_start_a_new_segment_that_names_them(tmp_path: Path) -> None:
             rec.set_rules(rs_b)
 
     run_live(tmp_path / "cap", [a], on_tick=reload)
-    segs = [B.Segment(s) for s in B.segment_dirs(tmp_path / "cap")]
+    segs = [bundle_mod.Segment(s) for s in bundle_mod.segment_dirs(tmp_path / "cap")]
     assert len(segs) == 2
     assert segs[1].meta["rules"]["version"] == rs_b.version != segs[0].meta["rules"]["version"]
     assert segs[1].rule_files()[0].read_text() == b.read_text()
@@ -291,13 +291,13 @@ def test_packets_are_written_as_pcapng_scapy_reads(tmp_path: Path) -> None:
     rec.on_tick(T0, [])
     rec.on_packets([(T0 + 1.5, frames[0][:14 + 20], len(frames[0]))])  # a truncated header capture
     rec.on_tick(T0 + 2, [])
-    rec.close()
-    seg = B.segment_dirs(tmp_path / "cap")[0]
+    rec.stop()
+    seg = bundle_mod.segment_dirs(tmp_path / "cap")[0]
     pkts = rdpcap(str(seg / "packets.pcapng"))
     assert [bytes(p) for p in pkts] == frames + [frames[0][:34]]
     assert [float(p.time) for p in pkts][:2] == pytest.approx([T0, T0 + 0.001], abs=1e-6)
     assert pkts[1][UDP].sport == 5001
-    s = B.Segment(seg)
+    s = bundle_mod.Segment(seg)
     assert s.verify() == [] and s.meta["counts"]["packets"] == 6
 
 
@@ -314,8 +314,8 @@ def test_frames_keep_nanosecond_timestamps(tmp_path: Path) -> None:
     rec = Recorder(tmp_path / "cap", node="n1", threaded=False)
     rec.on_frames(frames)
     rec.on_tick(T0, [])
-    rec.close()
-    raw = (B.segment_dirs(tmp_path / "cap")[0] / "packets.pcapng").read_bytes()
+    rec.stop()
+    raw = (bundle_mod.segment_dirs(tmp_path / "cap")[0] / "packets.pcapng").read_bytes()
     got, linktypes, pos = [], [], 0
     while pos < len(raw):
         btype, blen = struct.unpack_from("<II", raw, pos)
@@ -335,8 +335,8 @@ def test_capture_files_are_copied_with_crcs(tmp_path: Path) -> None:
     rec = Recorder(tmp_path / "cap", node="n1", threaded=False)
     rec.add_capture_file(src)
     rec.on_tick(T0, [])
-    rec.close()
-    seg = B.Segment(B.segment_dirs(tmp_path / "cap")[0])
+    rec.stop()
+    seg = bundle_mod.Segment(bundle_mod.segment_dirs(tmp_path / "cap")[0])
     assert seg.meta["captures"] == ["captures/pkt.pcapng"]
     assert (seg.path / "captures/pkt.pcapng").read_bytes() == src.read_bytes()
     assert len(seg.index()["captures/pkt.pcapng"]) == 3 and seg.verify() == []
@@ -355,7 +355,7 @@ def test_for_agent_uses_the_agent_config(tmp_path: Path, rules_file: Path) -> No
         assert rec.seg_bytes == 2048 * 1024 and rec.seg_duration == 300.0
         assert rec.node_labels == {"gpu-node-7": {"cluster": "prod", "tp_group": "tp3"}}
     finally:
-        rec.close()
+        rec.stop()
 
 
 def test_parse_size() -> None:
@@ -384,8 +384,8 @@ def test_skewd_record_on_this_host(tmp_path: Path, rules_file: Path) -> None:
     out = tmp_path / "bundle"
     rc = main(["--out", str(out), "--duration", "3s", "--config", str(cfg), "--quiet"])
     assert rc == 0
-    (seg_dir,) = B.segment_dirs(out)
-    seg = B.Segment(seg_dir)
+    (seg_dir,) = bundle_mod.segment_dirs(out)
+    seg = bundle_mod.Segment(seg_dir)
     assert seg.verify() == []
     assert seg.meta["nodes"] == ["rectest"] and seg.meta["complete"]
     samples = seg.samples()

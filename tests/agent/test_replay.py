@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from skewd.agent import bundle as B
-from skewd.agent import replay as R
+from skewd.agent import bundle as bundle_mod
+from skewd.agent import replay
 from skewd.model import Scope, State
 
 from .test_record import T0, catalogue, run_live, write_rules
@@ -20,7 +20,7 @@ from .test_record import T0, catalogue, run_live, write_rules
 
 def cli(*args: str) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
-    rc = R.main([str(a) for a in args], out=out, err=err)
+    rc = replay.main([str(a) for a in args], out=out, err=err)
     return rc, out.getvalue(), err.getvalue()
 
 
@@ -38,10 +38,10 @@ def test_replay_gives_the_findings_the_live_agent_raised(live) -> None:
     assert [f.state for f in live.findings] == [State.PENDING, State.FIRING, State.RESOLVED]
     rc, out, err = cli(live.bundle, "--json")
     assert rc == 0, err
-    assert out.splitlines() == [R.finding_json(f) for f in live.findings]
+    assert out.splitlines() == [replay.finding_json(f) for f in live.findings]
     # and through the API, field for field
-    segs, dmg = R.open_segments([live.bundle])
-    res = R.Replayer(segs, catalogue()).run()
+    segs, dmg = replay.open_segments([live.bundle])
+    res = replay.Replayer(segs, catalogue()).run()
     assert [f.to_dict() for f in res.findings] == [f.to_dict() for f in live.findings]
     assert res.evaluations == 40 and res.damage == [] and res.nodes == ["n1"]
 
@@ -60,30 +60,30 @@ def test_replay_output_is_byte_identical_across_runs(live, tmp_path: Path) -> No
 
 
 def _tick_batches(bundle: Path) -> np.ndarray:
-    seg = B.Segment(B.segment_dirs(bundle)[0])
+    seg = bundle_mod.Segment(bundle_mod.segment_dirs(bundle)[0])
     return seg.ticks()[1]
 
 
 def _sample_chunk_for_tick(bundle: Path, tick: int) -> dict:
-    seg_dir = B.segment_dirs(bundle)[0]
+    seg_dir = bundle_mod.segment_dirs(bundle)[0]
     nb = _tick_batches(bundle)
-    entries = [json.loads(x) for x in (seg_dir / B.INDEX).read_text().splitlines()]
-    samples = [e for e in entries if e["file"] == B.SAMPLES and "batches" in e]
+    entries = [json.loads(x) for x in (seg_dir / bundle_mod.INDEX).read_text().splitlines()]
+    samples = [e for e in entries if e["file"] == bundle_mod.SAMPLES and "batches" in e]
     return next(e for e in samples if e["batches"][1] >= nb[tick])
 
 
 def _expected_before(live, bundle: Path, first_lost_batch: int) -> list[str]:
     nb = _tick_batches(bundle)
-    return [R.finding_json(f) for f in live.findings if nb[int(f.evaluated_at - T0)] <= first_lost_batch]
+    return [replay.finding_json(f) for f in live.findings if nb[int(f.evaluated_at - T0)] <= first_lost_batch]
 
 
 def test_truncated_bundle_replays_what_precedes_the_cut(live) -> None:
     chunk = _sample_chunk_for_tick(live.bundle, 20)
-    p = B.segment_dirs(live.bundle)[0] / B.SAMPLES
+    p = bundle_mod.segment_dirs(live.bundle)[0] / bundle_mod.SAMPLES
     with open(p, "r+b") as f:
         f.truncate(chunk["offset"] + 7)
     rc, out, err = cli(live.bundle, "--json")
-    assert rc == R.EXIT_DAMAGED
+    assert rc == replay.EXIT_DAMAGED
     assert f"{p}: byte offset {chunk['offset']}: truncated" in err
     assert "everything before the damage was replayed" in err
     expected = _expected_before(live, live.bundle, chunk["batches"][0])
@@ -93,12 +93,12 @@ def test_truncated_bundle_replays_what_precedes_the_cut(live) -> None:
 
 def test_bit_flipped_bundle_names_file_and_offset(live) -> None:
     chunk = _sample_chunk_for_tick(live.bundle, 22)
-    p = B.segment_dirs(live.bundle)[0] / B.SAMPLES
+    p = bundle_mod.segment_dirs(live.bundle)[0] / bundle_mod.SAMPLES
     data = bytearray(p.read_bytes())
     data[chunk["offset"] + chunk["length"] // 2] ^= 0x04
     p.write_bytes(bytes(data))
     rc, out, err = cli(live.bundle, "--json")
-    assert rc == R.EXIT_DAMAGED
+    assert rc == replay.EXIT_DAMAGED
     assert f"{p}: byte offset {chunk['offset']}: CRC32 mismatch" in err
     assert out.splitlines() == _expected_before(live, live.bundle, chunk["batches"][0])
     assert len(out.splitlines()) == 2
@@ -109,14 +109,14 @@ def test_diff_shows_a_changed_thresholds_effect(live, tmp_path: Path) -> None:
     lower = write_rules(tmp_path / "lower.yaml", limit=50_000)
     higher = write_rules(tmp_path / "higher.yaml", limit=400_000)
     rc, out, err = cli("--diff", a, lower, live.bundle)
-    assert rc == R.EXIT_DIFF, err
+    assert rc == replay.EXIT_DIFF, err
     lines = out.splitlines()
     # the backlog passes 50 kB at tick 10 instead of 100 kB at tick 13: fires 3 s earlier
     assert lines[0].startswith("~ timing      NS5-BACKLOG n1/eth0  fired 2023-11-14T22:13:35.000Z → "
                                "2023-11-14T22:13:32.000Z (3.000s earlier)")
     assert lines[-1].endswith("0 appear, 0 disappear, 1 change timing (1 vs 1 fired occurrences)")
     rc, out, _ = cli("--diff", a, higher, live.bundle)
-    assert rc == R.EXIT_DIFF
+    assert rc == replay.EXIT_DIFF
     assert out.splitlines()[0].startswith("- disappears  NS5-BACKLOG n1/eth0  fired 2023-11-14T22:13:35.000Z")
     rc, out, _ = cli("--diff", higher, a, live.bundle, "--json")
     (entry,) = [json.loads(x) for x in out.splitlines()]
@@ -134,14 +134,14 @@ def test_diff_at_incident_level_says_what_the_on_call_engineer_would_have_seen(l
     lower = write_rules(tmp_path / "lower.yaml", limit=50_000)
     higher = write_rules(tmp_path / "higher.yaml", limit=400_000)
     rc, out, err = cli("--diff", a, lower, live.bundle, "--controller-config", ctl)
-    assert rc == R.EXIT_DIFF, err
+    assert rc == replay.EXIT_DIFF, err
     first = out.splitlines()[0]
     assert re.match(r"~ incident \w+ NS-5 on n1/eth0 \(opened 2023-11-14T22:13:35.000Z\): would have opened "
                     r"3.000s earlier \(2023-11-14T22:13:35.000Z → 2023-11-14T22:13:32.000Z\); been published "
                     r"3.000s earlier", first), first
     assert "incidents 0 new, 0 gone, 1 changed (1 vs 1 published)" in out.splitlines()[-1]
     rc, out, _ = cli("--diff", a, higher, live.bundle, "--controller-config", ctl)
-    assert rc == R.EXIT_DIFF
+    assert rc == replay.EXIT_DIFF
     assert re.match(r"- incident \w+ NS-5 on n1/eth0 \(opened 2023-11-14T22:13:35.000Z\): would not have opened "
                     r"at all$", out.splitlines()[0]), out
     rc, out, _ = cli("--diff", higher, a, live.bundle, "--controller-config", ctl, "--json")
@@ -177,7 +177,7 @@ def test_from_to_limit_the_evaluated_range(live) -> None:
     rc, out, _ = cli(live.bundle, "--json", "--to", str(T0 + 13.5))
     assert [json.loads(x)["state"] for x in out.splitlines()] == ["pending"]
     rc, _, err = cli(live.bundle, "--from", "yesterday")
-    assert rc == R.EXIT_USAGE and "bad time" in err
+    assert rc == replay.EXIT_USAGE and "bad time" in err
 
 
 def test_speed_paces_the_replay(tmp_path: Path, rules_file: Path) -> None:
@@ -194,7 +194,7 @@ def test_rules_option_overrides_the_recorded_rules(live, tmp_path: Path) -> None
     bad = tmp_path / "bad.yaml"
     bad.write_text("required_engine_version: 1\nrules:\n  - id: X\n    scope: nic_port\n")
     rc, _, err = cli(live.bundle, "--rules", bad)
-    assert rc == R.EXIT_USAGE and f"{bad}:3:5: E003" in err and "missing layer" in err
+    assert rc == replay.EXIT_USAGE and f"{bad}:3:5: E003" in err and "missing layer" in err
 
 
 def test_hot_reload_during_recording_replays_the_same(tmp_path: Path) -> None:
@@ -212,15 +212,15 @@ def test_hot_reload_during_recording_replays_the_same(tmp_path: Path) -> None:
     assert [f.state.value for f in run.findings] == ["pending", "firing", "pending", "firing", "resolved"]
     rc, out, err = cli(run.bundle, "--json")
     assert rc == 0, err
-    assert out.splitlines() == [R.finding_json(f) for f in run.findings]
+    assert out.splitlines() == [replay.finding_json(f) for f in run.findings]
 
 
 def test_rotated_bundle_replays_its_remaining_segments(tmp_path: Path, rules_file: Path) -> None:
     run = run_live(tmp_path / "cap", [rules_file], ticks=80, max_duration=60.0, rotate=3)
-    segs = B.segment_dirs(run.bundle)
+    segs = bundle_mod.segment_dirs(run.bundle)
     assert len(segs) == 3 and segs[0].name != "seg-000001"  # the oldest was rotated away
-    first = B.Segment(segs[0]).ticks()[0][0]
-    n_ticks = sum(len(B.Segment(s).ticks()[0]) for s in segs)
+    first = bundle_mod.Segment(segs[0]).ticks()[0][0]
+    n_ticks = sum(len(bundle_mod.Segment(s).ticks()[0]) for s in segs)
     rc, out, err = cli(run.bundle, "--json")
     assert rc == 0, err
     assert f"{n_ticks} evaluations" in err  # the kept segments replay as one continuous run
@@ -228,29 +228,29 @@ def test_rotated_bundle_replays_its_remaining_segments(tmp_path: Path, rules_fil
     # the alert was already firing when the kept data begins: a cold start re-detects it
     assert got == [("pending", first), ("firing", first + 2), ("resolved", T0 + 28)]
     rc, out, err = cli(segs[-1], "--json")
-    assert rc == 0 and f"{len(B.Segment(segs[-1]).ticks()[0])} evaluations" in err
+    assert rc == 0 and f"{len(bundle_mod.Segment(segs[-1]).ticks()[0])} evaluations" in err
 
 
 def test_a_recording_cut_short_by_a_crash_replays_what_was_flushed(tmp_path: Path, rules_file: Path) -> None:
-    """The agent died: no close(), no end-of-stream marker, meta.json still says incomplete."""
+    """The agent died: no stop(), no end-of-stream marker, meta.json still says incomplete."""
     from skewd.agent.record import Recorder
 
     crashed: list = []
 
     def crash(i, pipe, rec):
-        if i == 30:  # SIGKILL: nothing more reaches the recorder, no final flush, no close
+        if i == 30:  # SIGKILL: nothing more reaches the recorder, no final flush, no stop
             crashed.append(rec)
-            rec.closed = True
+            rec.stopped = True
 
     run = run_live(tmp_path / "cap", [rules_file], on_tick=crash, threaded=False)
     assert isinstance(crashed[0], Recorder)
-    seg = B.Segment(B.segment_dirs(run.bundle)[0])
+    seg = bundle_mod.Segment(bundle_mod.segment_dirs(run.bundle)[0])
     assert seg.meta["complete"] is False
     n = len(seg.ticks()[0])
     assert n == 30  # flushed every second of tick time up to the crash
     rc, out, err = cli(run.bundle, "--json")
     assert rc == 0, err
-    assert out.splitlines() == [R.finding_json(f) for f in run.findings if f.evaluated_at < T0 + n]
+    assert out.splitlines() == [replay.finding_json(f) for f in run.findings if f.evaluated_at < T0 + n]
 
 
 def _three_nodes(tmp_path: Path, rules: Path, summaries: bool = True):
@@ -258,17 +258,17 @@ def _three_nodes(tmp_path: Path, rules: Path, summaries: bool = True):
     for node, rate in (("n1", 1e6), ("n2", 1.1e6), ("n3", 1e5)):
         runs[node] = run_live(tmp_path / "root" / node, [rules], node=node, tx_rate=rate, t0=T0 + 0.01 * int(node[1]))
         if not summaries:
-            for seg in B.segment_dirs(tmp_path / "root" / node):
+            for seg in bundle_mod.segment_dirs(tmp_path / "root" / node):
                 _drop_summaries(seg)
     return runs
 
 
 def _drop_summaries(seg: Path) -> None:
     """A bundle from an agent that never sent summaries: no summaries file, nothing indexed."""
-    (seg / B.SUMMARIES).unlink()
-    idx = seg / B.INDEX
+    (seg / bundle_mod.SUMMARIES).unlink()
+    idx = seg / bundle_mod.INDEX
     idx.write_text("".join(x for x in idx.read_text().splitlines(keepends=True)
-                           if json.loads(x)["file"] != B.SUMMARIES))
+                           if json.loads(x)["file"] != bundle_mod.SUMMARIES))
 
 
 @pytest.mark.parametrize("summaries", [True, False], ids=["recorded-summaries", "recomputed-summaries"])
@@ -284,7 +284,7 @@ def test_multi_node_bundles_run_group_rules_in_the_controller(tmp_path: Path, ru
     # node rules per node, exactly as each agent raised them
     for node, run in runs.items():
         mine = [x for x in out.splitlines() if json.loads(x)["scope"] != "cluster" and json.loads(x)["node"] == node]
-        assert mine == [R.finding_json(f) for f in run.findings]
+        assert mine == [replay.finding_json(f) for f in run.findings]
     assert "controller: " in err and " 0 evaluations" not in err.split("controller:")[1]
     # the finding's incident is still held at the end (group_wait 30 s): never published
     assert "1 still held at the end" in err and not [g for g in got if "kind" in g]
@@ -302,12 +302,12 @@ def test_multi_node_bundles_run_group_rules_in_the_controller(tmp_path: Path, ru
 
 def test_missing_bundle_and_unknown_format(tmp_path: Path) -> None:
     rc, _, err = cli(tmp_path / "nope")
-    assert rc == R.EXIT_USAGE and "no such file" in err
+    assert rc == replay.EXIT_USAGE and "no such file" in err
     seg = tmp_path / "b" / "seg-000001"
     seg.mkdir(parents=True)
     (seg / "meta.json").write_text('{"format": "something-else"}')
     rc, _, err = cli(tmp_path / "b")
-    assert rc == R.EXIT_DAMAGED and "not a skewd capture segment" in err
+    assert rc == replay.EXIT_DAMAGED and "not a skewd capture segment" in err
 
 
 @pytest.mark.timeout(60)
@@ -339,22 +339,22 @@ class _Tty(io.StringIO):
 
 def test_progress_bar_only_on_a_terminal_for_long_replays(tmp_path: Path, rules_file: Path) -> None:
     run = run_live(tmp_path / "cap", [rules_file], ticks=90)
-    segs, _ = R.open_segments([run.bundle])
+    segs, _ = replay.open_segments([run.bundle])
     tty, out = _Tty(), io.StringIO()
-    asyncio.run(R.drive(R.Replayer(segs, catalogue()), None, None, out, True, tty, quiet=False))
+    asyncio.run(replay.drive(replay.Replayer(segs, catalogue()), None, None, out, True, tty, quiet=False))
     shown = tty.getvalue()
     assert "[" in shown and "%" in shown and shown.endswith("\r")
     # how much recorded time is covered, of how much, and how fast
     assert re.search(r"\d+\.\d% +\d+s of 1m\d\ds recorded +(\d+x|…) real time +\d+ transitions", shown), shown
     assert out.getvalue() == cli(run.bundle, "--json")[1]  # stdout unaffected
     plain = io.StringIO()
-    asyncio.run(R.drive(R.Replayer(R.open_segments([run.bundle])[0], catalogue()), None, None, io.StringIO(),
-                         True, plain, quiet=False))
+    asyncio.run(replay.drive(replay.Replayer(replay.open_segments([run.bundle])[0], catalogue()), None, None, io.StringIO(),
+                              True, plain, quiet=False))
     assert plain.getvalue() == ""  # not a terminal: no bar
     short = run_live(tmp_path / "short", [rules_file], ticks=20)
     tty2 = _Tty()
-    asyncio.run(R.drive(R.Replayer(R.open_segments([short.bundle])[0], catalogue()), None, None, io.StringIO(),
-                         True, tty2, quiet=False))
+    asyncio.run(replay.drive(replay.Replayer(replay.open_segments([short.bundle])[0], catalogue()), None, None, io.StringIO(),
+                              True, tty2, quiet=False))
     assert tty2.getvalue() == ""  # 20 s of data: too short to need one
 
 
@@ -382,7 +382,7 @@ def test_bundle_recorded_by_a_running_agent_replays_to_its_findings(tmp_path: Pa
         await agent.run(stop)
 
     asyncio.run(run())
-    live = [R.finding_json(f) for f in agent.findings.items]
+    live = [replay.finding_json(f) for f in agent.findings.items]
     assert {json.loads(x)["state"] for x in live} == {"pending", "firing"}
     rc, out, err = cli(tmp_path / "cap" / "agentnode", "--json")
     assert rc == 0, err
@@ -414,14 +414,14 @@ def test_rules_inactive_live_stay_inactive_in_replay(tmp_path: Path) -> None:
     # without the recorded availability (an older bundle, or another host) the rule does fire
     everything = run_live(tmp_path / "cap2", [rules])
     assert [f.state.value for f in everything.findings] == ["firing", "resolved"]
-    assert cli(everything.bundle, "--json")[1].splitlines() == [R.finding_json(f) for f in everything.findings]
+    assert cli(everything.bundle, "--json")[1].splitlines() == [replay.finding_json(f) for f in everything.findings]
 
 
 def test_replay_ingests_each_tick_at_once_into_the_store_the_live_agent_had(live) -> None:
     """Replay hands every batch due before a tick to the store in one call (late batches
     included); what the store then holds is what the live agent's store held, batch by batch."""
-    segs, _ = R.open_segments([live.bundle])
-    rep = R.Replayer(segs, catalogue())
+    segs, _ = replay.open_segments([live.bundle])
+    rep = replay.Replayer(segs, catalogue())
     rep.run()
     got, want = rep.pipelines["n1"].store, live.pipeline.store
     assert sorted(got.blocks) == sorted(want.blocks)
@@ -438,7 +438,7 @@ def test_replay_ingests_each_tick_at_once_into_the_store_the_live_agent_had(live
 def test_report_path_is_checked_before_replaying(live, tmp_path: Path) -> None:
     """An unwritable --report fails at once with the path, not with a traceback at the end."""
     rc, out, err = cli(live.bundle, "--report", "/nonexistent/x.html")
-    assert rc == R.EXIT_USAGE
+    assert rc == replay.EXIT_USAGE
     assert "cannot write /nonexistent/x.html: directory /nonexistent does not exist" in err
     assert out == ""  # nothing was replayed
     report = tmp_path / "r.html"

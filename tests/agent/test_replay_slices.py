@@ -1,4 +1,4 @@
-"""Time-sliced parallel replay (``Replayer(jobs=N)``, :mod:`skewd.agent.replay.slices`) gives the
+"""Time-sliced parallel replay (``ParallelReplayer(jobs=N)``, :mod:`skewd.agent.replay.slices`) gives the
 very events of the serial replay on a recording with faults: a slice whose state at its boundary
 equals the serial state is handed over, one after an alert that began before its warm-up is not
 (the serial replay goes on through it), and either way every finding, its evidence and start
@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from skewd.agent.replay import Replayer, finding_json, open_segments, replay_catalogue
+from skewd.agent.replay.slices import ParallelReplayer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,7 +58,7 @@ def recording(tmp_path_factory) -> tuple[Path, Path]:
 def _run(bundle: Path, rules: Path, jobs: int) -> tuple[list, Replayer]:
     segs, damage = open_segments([bundle])
     assert not damage
-    rep = Replayer(segs, replay_catalogue(segs), rules=[str(rules)], jobs=jobs)
+    rep = ParallelReplayer(segs, replay_catalogue(segs), rules=[str(rules)], jobs=jobs)
     rep.horizon = 60.0  # what the test rules need: a 3-minute warm-up
     evs = [(ev.t, [finding_json(f) for f in ev.findings], [repr(s) for s in ev.summaries]) for ev in rep.events()]
     return evs, rep

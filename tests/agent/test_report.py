@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from skewd.agent import bundle as B
-from skewd.agent import replay as R
+from skewd.agent import bundle as bundle_mod
+from skewd.agent import replay
 from skewd.agent.report import render, write_report
 from skewd.agent.report.data import family
 
@@ -32,9 +32,9 @@ def _chromium() -> str | None:
     return None
 
 
-def _replay(path: Path) -> R.ReplayResult:
-    segs, dmg = R.open_segments([path])
-    return R.replay_cluster(segs, R.replay_catalogue(segs), open_damage=dmg)
+def _replay(path: Path) -> replay.ReplayResult:
+    segs, dmg = replay.open_segments([path])
+    return replay.replay_cluster(segs, replay.replay_catalogue(segs), open_damage=dmg)
 
 
 def _text(html: str) -> str:
@@ -107,7 +107,7 @@ def test_report_is_deterministic(bundle: Path, tmp_path: Path) -> None:
 
 
 def test_damage_is_reported_in_the_page(bundle: Path) -> None:
-    p = B.segment_dirs(bundle)[0] / B.SAMPLES
+    p = bundle_mod.segment_dirs(bundle)[0] / bundle_mod.SAMPLES
     with open(p, "r+b") as f:
         f.truncate(p.stat().st_size // 2)
     html = render(_replay(bundle))

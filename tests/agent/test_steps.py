@@ -113,8 +113,8 @@ def test_nothing_periodic_gives_no_steps() -> None:
 def test_a_replayed_capture_gives_the_same_steps(tmp_path) -> None:
     """Captures record what the agent ingests (the pkt batches with their per-silence stamps):
     replaying one without its recorded summaries recomputes the same steps."""
-    from skewd.agent import bundle as B
-    from skewd.agent import replay as R
+    from skewd.agent import bundle
+    from skewd.agent import replay
     from skewd.agent.record import Recorder
     from skewd.catalogue import full_catalogue
     from skewd.model import NODE_SCOPES
@@ -137,16 +137,16 @@ def test_a_replayed_capture_gives_the_same_steps(tmp_path) -> None:
         msg = summary_mod.make_summary(pipe.store, "n1", "c1", t + 0.6, 1.0)
         rec.on_summary(msg)
         live.append({k: v for k, v in msg.signals.items() if k.startswith(("collective_", "summary_collective_"))})
-    rec.close()
+    rec.stop()
     assert sum(len(x.get("collective_burst_starts", {})) for x in live) > 50
-    for seg in B.segment_dirs(tmp_path / "cap"):  # an agent that sent no summaries: recompute them
-        (seg / B.SUMMARIES).unlink()
-        idx = seg / B.INDEX
+    for seg in bundle.segment_dirs(tmp_path / "cap"):  # an agent that sent no summaries: recompute them
+        (seg / bundle.SUMMARIES).unlink()
+        idx = seg / bundle.INDEX
         idx.write_text("".join(x for x in idx.read_text().splitlines(keepends=True)
-                               if json.loads(x)["file"] != B.SUMMARIES))
-    segs, _ = R.open_segments([tmp_path / "cap"])
+                               if json.loads(x)["file"] != bundle.SUMMARIES))
+    segs, _ = replay.open_segments([tmp_path / "cap"])
     assert not segs[0].summaries()
-    rep = R.Replayer(segs, R.replay_catalogue(segs))
+    rep = replay.Replayer(segs, replay.replay_catalogue(segs))
     rep.run()
     again = [{k: v for k, v in s.signals.items() if k.startswith(("collective_", "summary_collective_"))}
              for s in rep.summaries]

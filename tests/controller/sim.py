@@ -16,7 +16,7 @@ import zlib
 from dataclasses import dataclass, field
 
 from skewd import wire
-from skewd.controller import messages as M
+from skewd.controller import messages
 from skewd.model import Finding, Layer, Scope, Severity, State
 
 T0 = 1_700_000_000.0
@@ -93,14 +93,14 @@ class ScriptedGroup:
         """A plugin phase record for interval ``i``: decode-heavy; TTFT/ITL grow once the group straggles."""
         t = self.t0 + i + 0.5
         slow = i >= self.late_from
-        steps = [M.StepStat(t=t - 0.5 + k * 0.1, index=i * 5 + k, ctx_reqs=0 if k else 1, ctx_tokens=0 if k else 64,
-                            gen_reqs=8, gen_tokens=8, elapsed_s=0.03 if slow else 0.02, running=8,
-                            waiting=2 + max(0, i - self.late_from), kv_usage_ratio=0.62) for k in range(5)]
-        rec = M.PhaseRecord(node=engine_node, cluster=self.cluster, engine=engine, model="m1", t_start=t - 0.5, t=t,
-                            phase=M.Phase.DECODE, steps=steps, finished=[],
-                            ttft_s=[0.4 if slow else 0.1], itl_count=40, itl_sum_s=40 * (0.035 if slow else 0.02),
-                            itl_max_s=0.05, dropped={})
-        return M.encode(rec)
+        steps = [messages.StepStat(t=t - 0.5 + k * 0.1, index=i * 5 + k, ctx_reqs=0 if k else 1, ctx_tokens=0 if k else 64,
+                                   gen_reqs=8, gen_tokens=8, elapsed_s=0.03 if slow else 0.02, running=8,
+                                   waiting=2 + max(0, i - self.late_from), kv_usage_ratio=0.62) for k in range(5)]
+        rec = messages.PhaseRecord(node=engine_node, cluster=self.cluster, engine=engine, model="m1", t_start=t - 0.5, t=t,
+                                   phase=messages.Phase.DECODE, steps=steps, finished=[],
+                                   ttft_s=[0.4 if slow else 0.1], itl_count=40, itl_sum_s=40 * (0.035 if slow else 0.02),
+                                   itl_max_s=0.05, dropped={})
+        return messages.encode(rec)
 
 
 def finding(node: str, rule_id: str, pathology: str, layer: Layer, t: float, cluster: str = "simc",

@@ -22,7 +22,7 @@ import jsonschema
 import nats
 import pytest
 
-from skewd.controller import messages as M
+from skewd.controller import messages
 from skewd.controller.alertmanager import AlertmanagerSink, alert_for
 from skewd.controller.config import AlertmanagerConfig, ConfigError, load_config
 from skewd.natsutil import ensure_streams, free_port
@@ -61,12 +61,12 @@ def _ts(s: str) -> float:
     return dt.datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp()
 
 
-def incident(state: str, opened: float, updated: float, resolved: float | None = None, iid: str = "inc-1") -> M.Incident:
-    return M.Incident(id=iid, cluster="amc", pathology="EW-1", rule_id="EW-1-tp-straggler", state=state,
-                      group={"tp_group": "tp0"}, culprit=M.Target(node="n2", tp_group="tp0"),
-                      cause=M.Cause(layer="pcie", reason="H2D feed starved", confidence=0.8), victims=["n0", "n1"],
-                      findings=["f1"], inhibited=[], phase=None, effect=None, summary="n2 is late at every step",
-                      opened_at=opened, updated_at=updated, resolved_at=resolved)
+def incident(state: str, opened: float, updated: float, resolved: float | None = None, iid: str = "inc-1") -> messages.Incident:
+    return messages.Incident(id=iid, cluster="amc", pathology="EW-1", rule_id="EW-1-tp-straggler", state=state,
+                             group={"tp_group": "tp0"}, culprit=messages.Target(node="n2", tp_group="tp0"),
+                             cause=messages.Cause(layer="pcie", reason="H2D feed starved", confidence=0.8), victims=["n0", "n1"],
+                             findings=["f1"], inhibited=[], phase=None, effect=None, summary="n2 is late at every step",
+                             opened_at=opened, updated_at=updated, resolved_at=resolved)
 
 
 CFG = AlertmanagerConfig(urls=("http://127.0.0.1:1",), resend_interval=0.3, timeout=2.0,
@@ -134,11 +134,11 @@ async def test_posts_follow_the_incident_stream_and_match_the_v2_schema(nats_ser
     sink = AlertmanagerSink(cfg, "amc")
     try:
         js = nc.jetstream()
-        await ensure_streams(js, [M.INCIDENTS_STREAM])
+        await ensure_streams(js, [messages.INCIDENTS_STREAM])
         t0 = time.time()
         old = incident("resolved", t0 - 7200, t0 - 3600, resolved=t0 - 3600, iid="inc-old")
         for inc in (old, incident("open", t0 - 30, t0 - 1)):
-            await js.publish(M.incident_subject("amc"), M.encode(inc))
+            await js.publish(messages.incident_subject("amc"), messages.encode(inc))
         await sink.start(nc)
         await _until(lambda: len(_Receiver.bodies) >= 3, 10, "the first post and two resends")
         assert sink.post_errors == 1  # the first attempt got a 500 and was retried
@@ -149,7 +149,7 @@ async def test_posts_follow_the_incident_stream_and_match_the_v2_schema(nats_ser
         assert all(0.2 < g < 1.5 for g in gaps), gaps  # re-sent every resend_interval while firing
         for t, body in _Receiver.bodies:
             assert _ts(body[0]["endsAt"]) > t  # a firing alert ends in the future
-        await js.publish(M.incident_subject("amc"), M.encode(incident("resolved", t0 - 30, time.time(), resolved=time.time())))
+        await js.publish(messages.incident_subject("amc"), messages.encode(incident("resolved", t0 - 30, time.time(), resolved=time.time())))
         await _until(lambda: any(_ts(b[0]["endsAt"]) <= t for t, b in _Receiver.bodies), 10, "the resolved alert")
         assert sink.stats()["alerts_firing"] == 0
     finally:
@@ -221,9 +221,9 @@ async def test_a_real_alertmanager_shows_the_incident_then_resolves_it(alertmana
     sink = AlertmanagerSink(cfg, "amc")
     try:
         js = nc.jetstream()
-        await ensure_streams(js, [M.INCIDENTS_STREAM])
+        await ensure_streams(js, [messages.INCIDENTS_STREAM])
         t0 = time.time()
-        await js.publish(M.incident_subject("amc"), M.encode(incident("open", t0 - 30, t0 - 1, iid="inc-real")))
+        await js.publish(messages.incident_subject("amc"), messages.encode(incident("open", t0 - 30, t0 - 1, iid="inc-real")))
         await sink.start(nc)
         alerts: list[dict] = []
 
@@ -239,7 +239,7 @@ async def test_a_real_alertmanager_shows_the_incident_then_resolves_it(alertmana
         assert a["generatorURL"] == "http://skewd.example/incidents/inc-real"
         assert _ts(a["startsAt"]) == pytest.approx(t0 - 30, abs=0.01)
         end = time.time()
-        await js.publish(M.incident_subject("amc"), M.encode(incident("resolved", t0 - 30, end, resolved=end, iid="inc-real")))
+        await js.publish(messages.incident_subject("amc"), messages.encode(incident("resolved", t0 - 30, end, resolved=end, iid="inc-real")))
 
         async def gone() -> bool:  # Alertmanager lists only unresolved alerts
             return not [x for x in await asyncio.to_thread(_am_alerts, alertmanager)

@@ -10,7 +10,7 @@ import pytest
 
 from skewd import wire
 from skewd.controller import client
-from skewd.controller import messages as M
+from skewd.controller import messages
 from skewd.model import Finding, Layer
 from skewd.natsutil import ensure_streams
 
@@ -21,17 +21,17 @@ pytestmark = pytest.mark.timeout(60)
 
 
 async def _streams(js) -> None:
-    await ensure_streams(js, [wire.FINDINGS_STREAM, wire.REMAPS_STREAM, M.INCIDENTS_STREAM])
+    await ensure_streams(js, [wire.FINDINGS_STREAM, wire.REMAPS_STREAM, messages.INCIDENTS_STREAM])
 
 
-def _sug(cluster: str, key: str) -> M.RemapSuggestion:
+def _sug(cluster: str, key: str) -> messages.RemapSuggestion:
     s = _suggestion()
     s.cluster, s.key = cluster, key
     return s
 
 
-async def _publish_sug(js, s: M.RemapSuggestion) -> None:
-    await js.publish(wire.remap_subject(s.cluster), M.encode(s), headers=M.headers(s, s.key))
+async def _publish_sug(js, s: messages.RemapSuggestion) -> None:
+    await js.publish(wire.remap_subject(s.cluster), messages.encode(s), headers=messages.headers(s, s.key))
 
 
 async def test_subscribe_yields_typed_events_of_every_kind(nats_server) -> None:
@@ -53,10 +53,10 @@ async def test_subscribe_yields_typed_events_of_every_kind(nats_server) -> None:
         f = finding("n1", "GPU-2-x", "GPU-2", Layer.ENGINE, 100.0, cluster="ck")
         await js.publish(wire.subject_for(f), wire.encode(f), headers=wire.headers_for(f))
         await _publish_sug(js, _sug("ck", "k1"))
-        inc = M.Incident(id="i", cluster="ck", pathology="EW-1", rule_id="r", state="open", group={}, culprit=None,
-                         cause=None, victims=[], findings=[], inhibited=[], phase=None, effect=None, summary="",
-                         opened_at=1.0, updated_at=1.0)
-        await js.publish(M.incident_subject("ck"), M.encode(inc))
+        inc = messages.Incident(id="i", cluster="ck", pathology="EW-1", rule_id="r", state="open", group={}, culprit=None,
+                                cause=None, victims=[], findings=[], inhibited=[], phase=None, effect=None, summary="",
+                                opened_at=1.0, updated_at=1.0)
+        await js.publish(messages.incident_subject("ck"), messages.encode(inc))
         g = ScriptedGroup(cluster="ck")
         await nc.publish(wire.summary_subject("ck", "n0"), g.summary(0, "n0"))
         await nc.publish(wire.phase_subject("ck", "n0", "engine0"), g.phase(0))
@@ -66,9 +66,9 @@ async def test_subscribe_yields_typed_events_of_every_kind(nats_server) -> None:
         await nc.publish(wire.summary_subject("ck", "n1"), b'{"schema": 1, "kind": "summary"}')  # skipped
         await asyncio.wait_for(done.wait(), 10)
         kinds = {type(e) for e in got}
-        assert kinds == {Finding, M.RemapSuggestion, M.Incident, wire.Summary, M.PhaseRecord, wire.Health}
-        sug = next(e for e in got if isinstance(e, M.RemapSuggestion))
-        assert sug.actions[0].type is M.ActionType.HOST_TUNING
+        assert kinds == {Finding, messages.RemapSuggestion, messages.Incident, wire.Summary, messages.PhaseRecord, wire.Health}
+        sug = next(e for e in got if isinstance(e, messages.RemapSuggestion))
+        assert sug.actions[0].type is messages.ActionType.HOST_TUNING
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -122,7 +122,7 @@ async def test_a_message_that_reached_the_pull_inbox_unfetched_is_found_to_hand_
             if left:
                 break
             await asyncio.sleep(0.05)
-        assert len(left) == 1 and M.decode(left[0].data).key == "i1"
+        assert len(left) == 1 and messages.decode(left[0].data).key == "i1"
         await left[0].nak()
         (again,) = await psub.fetch(1, timeout=5)  # handed back: at once, not after ack_wait
         assert again.metadata.num_delivered == 2

@@ -12,7 +12,7 @@ import pytest
 
 from skewd import wire
 from skewd.controller import client
-from skewd.controller import messages as M
+from skewd.controller import messages
 from skewd.controller.planner import suggestion_key
 from skewd.controller.service import Controller
 from skewd.controller.state import StateStore
@@ -25,7 +25,7 @@ from .sim import ScriptedGroup, finding, publish_finding
 pytestmark = pytest.mark.timeout(180)
 
 
-async def _run_straggler(url: str, cluster: str, late_s: float) -> tuple[Controller, list[M.RemapSuggestion]]:
+async def _run_straggler(url: str, cluster: str, late_s: float) -> tuple[Controller, list[messages.RemapSuggestion]]:
     ctl = Controller(config(url, cluster))
     await asyncio.wait_for(ctl.start(), 30)
     nc = await nats.connect(url)
@@ -49,11 +49,11 @@ async def test_straggler_named_victims_inhibited_one_remap_acknowledged(nats_ser
         assert s.cause is not None and s.cause.layer == "pcie", s.cause
         # ordered least disruptive first, every action fully specified
         assert [a.disruption for a in s.actions] == sorted(a.disruption for a in s.actions)
-        assert s.actions[0].type is M.ActionType.HOST_TUNING
+        assert s.actions[0].type is messages.ActionType.HOST_TUNING
         assert "numactl" in s.actions[0].command and "0000:3b:00.0" in s.actions[0].command
         types = [a.type for a in s.actions]
-        assert M.ActionType.REROUTE in types and M.ActionType.MOVE_TP_RANK in types
-        move = next(a for a in s.actions if a.type is M.ActionType.MOVE_TP_RANK)
+        assert messages.ActionType.REROUTE in types and messages.ActionType.MOVE_TP_RANK in types
+        move = next(a for a in s.actions if a.type is messages.ActionType.MOVE_TP_RANK)
         assert move.params["from_node"] == "n2" and move.params["rank"] == 2
         assert len({a.key for a in s.actions}) == len(s.actions)
         for a in s.actions:
@@ -99,17 +99,17 @@ async def test_straggler_named_victims_inhibited_one_remap_acknowledged(nats_ser
         nc = await nats.connect(url)
         try:
             r = await client.ack(nc, s, consumer="router-1", reason="weights changed")
-            assert r.status is M.ReceiptStatus.RECORDED and r.ok
+            assert r.status is messages.ReceiptStatus.RECORDED and r.ok
             again = await client.ack(nc, s, consumer="router-1", reason="weights changed")
-            assert again.status is M.ReceiptStatus.DUPLICATE
+            assert again.status is messages.ReceiptStatus.DUPLICATE
             rec = await client.suggestion_record(nc, "strag", s.key)
             assert rec["status"] == "acked"
             assert [(x["consumer"], x["decision"], x["reason"]) for x in rec["replies"]] == [
                 ("router-1", "ack", "weights changed")]
             unknown = await client.reject(nc, "nope", consumer="router-1", cluster="strag")
-            assert unknown.status is M.ReceiptStatus.UNKNOWN and not unknown.ok
-            bad = await nc.request(M.reply_subject("strag"), b'{"schema":1,"kind":"remap_reply"}', timeout=5)
-            assert M.decode(bad.data).status is M.ReceiptStatus.INVALID
+            assert unknown.status is messages.ReceiptStatus.UNKNOWN and not unknown.ok
+            bad = await nc.request(messages.reply_subject("strag"), b'{"schema":1,"kind":"remap_reply"}', timeout=5)
+            assert messages.decode(bad.data).status is messages.ReceiptStatus.INVALID
         finally:
             await nc.close()
     finally:
@@ -127,23 +127,23 @@ async def test_without_a_straggler_each_victim_gets_its_own_suggestion(nats_serv
         assert by_node == ["n0", "n1", "n3"], [s.summary for s in sugs]
         for s in sugs:
             if s.pathology == "GPU-8":
-                assert s.actions[0].type is M.ActionType.CAP_CONCURRENCY
+                assert s.actions[0].type is messages.ActionType.CAP_CONCURRENCY
                 assert s.actions[0].params["max_num_seqs"] == 192  # 256 x concurrency_factor 0.75
     finally:
         await ctl.stop()
 
 
-def _suggestion(cluster: str, incident: str) -> M.RemapSuggestion:
+def _suggestion(cluster: str, incident: str) -> messages.RemapSuggestion:
     key = suggestion_key(cluster, incident)
-    act = M.RemapAction(key="a1", type=M.ActionType.REROUTE, target=M.Target(node="n9"), rationale="test",
-                        evidence=("f1",), confidence=0.7, expected_effect="less load", ttl_s=600.0,
-                        params={"weight": 0.5})
-    return M.RemapSuggestion(key=key, cluster=cluster, incident=incident, pathology="GPU-2", created_at=1.0,
-                             expires_at=1e12, ttl_s=600.0, culprit=M.Target(node="n9"), cause=None, phase=None,
-                             effect=None, actions=[act], evidence=["f1"], confidence=0.7, summary="crash window test")
+    act = messages.RemapAction(key="a1", type=messages.ActionType.REROUTE, target=messages.Target(node="n9"), rationale="test",
+                               evidence=("f1",), confidence=0.7, expected_effect="less load", ttl_s=600.0,
+                               params={"weight": 0.5})
+    return messages.RemapSuggestion(key=key, cluster=cluster, incident=incident, pathology="GPU-2", created_at=1.0,
+                                    expires_at=1e12, ttl_s=600.0, culprit=messages.Target(node="n9"), cause=None, phase=None,
+                                    effect=None, actions=[act], evidence=["f1"], confidence=0.7, summary="crash window test")
 
 
-async def _leave_planned(url: str, cluster: str, s: M.RemapSuggestion, *, also_publish: bool) -> None:
+async def _leave_planned(url: str, cluster: str, s: messages.RemapSuggestion, *, also_publish: bool) -> None:
     """What a controller killed between storing and publishing (or between publishing and
     recording it) leaves behind."""
     nc = await nats.connect(url)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from skewd.controller import messages as M
+from skewd.controller import messages
 from skewd.controller.config import load_config
 from skewd.controller.correlator import Correlator
 from skewd.controller.planner import Planner, semantic_key
@@ -110,8 +110,8 @@ def test_planner_orders_least_disruptive_first_and_keys_are_stable() -> None:
     (inc,) = c.correlate(101.0)
     p = Planner(cfg)
     s1, s2 = p.plan(inc, 200.0, "a"), p.plan(inc, 300.0, "b")
-    assert [a.type for a in s1.actions] == [M.ActionType.REROUTE, M.ActionType.MOVE_TP_RANK,
-                                            M.ActionType.DRAIN_RECLAIM]
+    assert [a.type for a in s1.actions] == [messages.ActionType.REROUTE, messages.ActionType.MOVE_TP_RANK,
+                                            messages.ActionType.DRAIN_RECLAIM]
     assert s1.key == s2.key and [a.key for a in s1.actions] == [a.key for a in s2.actions]
     assert semantic_key(s1) == semantic_key(s2)
     assert s1.actions[0].params["weight"] == cfg.reroute_weight
@@ -124,12 +124,12 @@ def test_planner_host_cause_gives_the_concrete_command_and_skew_gives_rebalance(
     c.observe(finding("n2", "PCIE-8-x", "PCIE-8", Layer.PCIE, 100.0, cluster="c"))
     (inc,) = c.correlate(101.0)
     s = Planner(cfg).plan(inc, 200.0)
-    assert s.actions[0].type is M.ActionType.HOST_TUNING and s.actions[0].command == "tuned-adm profile network-latency"
+    assert s.actions[0].type is messages.ActionType.HOST_TUNING and s.actions[0].command == "tuned-adm profile network-latency"
     skew = _straggler(rule="EW-3-x", pathology="EW-3")
     c2 = _corr(cfg=cfg)
     c2.observe(skew)
     (inc2,) = c2.correlate(101.0)
-    assert M.ActionType.REBALANCE_SHARDS in [a.type for a in Planner(cfg).plan(inc2, 200.0).actions]
+    assert messages.ActionType.REBALANCE_SHARDS in [a.type for a in Planner(cfg).plan(inc2, 200.0).actions]
 
 
 def test_planner_kv_saturation_caps_concurrency_and_low_confidence_is_dropped() -> None:
@@ -138,7 +138,7 @@ def test_planner_kv_saturation_caps_concurrency_and_low_confidence_is_dropped() 
     c.observe(finding("n1", "GPU-2-x", "GPU-2", Layer.ENGINE, 100.0, cluster="c", entity="engine0"))
     (inc,) = c.correlate(101.0)
     s = Planner(cfg).plan(inc, 200.0)
-    assert [a.type for a in s.actions] == [M.ActionType.REROUTE, M.ActionType.CAP_CONCURRENCY]
+    assert [a.type for a in s.actions] == [messages.ActionType.REROUTE, messages.ActionType.CAP_CONCURRENCY]
     cap = s.actions[1]
     assert cap.params["max_num_seqs"] == 150 and cap.target.node == "n1"
     c3 = _corr(cfg=cfg)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from skewd.catalogue import full_catalogue
-from skewd.controller import culprit as C
+from skewd.controller import culprit
 from skewd.controller.config import ConfigError, load_config
 from skewd.controller.correlator import Correlator
 from skewd.controller.planner import Planner
@@ -189,25 +189,25 @@ def test_the_incident_quotes_the_claims_own_measurement_never_the_aligners_lag()
 
 
 def test_contract_keys_come_from_the_configured_labels_and_params() -> None:
-    spec = C.CulpritEvidence(measure="peer_dev(x)", above="quiet", negate=True, steps="min(s, window)",
-                             min_steps="min_steps")
+    spec = culprit.CulpritEvidence(measure="peer_dev(x)", above="quiet", negate=True, steps="min(s, window)",
+                                   min_steps="min_steps")
     f = _claim("n1", evidence={"peer_dev(x)": -0.35, "min(s, window)": 40.0})
     f.params = {"quiet": 0.2, "min_steps": 20}
-    assert C.contract_evidence(f, spec) == {"culprit_measure": 0.35, "culprit_bar": 0.2, "culprit_steps": 40.0,
-                                            "culprit_min_steps": 20.0}
-    v = C.judge(f, spec)
+    assert culprit.contract_evidence(f, spec) == {"culprit_measure": 0.35, "culprit_bar": 0.2, "culprit_steps": 40.0,
+                                                  "culprit_min_steps": 20.0}
+    v = culprit.judge(f, spec)
     assert v.names and v.measurement == "-peer_dev(x) 0.35 > quiet 0.2 over 40 steps (min 20)"
     import copy
 
     both = copy.deepcopy(f)  # what the controller publishes: the label and the keys, in the same words
-    both.evidence.update(C.contract_evidence(f, spec))
-    assert C.judge(both, spec).measurement == v.measurement
+    both.evidence.update(culprit.contract_evidence(f, spec))
+    assert culprit.judge(both, spec).measurement == v.measurement
     f.params = {"quiet": 0.5, "min_steps": 20}  # a site override raised the bar: the same deficit no longer names
-    assert not C.judge(f, spec).names
-    lag = C.CulpritEvidence(measure="avg(l, window)", above="lag")
+    assert not culprit.judge(f, spec).names
+    lag = culprit.CulpritEvidence(measure="avg(l, window)", above="lag")
     g = _claim("n1", evidence={"avg(l, window)": 0.0086})
     g.params = {"lag": "2ms"}  # durations travel as their text
-    assert C.judge(g, lag).names
+    assert culprit.judge(g, lag).names
 
 
 def test_every_default_culprit_evidence_entry_matches_its_shipped_rule() -> None:
@@ -296,7 +296,7 @@ def test_bad_correlation_settings_are_refused_with_the_field(corr, message, tmp_
 def test_a_site_switches_a_default_culprit_entry_off_and_adds_its_own() -> None:
     cfg = _cfg(culprit_evidence={"EW-9-missing-steps": None, "my-straggler": {"measure": "x", "above": 0.1}})
     assert "EW-9-missing-steps" not in cfg.culprit_evidence and "EW-1-tp-straggler" in cfg.culprit_evidence
-    assert cfg.culprit_evidence["my-straggler"] == C.CulpritEvidence(measure="x", above=0.1)
+    assert cfg.culprit_evidence["my-straggler"] == culprit.CulpritEvidence(measure="x", above=0.1)
 
 
 def test_check_shows_how_each_culprit_rule_names_its_node_and_which_cannot(tmp_path, capsys) -> None:

@@ -22,7 +22,7 @@ import yaml
 
 from skewd import wire
 from skewd.controller import client
-from skewd.controller import messages as M
+from skewd.controller import messages
 from skewd.controller.service import Controller
 from skewd.model import Finding, Layer, Scope
 
@@ -124,13 +124,13 @@ async def _ready(nc, cluster: str, proc: Proc) -> None:
         assert proc.p.poll() is None, proc.text()[-3000:]
         try:
             r = await client.reject(nc, "probe", consumer="test", cluster=cluster, timeout=0.5)
-            return r.status is M.ReceiptStatus.UNKNOWN
+            return r.status is messages.ReceiptStatus.UNKNOWN
         except client.ReplyError:
             return False
     await wait_for(answered, 60, "the controller process to come up")
 
 
-async def _incident_for(url: str, cluster: str, f: Finding, timeout: float = 20.0) -> M.Incident:
+async def _incident_for(url: str, cluster: str, f: Finding, timeout: float = 20.0) -> messages.Incident:
     async def shown():
         return next((i for i in await incidents(url, cluster) if f.id in i.findings and i.state == "open"), None)
     return await wait_for(shown, timeout, f"an incident for {f.rule_id}", every=0.3)

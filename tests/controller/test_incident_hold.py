@@ -10,7 +10,7 @@ import asyncio
 import dataclasses
 import json
 
-from skewd.controller import messages as M
+from skewd.controller import messages
 from skewd.controller.config import load_config
 from skewd.controller.service import Controller
 from skewd.lab.harness import CaptureJetStream, MemoryState
@@ -67,7 +67,7 @@ def _run(ctl: Controller, t0: float, t1: float, feed: dict[float, list[Finding]]
         loop.close()
 
 
-def _shown(ctl: Controller) -> list[M.Incident]:
+def _shown(ctl: Controller) -> list[messages.Incident]:
     return list(ctl.js.incidents)  # type: ignore[attr-defined]
 
 
@@ -169,7 +169,7 @@ def test_a_restart_after_publication_keeps_it_published() -> None:
     loop = asyncio.new_event_loop()
     loop.run_until_complete(ctl2._restore())
     loop.close()
-    assert not ctl2.correlator.is_held(M.incident_from_dict(json.loads(M.encode(inc))))
+    assert not ctl2.correlator.is_held(messages.incident_from_dict(json.loads(messages.encode(inc))))
     # the restarted controller does not announce it again before it has heard from its node
     # (a dead node's trouble must not be re-announced: test_silent_nodes); then its resolution
     _run(ctl2, 111.0, 111.0)

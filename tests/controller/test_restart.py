@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from skewd.controller import client
-from skewd.controller import messages as M
+from skewd.controller import messages
 from skewd.controller.state import StateStore
 
 from .helpers import CULPRIT_EVIDENCE, RULES, incidents, play, remaps, wait_for
@@ -75,7 +75,7 @@ async def _ready(nc, cluster: str, proc: Proc) -> None:
         assert proc.p.poll() is None, proc.log.read_text()[-3000:]
         try:
             r = await client.reject(nc, "probe", consumer="test", cluster=cluster, timeout=0.5)
-            return r.status is M.ReceiptStatus.UNKNOWN
+            return r.status is messages.ReceiptStatus.UNKNOWN
         except client.ReplyError:
             return False
     await wait_for(answered, 60, "the controller process to come up")
@@ -133,7 +133,7 @@ async def test_kill_after_publish_and_ack_then_restart_repeats_nothing(nats_serv
         await play(nc, g, 0, 24, victims_at=12)
         sugs = await wait_for(lambda: remaps(url, cluster), 30, "the first suggestion")
         receipt = await client.ack(nc, sugs[0], consumer="router-7")
-        assert receipt.status is M.ReceiptStatus.RECORDED
+        assert receipt.status is messages.ReceiptStatus.RECORDED
         proc.kill()
         proc.start()
         await _ready(nc, cluster, proc)

@@ -16,7 +16,8 @@ import nats
 import pytest
 
 from skewd import wire
-from skewd.controller.scaleout import Worker, decode_digest, encode_digests
+from skewd.controller.digest import decode_digest, encode_digests
+from skewd.controller.scaleout import Worker
 
 from .helpers import CULPRIT_EVIDENCE, RULES, config, config_yaml, incidents, publish_victims, remaps, stored, wait_for
 from .sim import ScriptedGroup

@@ -16,7 +16,7 @@ import nats
 import pytest
 
 from skewd import wire
-from skewd.controller import messages as M
+from skewd.controller import messages
 from skewd.controller.config import load_config
 from skewd.controller.service import Controller
 from skewd.controller.state import StateStore
@@ -50,9 +50,9 @@ async def _watch_incidents(nc, cluster: str) -> list:
     seen: list = []
 
     async def cb(msg) -> None:
-        seen.append(M.decode(msg.data, M.Kind.INCIDENT))
+        seen.append(messages.decode(msg.data, messages.Kind.INCIDENT))
 
-    await nc.subscribe(M.incident_subject(cluster), cb=cb)
+    await nc.subscribe(messages.incident_subject(cluster), cb=cb)
     await nc.flush()
     return seen
 

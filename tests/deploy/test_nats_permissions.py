@@ -251,7 +251,7 @@ async def test_every_flow_the_product_needs_works(secured, tmp_path) -> None:
             await sink.stop()
         await ctl.stop()
         for pub in publishers.values():
-            await pub.close()
+            await pub.stop()
             pub.spool.close()
         for p in (*agents.values(), r1, r2):
             await p.nc.close()

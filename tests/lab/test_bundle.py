@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from skewd.agent import bundle as B
+from skewd.agent import bundle
 from skewd.agent.replay import ClusterReplay, Replayer, open_segments, replay_catalogue
 from skewd.catalogue import full_catalogue
 from skewd.lab.sim import simulate
@@ -31,7 +31,7 @@ faults:
 def test_bundle_replays_to_the_same_node_findings_and_incidents(tmp_path):
     sc = scenario(tmp_path, BODY)
     seg = write_bundle(simulate(sc, 3), tmp_path / "bundle")
-    s = B.Segment(seg)
+    s = bundle.Segment(seg)
     assert s.verify() == []
     meta = json.loads((seg / "meta.json").read_text())
     assert meta["fault_lab"]["truth"][0]["pathology"] == "NS-7" and meta["cluster"] == "bun"

@@ -127,7 +127,7 @@ def test_vllm_engine_step_counter_starts_over_when_the_engine_restarts(tmp_path)
 
 def test_vllm_quantiles_use_the_collectors_arithmetic():
     from skewd.collectors.vllm.parse import histogram_quantile
-    from skewd.lab.sim.node import hist_quantiles
+    from skewd.lab.sim.measure import hist_quantiles
     from skewd.lab.sim.workload import HISTS
 
     rng = np.random.default_rng(0)
@@ -206,7 +206,7 @@ def test_collective_silences_match_the_real_pkt_collector():
     silences (ends, lengths, how they ended, bytes) with the simulator's."""
     from skewd.collectors.pkt.features import NS, FlowTracker
     from skewd.collectors.pkt.frames import DIR_IN, DIR_OUT
-    from skewd.lab.sim import steps as S
+    from skewd.lab.sim import steps as sim_steps
     from tests.pkt_packets import udp_packets
 
     rng = np.random.default_rng(11)
@@ -219,8 +219,8 @@ def test_collective_silences_match_the_real_pkt_collector():
     entry[1:] = np.maximum(entry[1:], end[:-1] + 0.002)  # a step starts after the previous one ended
     latest = np.maximum(latest, entry)
     end = np.maximum(end, latest + 0.006)
-    sil, _ = S.step_silences(np.random.default_rng(3), float("nan"), entry, latest, end,
-                             np.full(k, 4_000_000.0), "tcp")
+    sil, _ = sim_steps.step_silences(np.random.default_rng(3), float("nan"), entry, latest, end,
+                                     np.full(k, 4_000_000.0), "tcp")
     # realise it: one 60 kB send every 0.2 ms in each active stretch (the silences are the gaps
     # between stretches), the stretch after a wait starting with a peer's data segment
     starts = np.r_[entry[0], sil.end]
@@ -239,7 +239,7 @@ def test_collective_silences_match_the_real_pkt_collector():
     pk = udp_packets(np.round(ts * NS).astype(np.int64), pay + 66, dst=np.where(out, 2, 1),
                      sport=np.where(out, 5000, 6000), dport=np.where(out, 6000, 5000), direction=d, payload=pay)
     pk.src_lo[:] = np.where(out, 1, 2)
-    tr = FlowTracker(S.MIN_SILENCE, 60.0)
+    tr = FlowTracker(sim_steps.MIN_SILENCE, 60.0)
     got_e, got_l, got_k = [], [], []
     t0 = T
     while t0 < ts[-1] + 1:
@@ -253,10 +253,10 @@ def test_collective_silences_match_the_real_pkt_collector():
         t0 += 1
     # a silence within a few ns of the 1 ms threshold may fall either side once its packets'
     # times are rounded to ns: compare the rest
-    keep_s = sil.length >= S.MIN_SILENCE + 5e-6
-    keep_r = np.array(got_l) >= S.MIN_SILENCE + 5e-6
+    keep_s = sil.length >= sim_steps.MIN_SILENCE + 5e-6
+    keep_r = np.array(got_l) >= sim_steps.MIN_SILENCE + 5e-6
     got_e, got_l, got_k = (np.array(x)[keep_r] for x in (got_e, got_l, got_k))
-    sil = S.StepSilences(sil.end[keep_s], sil.length[keep_s], sil.by_send[keep_s], sil.sent[keep_s])
+    sil = sim_steps.StepSilences(sil.end[keep_s], sil.length[keep_s], sil.by_send[keep_s], sil.sent[keep_s])
     assert len(sil.end) > 500 and len(got_e) == len(sil.end)
     assert np.allclose(got_e, sil.end, atol=2e-6) and np.allclose(got_l, sil.length, atol=4e-6)
     assert got_k.tolist() == sil.by_send.tolist()

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from skewd.controller import messages as M
+from skewd.controller import messages
 from skewd.lab.netlab.report import BEGIN, END, aggregate, extract_section, render, replace_section
 from skewd.model import Scope, State
 
@@ -73,7 +73,7 @@ def test_the_benchmark_rescores_kept_runs_and_rewrites_only_its_section(tmp_path
     ew1 = finding("EW-1-tp-straggler", "EW-1", "n2", State.FIRING, ONSET + 10, ONSET + 30, Scope.NODE, "")
     noise = dataclasses.replace(ew1, rule_id="EW-9-missing-steps", pathology="EW-9", node="n0")
     msgs = [fmsg(ew1), fmsg(noise),
-            (M.incident_subject(CLUSTER), M.encode(incident("i1", "EW-9", "n0", {"node": "n0"}, ONSET + 40)))]
+            (messages.incident_subject(CLUSTER), messages.encode(incident("i1", "EW-9", "n0", {"node": "n0"}, ONSET + 40)))]
     (runs / "straggler-s1").mkdir(parents=True)
     d = write_run(runs / "straggler-s1", "straggler", "n2", ["EW-1"], msgs)
     d.rename(runs / "straggler-s1" / "straggler-s1-x")

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from skewd import wire
-from skewd.controller import messages as M
+from skewd.controller import messages
 from skewd.lab.netlab.score import score_run
 from skewd.model import Finding, Layer, Scope, Severity, State
 
@@ -26,19 +26,19 @@ def finding(rule: str, pathology: str, node: str, state: State, active: float, f
                    fired_at=fired, cluster=CLUSTER)
 
 
-def incident(iid: str, pathology: str, culprit: str | None, group: dict, opened: float) -> M.Incident:
-    return M.Incident(id=iid, cluster=CLUSTER, pathology=pathology, rule_id=f"{pathology}-x", state="open",
-                      group=group, culprit=M.Target(node=culprit) if culprit else None, cause=None, victims=[],
-                      findings=[], inhibited=[], phase=None, effect=None, summary="", opened_at=opened,
-                      updated_at=opened)
+def incident(iid: str, pathology: str, culprit: str | None, group: dict, opened: float) -> messages.Incident:
+    return messages.Incident(id=iid, cluster=CLUSTER, pathology=pathology, rule_id=f"{pathology}-x", state="open",
+                             group=group, culprit=messages.Target(node=culprit) if culprit else None, cause=None, victims=[],
+                             findings=[], inhibited=[], phase=None, effect=None, summary="", opened_at=opened,
+                             updated_at=opened)
 
 
-def remap(key: str, culprit: str | None, targets: list[str], t: float) -> M.RemapSuggestion:
-    acts = [M.RemapAction(key=f"{key}-{i}", type=M.ActionType.REROUTE, target=M.Target(node=n), rationale="",
-                          evidence=(), confidence=0.5, expected_effect="", ttl_s=600) for i, n in enumerate(targets)]
-    return M.RemapSuggestion(key=key, cluster=CLUSTER, incident="i", pathology="EW-1", created_at=t, expires_at=t + 600,
-                             ttl_s=600, culprit=M.Target(node=culprit) if culprit else None, cause=None, phase=None,
-                             effect=None, actions=acts, evidence=[], confidence=0.5, summary="")
+def remap(key: str, culprit: str | None, targets: list[str], t: float) -> messages.RemapSuggestion:
+    acts = [messages.RemapAction(key=f"{key}-{i}", type=messages.ActionType.REROUTE, target=messages.Target(node=n), rationale="",
+                                 evidence=(), confidence=0.5, expected_effect="", ttl_s=600) for i, n in enumerate(targets)]
+    return messages.RemapSuggestion(key=key, cluster=CLUSTER, incident="i", pathology="EW-1", created_at=t, expires_at=t + 600,
+                                    ttl_s=600, culprit=messages.Target(node=culprit) if culprit else None, cause=None, phase=None,
+                                    effect=None, actions=acts, evidence=[], confidence=0.5, summary="")
 
 
 def write_run(tmp: Path, fault: str | None, node: str | None, expected: list[str], msgs: list[tuple[str, bytes]],
@@ -70,11 +70,11 @@ def test_a_straggler_run_is_scored_by_node_time_and_who_was_named(tmp_path: Path
     early_ew1 = finding("EW-1-tp-straggler", "EW-1", "n2", State.FIRING, T0 + 30, T0 + 40, Scope.NODE, "")
     msgs = [fmsg(noise), fmsg(early_ew1), fmsg(ew1_pending), fmsg(ew1_wrong_node), fmsg(ew1),
             fmsg(ew1),  # the same transition seen twice (JetStream re-delivery): one finding
-            (M.incident_subject(CLUSTER), M.encode(incident("i1", "NS-7", "n0", {"node": "n0"}, T0 + 40))),
-            (M.incident_subject(CLUSTER), M.encode(incident("i2", "EW-1", "n2", {"tp_group": "tp0"}, ONSET + 55))),
-            (M.incident_subject(CLUSTER), M.encode(incident("i3", "EW-9", None, {"tp_group": "tp0"}, ONSET + 60))),
-            (wire.remap_subject(CLUSTER), M.encode(remap("r1", "n2", ["n2"], ONSET + 60))),
-            (wire.remap_subject(CLUSTER), M.encode(remap("r2", "n2", ["n3"], ONSET + 70)))]
+            (messages.incident_subject(CLUSTER), messages.encode(incident("i1", "NS-7", "n0", {"node": "n0"}, T0 + 40))),
+            (messages.incident_subject(CLUSTER), messages.encode(incident("i2", "EW-1", "n2", {"tp_group": "tp0"}, ONSET + 55))),
+            (messages.incident_subject(CLUSTER), messages.encode(incident("i3", "EW-9", None, {"tp_group": "tp0"}, ONSET + 60))),
+            (wire.remap_subject(CLUSTER), messages.encode(remap("r1", "n2", ["n2"], ONSET + 60))),
+            (wire.remap_subject(CLUSTER), messages.encode(remap("r2", "n2", ["n3"], ONSET + 70)))]
     run = write_run(tmp_path, "straggler", "n2", ["EW-1"], msgs, tail='{"recv": 1, "subj')  # cut by a kill
     r = score_run(run)
     assert r["detected"] == {"EW-1": {"found": True, "latency_s": 25.0, "rule_id": "EW-1-tp-straggler"}}
@@ -94,8 +94,8 @@ def test_a_healthy_run_counts_every_firing_finding_per_node_hour(tmp_path: Path)
           for i in range(4)]
     resolved = dataclasses.replace(fs[0], state=State.RESOLVED, resolved_at=T0 + 100)
     msgs = [fmsg(f) for f in fs] + [fmsg(resolved),
-                                    (M.incident_subject(CLUSTER),
-                                     M.encode(incident("i1", "NS-4", "n3", {"node": "n3"}, T0 + 50)))]
+                                    (messages.incident_subject(CLUSTER),
+                                     messages.encode(incident("i1", "NS-4", "n3", {"node": "n3"}, T0 + 50)))]
     r = score_run(write_run(tmp_path, None, None, [], msgs))
     assert r["detected"] == {} and r["found"] is None
     assert r["false_findings"] == 4

@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from skewd.rules import functions as F
+from skewd.rules import functions
 
 
 # -- kernels: fast paths == general paths, bit for bit --------------------------------------------
@@ -47,21 +47,21 @@ def old_wsum(t, W):
 
 
 def old_last(t, W):
-    return F.first_last(t, W)[1]
+    return functions.first_last(t, W)[1]
 
 
 def old_delta(t, W):
-    fv, lv, _, _, cnt = F.first_last(t, W)
+    fv, lv, _, _, cnt = functions.first_last(t, W)
     return np.where(cnt >= 2, lv - fv, np.nan)
 
 
 def old_increase(t, W, wrap_bits=None):
-    return F._increase(t, W, wrap_bits)
+    return functions._increase(t, W, wrap_bits)
 
 
 def old_rate(t, W, wrap_bits=None):
-    inc = F._increase(t, W, wrap_bits)
-    _, _, ft, lt, cnt = F.first_last(t, W)
+    inc = functions._increase(t, W, wrap_bits)
+    _, _, ft, lt, cnt = functions.first_last(t, W)
     span = lt - ft
     return np.where((cnt >= 2) & (span > 0), inc / span, np.nan)
 
@@ -87,7 +87,7 @@ def old_changes(t, W):
     if W.shape[1] == 0:
         return np.full(W.shape[0], np.nan)
     valid = ~np.isnan(W)
-    Fw = F._ffill(W, valid)
+    Fw = functions._ffill(W, valid)
     d = (W[:, 1:] != Fw[:, :-1]) & valid[:, 1:] & ~np.isnan(Fw[:, :-1])
     cnt = valid.sum(axis=1)
     return np.where(cnt > 0, d.sum(axis=1).astype(float), np.nan)
@@ -97,11 +97,11 @@ def _q(fn, q):
     return lambda t, W: fn(t, W, q)
 
 
-PAIRS = [(F.avg, old_avg), (F.wmin, old_wmin), (F.wmax, old_wmax), (F.stddev, old_stddev), (F.wsum, old_wsum),
-         (F.last, old_last), (F.changes, old_changes), (F.delta, old_delta), (F.increase, old_increase), (F.rate, old_rate),
-         (lambda t, W: F.increase(t, W, 32), lambda t, W: old_increase(t, W, 32)),
-         (lambda t, W: F.rate(t, W, 32), lambda t, W: old_rate(t, W, 32))] + \
-    [(_q(F.quantile, q), _q(old_quantile, q)) for q in (0.0, 0.5, 0.9, 0.95, 0.99, 1.0, 0.3)]
+PAIRS = [(functions.avg, old_avg), (functions.wmin, old_wmin), (functions.wmax, old_wmax), (functions.stddev, old_stddev), (functions.wsum, old_wsum),
+         (functions.last, old_last), (functions.changes, old_changes), (functions.delta, old_delta), (functions.increase, old_increase), (functions.rate, old_rate),
+         (lambda t, W: functions.increase(t, W, 32), lambda t, W: old_increase(t, W, 32)),
+         (lambda t, W: functions.rate(t, W, 32), lambda t, W: old_rate(t, W, 32))] + \
+    [(_q(functions.quantile, q), _q(old_quantile, q)) for q in (0.0, 0.5, 0.9, 0.95, 0.99, 1.0, 0.3)]
 
 special = st.sampled_from([0.0, -0.0, 1.0, -1.0, 2.0 ** 32 - 5, 3.0, math.inf, -math.inf, 1e300, math.nan])
 fcell = st.one_of(st.floats(-1e6, 1e6, allow_nan=False), special)
@@ -147,7 +147,7 @@ def test_kernel_fast_paths_on_store_sized_windows():
 
 def old_peer_dev(x, groups):
     out = np.full(len(x), np.nan)
-    for idx in F._groups(groups):
+    for idx in functions._groups(groups):
         v = x[idx]
         if len(idx) < 2:
             continue
@@ -161,7 +161,7 @@ def old_peer_dev(x, groups):
 
 def old_peer_median(x, groups):
     out = np.full(len(x), np.nan)
-    for idx in F._groups(groups):
+    for idx in functions._groups(groups):
         if not np.all(np.isnan(x[idx])):
             out[idx] = np.nanmedian(x[idx])
     return out
@@ -175,5 +175,5 @@ def test_peer_medians_equal_numpy_nanmedian_bit_for_bit(xs, gs):
     g = np.array(gs[: len(xs)], dtype=np.int64)
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
-        assert same(F.peer_dev(x, g), old_peer_dev(x, g))
-        assert same(F.peer_reduce(x, g, "median"), old_peer_median(x, g))
+        assert same(functions.peer_dev(x, g), old_peer_dev(x, g))
+        assert same(functions.peer_reduce(x, g, "median"), old_peer_median(x, g))
