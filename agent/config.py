@@ -19,6 +19,7 @@ from typing import Any, Mapping
 import yaml
 
 from skewd.model import parse_duration
+from skewd.rules.limits import RuleLimits
 from skewd.rules.yamlpos import Pos, SettingsFileError, deep_merge, read_settings
 
 DEFAULTS: dict[str, Any] = {
@@ -28,6 +29,7 @@ DEFAULTS: dict[str, Any] = {
     "sys_root": "/sys",
     "proc_root": "/proc",
     "rules": [],  # default: the shipped packs
+    "rule_limits": {},  # budgets for loading rule files (skewd.rules.limits.RuleLimits)
     "reload": {"watch": True, "poll_interval": "2s"},
     "evaluation_interval": "1s",
     "lookback": "60s",
@@ -67,6 +69,7 @@ class AgentConfig:
     sys_root: Path
     proc_root: Path
     rules: list[str]
+    rule_limits: RuleLimits
     reload_watch: bool
     reload_poll: float
     evaluation_interval: float
@@ -203,6 +206,12 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
     if not isinstance(rules, list) or not all(isinstance(r, str) for r in rules):
         problems.append(f"{pos('rules')}: rules must be a list of files or directories")
         rules = []
+    rule_limits = RuleLimits()
+    if not isinstance(merged.get("rule_limits") or {}, dict):
+        problems.append(f"{pos('rule_limits')}: rule_limits must be a mapping")
+    else:
+        rule_limits, bad = RuleLimits.from_mapping(merged.get("rule_limits") or {})
+        problems += [f"{pos('rule_limits')}: rule_limits: {b}" for b in bad]
     labels = merged.get("labels") or {}
     if not isinstance(labels, dict):
         problems.append(f"{pos('labels')}: labels must be a mapping of strings")
@@ -231,6 +240,7 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
     return AgentConfig(
         node=node, cluster=str(merged["cluster"]), labels={str(k): str(v) for k, v in labels.items()},
         sys_root=Path(merged["sys_root"]), proc_root=Path(merged["proc_root"]), rules=list(rules),
+        rule_limits=rule_limits,
         reload_watch=bool(reload.get("watch", True)), reload_poll=reload_poll,
         evaluation_interval=durations["evaluation_interval"], lookback=durations["lookback"],
         horizon=durations["horizon"], summary_interval=durations["summary_interval"],

@@ -58,7 +58,7 @@ class Agent:
         self.catalogue = catalogue or full_catalogue()
         self.clock = clock
         self.rule_paths = cfg.rules or [str(PACKS)]
-        self.rules = RuleManager(self.rule_paths, self.catalogue)
+        self.rules = RuleManager(self.rule_paths, self.catalogue, cfg.rule_limits)
         self.slots = slots if slots is not None else []
         self._given_slots = slots is not None
         self.pipeline: Pipeline | None = None

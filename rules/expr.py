@@ -29,9 +29,10 @@ import numpy as np
 from skewd.model import Catalogue, Kind, Scope, parse_duration
 
 from . import functions as F
+from .limits import DEFAULT_LIMITS, RuleLimits
 
-MAX_EXPR_LEN = 8192
-MAX_DEPTH = 64
+MAX_EXPR_LEN = DEFAULT_LIMITS.expr_chars
+MAX_DEPTH = DEFAULT_LIMITS.expr_depth
 
 
 class Code(str, Enum):
@@ -53,6 +54,8 @@ class Code(str, Enum):
     SCOPE_MISMATCH = "E016"
     REQUIRES_MISMATCH = "E017"
     IO = "E018"
+    LIMIT = "E019"
+    OUT_OF_RANGE = "E020"
 
     @property
     def slug(self) -> str:
@@ -107,10 +110,12 @@ def _split_strings(text: str) -> list[tuple[int, int, bool]]:
     return segs
 
 
-def rewrite_durations(text: str) -> tuple[str, list[float], list[tuple[int, int, int]]]:
+def rewrite_durations(text: str, limits: RuleLimits | None = None
+                      ) -> tuple[str, list[float], list[tuple[int, int, int]]]:
     """Replace duration literals by placeholder names.
 
-    Returns (new text, durations by placeholder index, spans (new_start, new_len, orig_len))."""
+    Returns (new text, durations by placeholder index, spans (new_start, new_len, orig_len)).
+    With ``limits``, a literal outside them raises an :class:`ExprError` at its offset."""
     out: list[str] = []
     durs: list[float] = []
     spans: list[tuple[int, int, int]] = []
@@ -126,7 +131,11 @@ def rewrite_durations(text: str) -> tuple[str, list[float], list[tuple[int, int,
             out.append(seg[last: m.start()])
             pos += m.start() - last
             name = _PLACEHOLDER.format(len(durs))
-            durs.append(parse_duration(m.group(1)))
+            d = parse_duration(m.group(1))
+            why = limits.duration_problem(d) if limits is not None else None
+            if why:
+                raise ExprError(Code.OUT_OF_RANGE, f"{m.group(1)}: {why}", a + m.start(1))
+            durs.append(d)
             spans.append((pos, len(name), len(m.group(1))))
             out.append(name)
             pos += len(name)
@@ -203,6 +212,7 @@ class CompileEnv:
     params: Mapping[str, Any] = field(default_factory=dict)  # name → number or duration string
     macros: Mapping[str, str] = field(default_factory=dict)
     lists: Mapping[str, list] = field(default_factory=dict)
+    limits: RuleLimits = DEFAULT_LIMITS
 
 
 @dataclass
@@ -432,6 +442,7 @@ class Compiler:
         self.uses_horizon = False
         self.windows: list = []
         self._macro_stack: list[str] = []
+        self._nodes = [0]  # syntax nodes compiled, macros included (shared with macro compilers)
         self._durs: list[float] = []
         self._spans: list = []
         self._src = ""
@@ -457,10 +468,12 @@ class Compiler:
     def _parse(self, text: str) -> ast.Expression:
         if not isinstance(text, str) or not text.strip():
             raise ExprError(Code.EXPR_SYNTAX, "empty expression", 0)
-        if len(text) > MAX_EXPR_LEN:
-            raise ExprError(Code.EXPR_SYNTAX, f"expression longer than {MAX_EXPR_LEN} characters", 0)
+        limit = self.env.limits.expr_chars
+        if len(text) > limit:
+            raise ExprError(Code.LIMIT, f"expression of {len(text)} characters; the limit is {limit} "
+                                        "(rule_limits.expr_chars)", 0)
         try:
-            src, durs, spans = rewrite_durations(text)
+            src, durs, spans = rewrite_durations(text, self.env.limits)
         except ValueError as e:
             raise ExprError(Code.BAD_DURATION, str(e), 0) from None
         self._durs, self._spans = durs, spans
@@ -503,8 +516,14 @@ class Compiler:
 
     # -- nodes -------------------------------------------------------------------------------
     def _expr(self, node: ast.AST, depth: int) -> _Node:
-        if depth > MAX_DEPTH:
-            raise self._fix(_err(Code.EXPR_SYNTAX, f"expression nested deeper than {MAX_DEPTH}", node))
+        lim = self.env.limits
+        if depth > lim.expr_depth:
+            raise self._fix(_err(Code.LIMIT, f"expression nested deeper than {lim.expr_depth} "
+                                             "(rule_limits.expr_depth)", node))
+        self._nodes[0] += 1
+        if self._nodes[0] > lim.expr_nodes:
+            raise self._fix(_err(Code.LIMIT, f"expression has more than {lim.expr_nodes} parts with its macros "
+                                             "expanded (rule_limits.expr_nodes)", node))
         try:
             return self._dispatch(node, depth + 1)
         except ExprError:
@@ -575,10 +594,10 @@ class Compiler:
                 raise self._fix(_err(Code.FORBIDDEN_SYNTAX, f"literal {v!r} not allowed; use numbers and strings", node))
             if isinstance(v, str):
                 return _Node(T.STR, lambda ctx, v=v: v, v)
-            try:
-                fv = float(v)
-            except OverflowError:
-                raise self._fix(_err(Code.EXPR_SYNTAX, "number too large", node)) from None
+            why = self.env.limits.number_problem(v)
+            if why:
+                raise self._fix(_err(Code.OUT_OF_RANGE, why, node))
+            fv = float(v)
             return _Node(T.NUM, lambda ctx, fv=fv: fv, fv)
         if isinstance(node, (ast.Tuple, ast.List)):
             items = []
@@ -678,14 +697,21 @@ class Compiler:
             if isinstance(v, bool):
                 raise self._fix(_err(Code.WRONG_TYPE, f"param {name} must be a number or a duration", node))
             if isinstance(v, (int, float)):
+                why = env.limits.number_problem(v)
+                if why:
+                    raise self._fix(_err(Code.OUT_OF_RANGE, f"param {name}: {why}", node))
                 fv = float(v)
                 return _Node(T.NUM, lambda ctx, fv=fv: fv, fv)
             if isinstance(v, list):
+                self._check_items(v, f"param {name}", node)
                 return _Node(T.LIST, lambda ctx, v=v: v, list(v))
             try:
                 d = parse_duration(str(v))
             except ValueError as e:
                 raise self._fix(_err(Code.BAD_DURATION, f"param {name}: {e}", node)) from None
+            why = env.limits.duration_problem(d)
+            if why:
+                raise self._fix(_err(Code.OUT_OF_RANGE, f"param {name}: {why}", node))
             return _Node(T.DUR, lambda ctx, d=d: d, d)
         if name in env.macros:
             if name in self._macro_stack:
@@ -695,6 +721,7 @@ class Compiler:
             try:
                 sub = Compiler(self.env, env.macros[name])
                 sub._macro_stack = list(self._macro_stack)
+                sub._nodes = self._nodes
                 tree = sub._parse(env.macros[name])
                 res = sub._expr(tree.body, depth)
             except ExprError as e:
@@ -709,6 +736,7 @@ class Compiler:
             return res
         if name in env.lists:
             items = list(env.lists[name])
+            self._check_items(items, f"list {name}", node)
             return _Node(T.LIST, lambda ctx, items=items: items, items)
         if name == "entity":
             return _Node(T.STRVEC, lambda ctx: ctx.names)
@@ -729,6 +757,15 @@ class Compiler:
         if name in FUNCTIONS:
             raise self._fix(_err(Code.WRONG_TYPE, f"{name} is a function: call it, e.g. {FUNCTION_DOCS.get(name, name)}", node))
         raise self._fix(self._unknown_name(name, node))
+
+    def _check_items(self, items: list, what: str, node: ast.AST) -> None:
+        """List items are numbers or strings, within the number limits (``in`` holds them as float64)."""
+        for i in items:
+            if isinstance(i, bool) or not isinstance(i, (int, float, str)):
+                raise self._fix(_err(Code.WRONG_TYPE, f"{what}: items must be numbers or strings", node))
+            why = self.env.limits.number_problem(i)
+            if why:
+                raise self._fix(_err(Code.OUT_OF_RANGE, f"{what}: {why}", node))
 
     def _unknown_name(self, name: str, node: ast.AST) -> ExprError:
         collectors = {s.collector for s in self.env.catalogue.values()}
@@ -840,7 +877,11 @@ class Compiler:
         # bitand
         if len(subs) != 2 or subs[1].t is not T.NUM:
             raise self._fix(_err(Code.WRONG_TYPE, "bitand(v, mask) takes a value and an integer mask", node))
-        f, mask = fns[0], int(subs[1].const)
+        mask_v = subs[1].const
+        if not (mask_v == mask_v and 0 <= mask_v < 2.0 ** 62 and float(mask_v).is_integer()):
+            raise self._fix(_err(Code.OUT_OF_RANGE, f"bitand() mask must be an integer in 0..2**62, got {mask_v:g}",
+                                 args[1]))
+        f, mask = fns[0], int(mask_v)
 
         def bitand(ctx):
             x = np.asarray(f(ctx), dtype=float)
@@ -876,8 +917,9 @@ class Compiler:
         return sig, fn, self._label(arg)
 
     def _series_fn(self, node: ast.AST, sig: str, depth: int) -> Callable[[np.ndarray], np.ndarray]:
-        if depth > MAX_DEPTH:
-            raise self._fix(_err(Code.EXPR_SYNTAX, "expression nested too deeply", node))
+        if depth > self.env.limits.expr_depth:
+            raise self._fix(_err(Code.LIMIT, f"expression nested deeper than {self.env.limits.expr_depth} "
+                                             "(rule_limits.expr_depth)", node))
         if isinstance(node, ast.Name) and node.id == sig:
             return lambda W: W
         if isinstance(node, ast.Compare):
@@ -922,8 +964,11 @@ class Compiler:
         if sub.t is not T.DUR:
             raise self._fix(_err(Code.WRONG_TYPE if sub.t is not T.NUM else Code.BAD_DURATION,
                                  f"{fname}() needs a duration here (e.g. 30s, 5m), got a {sub.t.value}", arg))
-        if not sub.const or sub.const <= 0:
+        if not sub.const or not sub.const > 0:
             raise self._fix(_err(Code.BAD_DURATION, f"{fname}() window must be longer than 0s", arg))
+        why = self.env.limits.duration_problem(float(sub.const))
+        if why:
+            raise self._fix(_err(Code.OUT_OF_RANGE, f"{fname}() window: {why}", arg))
         return float(sub.const)
 
     def _window_call(self, node: ast.Call, name: str, args: list, depth: int) -> _Node:
