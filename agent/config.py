@@ -44,7 +44,7 @@ DEFAULTS: dict[str, Any] = {
 }
 SECTION_KEYS: dict[str, set[str]] = {
     "reload": {"watch", "poll_interval"},
-    "spool": {"dir", "max_bytes", "max_messages", "fsync"},
+    "spool": {"dir", "max_bytes", "max_messages", "fsync", "fsync_interval", "memory_bytes"},
     "metrics": {"listen"},
     "record": {"dir", "max_bytes", "max_duration", "rotate"},
     "log": {"level", "format"},
@@ -117,6 +117,29 @@ def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
             except yaml.YAMLError:
                 cur[path[-1].lower()] = val
     return over
+
+
+def _spool_problems(spool: dict[str, Any], pos: Any) -> list[str]:
+    """Check the spool settings at load time (the Spool would refuse them only at start), and
+    turn ``fsync_interval`` into seconds."""
+    from .spool import FSYNC_POLICIES
+
+    out = []
+    if "fsync" in spool and spool["fsync"] not in FSYNC_POLICIES:
+        out.append(f"{pos('fsync')}: spool.fsync {spool['fsync']!r}: use one of {', '.join(FSYNC_POLICIES)} "
+                   "(always: no loss on power failure; interval: at most fsync_interval lost; never: the OS decides)")
+    for k, lo in (("max_bytes", 1), ("max_messages", 1), ("memory_bytes", 0)):
+        v = spool.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < lo):
+            out.append(f"{pos(k)}: spool.{k} must be an integer >= {lo}, got {v!r}")
+    if "fsync_interval" in spool:
+        try:
+            spool["fsync_interval"] = parse_duration(spool["fsync_interval"])
+            if spool["fsync_interval"] <= 0:
+                raise ValueError("must be longer than 0s")
+        except ValueError as e:
+            out.append(f"{pos('fsync_interval')}: spool.fsync_interval: {e}")
+    return out
 
 
 def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = None,
@@ -229,6 +252,8 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
             NatsConfig.from_dict(nats)
         except NatsConfigError as e:
             problems += [f"{pos('nats')}: {line.strip()}" for line in str(e).splitlines()[1:]]
+    spool = merged.get("spool") if isinstance(merged.get("spool"), dict) else {}
+    problems += _spool_problems(spool, lambda k: pos("spool", k))
     record = merged.get("record") if isinstance(merged.get("record"), dict) else {}
     if record.get("max_duration"):
         try:

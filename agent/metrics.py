@@ -49,6 +49,8 @@ class AgentMetrics:
             yield CounterMetricFamily("skewd_samples_dropped_out_of_order", "samples older than their series' newest",
                                       value=p.store.dropped_out_of_order)
             yield CounterMetricFamily("skewd_rule_evaluations", "evaluation ticks", value=p.engine.evaluations)
+            yield CounterMetricFamily("skewd_evaluation_tick_errors", "evaluation ticks that failed (logged)",
+                                      value=getattr(a, "tick_errors", 0))
             rules = GaugeMetricFamily("skewd_rules", "rules by status", labels=["status"])
             n_inactive = len(p.engine.inactive)
             rules.add_metric(["active"], len(p.engine.rules.rules) - n_inactive)
