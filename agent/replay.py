@@ -50,12 +50,13 @@ class ReplayError(Exception):
 # Inputs
 # ---------------------------------------------------------------------------------------------
 
-def open_segments(paths: Sequence[str | Path]) -> tuple[list[B.Segment], list[B.Damage]]:
+def open_segments(paths: Sequence[str | Path], limits: B.BundleLimits = B.DEFAULT_LIMITS
+                  ) -> tuple[list[B.Segment], list[B.Damage]]:
     """Every segment under ``paths``, oldest first; unusable ones are reported, not fatal."""
     segs, damage = [], []
     for p in B.find_segments(paths):
         try:
-            segs.append(B.Segment(p))
+            segs.append(B.Segment(p, limits))
         except B.BundleError as e:
             damage.append(B.Damage(e.path, e.offset or 0, e.message))
     segs.sort(key=lambda s: (s.start, str(s.path)))
@@ -241,7 +242,8 @@ class Replayer:
     def __init__(self, segments: Sequence[B.Segment], catalogue: Catalogue, *,
                  rules: Sequence[str | Path] | None = None, t_from: float | None = None,
                  t_to: float | None = None, nodes: Sequence[str] | None = None, group: bool = True,
-                 open_damage: Sequence[B.Damage] = (), range_eval: bool = True, max_range: int = 300) -> None:
+                 open_damage: Sequence[B.Damage] = (), range_eval: bool = True, max_range: int = 300,
+                 max_nodes: int = B.DEFAULT_LIMITS.nodes) -> None:
         """``range_eval``: evaluate each node's ticks in ranges of up to ``max_range`` ticks
         (same findings, see :meth:`events`); False evaluates at every tick as it is reached."""
         if not segments:
@@ -254,6 +256,8 @@ class Replayer:
         self.open_damage = list(open_damage)
         self.range_eval = bool(range_eval)
         self.max_range = max(1, int(max_range))
+        self.max_nodes = max(1, int(max_nodes))
+        self._refused_nodes: set[str] = set()
         self._sig_cache: dict[int, tuple] = {}
         self.stopped_early: list[str] = []
         self._fixed = _load(rules, catalogue) if rules else None
@@ -301,9 +305,19 @@ class Replayer:
     def _seg_nodes(seg: B.Segment) -> list[str]:
         return seg.nodes or [str(seg.meta.get("recorder_node") or "")]
 
-    def _pipeline(self, node: str, rs: RuleSet, seg: B.Segment) -> Pipeline:
+    def _pipeline(self, node: str, rs: RuleSet, seg: B.Segment) -> Pipeline | None:
+        """The node's pipeline, created on its first sample; None once ``max_nodes`` pipelines
+        exist (each holds a window store: a bundle naming 100,000 nodes must not take 3 GB)."""
         p = self.pipelines.get(node)
         avail = seg.meta.get("available_signals")
+        if p is None and len(self.pipelines) >= self.max_nodes:
+            if node not in self._refused_nodes:
+                self._refused_nodes.add(node)
+                if len(self._refused_nodes) == 1:
+                    self.stopped_early.append(
+                        f"{seg.path}: more than {self.max_nodes} nodes; the samples of the others are not replayed "
+                        "(skewd replay --limit nodes=N, or --node to pick)")
+            return None
         if p is None:
             lab = {k: v for k, v in self.labels.get(node, {}).items() if k != "cluster"}
             p = self.pipelines[node] = Pipeline(self.catalogue, rs, node=node, cluster=self.cluster, labels=lab,
@@ -406,7 +420,8 @@ class Replayer:
                 if got is None:
                     if waiting.get(node) and self._reconfigures(node, rs, seg):
                         yield from flush()  # a hot reload: the waiting ticks ran with the old rules
-                    self._pipeline(node, rs, seg)  # created in arrival order, as before
+                    if self._pipeline(node, rs, seg) is None:  # created in arrival order, as before
+                        continue  # past max_nodes (noted once)
                     got = due[node] = []
                 got.append(batch)
             evaluate = self.t_from is None or t >= self.t_from
@@ -426,6 +441,8 @@ class Replayer:
                 if self.range_eval and evaluate and waiting.get(node) and self._reconfigures(node, rs, seg):
                     yield from flush()
                 pipe = self._pipeline(node, rs, seg)
+                if pipe is None:
+                    continue
                 if evaluate:
                     if self.range_eval:
                         w = waiting.setdefault(node, [])
@@ -447,8 +464,9 @@ class Replayer:
             while sum_pos[i] < len(rec) and float(rec[sum_pos[i]]["t"]) <= t:
                 try:
                     made.append(wire.summary_from_dict(rec[sum_pos[i]]))
-                except wire.WireError as e:
-                    self.stopped_early.append(f"{seg.path}/{B.SUMMARIES}: summary skipped: {e}")
+                except Exception as e:  # noqa: BLE001 - any summary the decoder refuses, however it fails
+                    why = str(e) if isinstance(e, wire.WireError) else f"{type(e).__name__}: {e}"
+                    self.stopped_early.append(f"{seg.path}/{B.SUMMARIES}: summary skipped: {why[:300]}")
                 sum_pos[i] += 1
             pending += made
             if evaluate:
@@ -778,6 +796,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print on stderr how each rule is evaluated (range or per tick, and which window "
                         "functions have range kernels), then replay")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar or statistics on stderr")
+    p.add_argument("--limit", action="append", default=[], metavar="KEY=VALUE",
+                   help="raise a bundle reading budget, e.g. nodes=4096, meta_bytes=268435456 "
+                        "(see docs/reliability.md); rule files read under the agent's default rule_limits")
     return p
 
 
@@ -818,8 +839,9 @@ def _make_replayer(args: argparse.Namespace, segments: list[B.Segment], damage: 
     start = min(_first_tick(s) for s in segments)
     t_from = parse_time(args.t_from, start) if args.t_from else None
     t_to = parse_time(args.t_to, start) if args.t_to else None
+    limits = getattr(args, "bundle_limits", B.DEFAULT_LIMITS)
     return Replayer(segments, catalogue, rules=rules, t_from=t_from, t_to=t_to, nodes=args.node,
-                    group=not args.no_group, open_damage=damage, range_eval=range_eval)
+                    group=not args.no_group, open_damage=damage, range_eval=range_eval, max_nodes=limits.nodes)
 
 
 def explain(rep: Replayer) -> list[str]:
@@ -930,7 +952,8 @@ def main(argv: Sequence[str], out: TextIO | None = None, err: TextIO | None = No
     args = build_parser().parse_args(list(argv))
     try:
         speed = parse_speed(args.speed)
-        segments, damage = open_segments(args.bundles)
+        args.bundle_limits = B.BundleLimits.from_items(args.limit)
+        segments, damage = open_segments(args.bundles, args.bundle_limits)
     except (ValueError, B.BundleError) as e:
         print(f"skewd replay: {e}", file=err)
         return EXIT_USAGE
@@ -988,7 +1011,7 @@ def _diff(args: argparse.Namespace, segments: list[B.Segment], damage: list[B.Da
           out: TextIO, err: TextIO) -> int:
     runs = []
     for rules in args.diff:
-        segs, dmg = open_segments(args.bundles)  # fresh readers: no state shared between the runs
+        segs, dmg = open_segments(args.bundles, args.bundle_limits)  # fresh readers: no state shared
         rep = _make_replayer(args, segs, dmg, catalogue, [rules])
         runs.append(rep.run())
     a, b = runs
