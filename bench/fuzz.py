@@ -1385,7 +1385,7 @@ def merge(out: Path) -> dict[str, dict]:
 
 
 def fuzz(targets: list[str], *, inputs: int = 0, seconds: float = 0.0, procs: int = 2, seed: int = 1,
-         timeout: float = 5.0, out: Path | None = None, memory: int = 3 << 30,
+         timeout: float = 5.0, out: Path | None = None, memory: int = 3 << 30, start: int = 0,
          log: Callable[[str], None] = lambda s: None) -> dict[str, dict]:
     """Run the harness; returns per-target totals (see :func:`merge`). With ``inputs``, each
     target's inputs are split over ``procs`` shards; otherwise each target runs ``seconds``
@@ -1399,7 +1399,8 @@ def fuzz(targets: list[str], *, inputs: int = 0, seconds: float = 0.0, procs: in
     jobs: list[Job] = []
     if inputs:
         per = (inputs + procs - 1) // procs
-        jobs = [Job(t, k, 0, k * per, min(inputs, (k + 1) * per), float("inf")) for t in targets for k in range(procs)]
+        jobs = [Job(t, k, 0, start + k * per, start + min(inputs, (k + 1) * per), float("inf"))
+                for t in targets for k in range(procs)]
     else:
         jobs = [Job(t, 0, 0, 0, 1 << 62, 0.0) for t in targets]
     if not inputs:  # deadlines start when a job starts, not when it was queued
@@ -1452,6 +1453,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--targets", default=",".join(TARGETS), help=f"comma-separated (default all: {', '.join(TARGETS)})")
     ap.add_argument("--target", help="one target (with --reproduce)")
     ap.add_argument("--inputs", type=int, default=0, help="inputs per target, split over the processes")
+    ap.add_argument("--start", type=int, default=0,
+                    help="first input index (continue an earlier run of --inputs N with --start N)")
     ap.add_argument("--seconds", type=float, default=20.0, help="wall seconds per target and shard when --inputs is 0")
     ap.add_argument("--procs", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
@@ -1468,7 +1471,8 @@ def main(argv: list[str] | None = None) -> int:
     out = a.out or Path(tempfile.mkdtemp(prefix="skewd-fuzz-"))
     t0 = time.time()
     res = fuzz(targets, inputs=a.inputs, seconds=0.0 if a.inputs else a.seconds, procs=a.procs, seed=a.seed,
-               timeout=a.timeout, out=out, memory=a.memory, log=lambda s: print(s, file=sys.stderr, flush=True))
+               timeout=a.timeout, out=out, memory=a.memory, start=a.start,
+               log=lambda s: print(s, file=sys.stderr, flush=True))
     wall = time.time() - t0
     print(_table(res))
     print(f"wall {wall:.0f}s with {a.procs} process(es); crashes and stats in {out}")
