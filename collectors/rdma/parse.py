@@ -134,7 +134,7 @@ def resource_samples(text: str | None) -> list[Sample]:
         return []
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than the decoder goes
         return []
     out: list[Sample] = []
     for dev in data if isinstance(data, list) else []:
@@ -143,6 +143,6 @@ def resource_samples(text: str | None) -> list[Sample]:
             continue
         for key, sig in (("mr", "rdma_dev_mrs"), ("qp", "rdma_dev_qps")):
             v = dev.get(key)
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 2 ** 64:
                 out.append(Sample(name, sig, float(v)))
     return out

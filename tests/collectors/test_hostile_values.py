@@ -33,6 +33,17 @@ def test_sysfs_counters_past_64_bits_or_in_foreign_digits_are_not_samples() -> N
     assert speed_samples("eth0", HUGE) == [] and speed_samples("eth0", "25000")[0].value == 25000 * 125_000.0
 
 
+def test_deeply_nested_json_from_rdma_tool_or_nccl_inspector_is_refused_cleanly() -> None:
+    from skewd.collectors.nccl.parse import JsonStream, RecordError
+    from skewd.collectors.rdma.parse import resource_samples
+
+    deep = "[" * 100_000 + "]" * 100_000
+    assert resource_samples(deep) == []
+    assert resource_samples(f'[{{"ifname": "mlx5_0", "qp": {HUGE}, "mr": 3}}]') == [("mlx5_0", "rdma_dev_mrs", 3.0)]
+    with pytest.raises(RecordError, match="nested deeper"):
+        JsonStream().feed(deep)
+
+
 def test_proc_stat_with_an_impossible_tick_count_is_a_value_error() -> None:
     with pytest.raises(ValueError, match="not a 64-bit tick count"):
         host.parse_stat(f"cpu  {HUGE} 0 0 0\n")
