@@ -179,6 +179,7 @@ def test_kill_9_mid_write_loses_no_appended_record(tmp_path: Path) -> None:
     leaves no damage a reopen would have to skip (the torn tail, if any, is cut silently)."""
     d = tmp_path / "spool"
     acked: list[int] = []
+    reported = 0
     nxt = 0
     for round_ in range(12):
         p = subprocess.Popen([sys.executable, "-c", _WRITER, str(d), str(nxt)], stdout=subprocess.PIPE, text=True)
@@ -193,6 +194,7 @@ def test_kill_9_mid_write_loses_no_appended_record(tmp_path: Path) -> None:
         os.kill(p.pid, signal.SIGKILL)
         p.wait()
         acked += seen
+        reported += len(seen)
         with Spool(d) as sp:
             ids = [int(r.headers["Nats-Msg-Id"][3:]) for r in sp.peek(1_000_000)]
             assert sp.corrupt == 0
@@ -200,3 +202,5 @@ def test_kill_9_mid_write_loses_no_appended_record(tmp_path: Path) -> None:
         assert ids == sorted(set(ids))
         nxt = ids[-1] + 1
         acked = ids  # a record written but not yet reported is kept too
+    print(f"\nkill -9: 12 kills mid-append, {reported} appends reported done, {len(ids)} records on disk, "
+          "0 lost, 0 reordered")
