@@ -98,7 +98,7 @@ async def test_agent_keeps_evaluating_and_publishing_on_a_full_spool_disk(nats_s
         "evaluation_interval": "100ms", "metrics": {"listen": ""}, "reload": {"watch": False},
         "collectors": {"host": {"interval": "100ms"}},
         "nats": {"url": srv.url, "reconnect_time_wait": 0.2},
-        "spool": {"dir": str(smallfs.path / "spool"), "fsync_interval": "200ms"}})
+        "spool": {"dir": str(smallfs.path / "spool"), "fsync": "always", "fsync_interval": "200ms"}})
     agent = Agent(cfg, slots=build_slots(cfg, ["host"]))
     produced: list[str] = []
     agent.findings.listeners.append(lambda f: produced.append(f.event_id))
@@ -108,6 +108,7 @@ async def test_agent_keeps_evaluating_and_publishing_on_a_full_spool_disk(nats_s
         await asyncio.wait_for(agent.started.wait(), 10)
         pub = agent.publisher
         spool = pub.spool
+        assert (spool.fsync, spool.fsync_interval) == ("always", 0.2)  # spool.fsync reaches the spool
         await asyncio.wait_for(pub.wait_connected(5), 10)
         await _flips(flipper, 1.5)
         assert await pub.wait_drained(10) and produced
