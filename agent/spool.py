@@ -71,11 +71,12 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import itertools
 import json
 import logging
 import os
+import stat
 import struct
-import itertools
 import threading
 import time
 import zlib
@@ -812,7 +813,15 @@ def _make_private_dir(path: Path) -> None:
         except FileExistsError:
             pass
         os.chmod(d, DIR_MODE)  # mkdir's mode is filtered by the umask; this one is not widened by it
-    _tighten(path, DIR_MODE)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return
+    if st.st_uid == os.geteuid() and not st.st_mode & stat.S_ISVTX:  # never a shared dir such as /tmp
+        _tighten(path, DIR_MODE)
+    elif st.st_mode & 0o077:
+        log.warning("spool directory %s is shared (mode %o, owner uid %d): give the agent a directory of its "
+                    "own; its files stay 0600", path, stat.S_IMODE(st.st_mode), st.st_uid)
 
 
 def _tighten(path: Path, mode: int) -> None:

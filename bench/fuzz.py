@@ -26,13 +26,10 @@ Exit status: 0 when no target had an unhandled exception or a hang, 1 otherwise.
 from __future__ import annotations
 
 import argparse
-import base64
-import ctypes
 import gzip
 import hashlib
 import io
 import json
-import math
 import multiprocessing as mp
 import os
 import random
