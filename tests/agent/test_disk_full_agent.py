@@ -166,3 +166,41 @@ async def test_agent_keeps_evaluating_and_publishing_on_a_full_spool_disk(nats_s
     print(f"\ndisk full: produced {len(produced)}, delivered {len(got)}, lost {len(produced) - len(set(got))}, "
           f"duplicated {len(got) - len(set(got))}; {spooled_on_disk} spooled on disk before the disk filled, "
           f"{held} held in memory while it was full")
+
+
+async def test_a_failing_tick_is_logged_and_counted_and_the_loop_goes_on(tmp_path, caplog):
+    """Whatever breaks inside one evaluation tick (here: the pipeline raising once), the next
+    ticks run: the agent never exits because of one bad tick."""
+    proc = tmp_path / "proc"
+    shutil.copytree(FIXTURE, proc)
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(RULE)
+    cfg = load_config(None, env={}, collector_keys=collector_config_keys(), overrides={
+        "node": "t1", "cluster": "t", "proc_root": str(proc), "rules": [str(rules)],
+        "evaluation_interval": "100ms", "metrics": {"listen": ""}, "reload": {"watch": False},
+        "collectors": {"host": {"interval": "100ms"}}})
+    agent = Agent(cfg, slots=build_slots(cfg, ["host"]))
+    agent.setup()
+    real = agent.pipeline.evaluate
+    calls = {"n": 0}
+
+    def evaluate_once_broken(t):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise ValueError("write to closed file")  # what a broken spool used to raise
+        return real(t)
+
+    agent.pipeline.evaluate = evaluate_once_broken
+    stop = asyncio.Event()
+    task = asyncio.create_task(agent.run(stop))
+    try:
+        await asyncio.wait_for(agent.started.wait(), 10)
+        deadline = time.monotonic() + 10
+        while calls["n"] < 8 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert not task.done() and calls["n"] >= 8
+        assert agent.tick_errors == 1
+        assert any("evaluation tick" in r.message and "continuing" in r.message for r in caplog.records)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 20)
