@@ -24,6 +24,12 @@ case "$cmd" in
           (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium) \
             >/dev/null 2>&1 || echo "dev.sh: could not install chromium; the report rendering test will skip" >&2
         fi
+        # the Alertmanager sink test runs a real Alertmanager (Debian's package); as root, install it
+        if ! command -v prometheus-alertmanager >/dev/null 2>&1 && ! command -v alertmanager >/dev/null 2>&1 \
+           && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+          (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus-alertmanager) \
+            >/dev/null 2>&1 || echo "dev.sh: could not install prometheus-alertmanager; the real-Alertmanager test will skip" >&2
+        fi
         set +e; .venv/bin/python -m pytest "$@"; rc=$?; set -e
         # pytest exits 5 when it collected nothing: that is a failure of the suite, not a pass
         exit $rc ;;

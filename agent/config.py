@@ -2,10 +2,13 @@
 
 Unknown keys are errors (with a did-you-mean and file:line:col), every error is reported at
 once, and defaults make an empty file a working local agent. Environment variables override
-the file, for containers: ``SKEWD_NODE``, ``SKEWD_CLUSTER``, ``SKEWD_NATS_URL``,
-``SKEWD_SYS_ROOT``, ``SKEWD_PROC_ROOT``, ``SKEWD_RULES`` (``:``-separated paths),
-``SKEWD_METRICS_LISTEN``, and generically ``SKEWD__section__key=value`` (value parsed as YAML),
-e.g. ``SKEWD__collectors__pkt__interface=eth0``.
+the file, for containers: those in :data:`ENV_VARS` (``SKEWD_NODE``, ``SKEWD_NATS_URL``, ...),
+and generically ``SKEWD__section__key=value`` (value parsed as YAML), e.g.
+``SKEWD__collectors__pkt__interface=eth0``.
+
+:data:`DEFAULTS`, :data:`SECTION_KEYS`, :data:`ENV_VARS` and :data:`KEY_DOCS` are the schema:
+``docs/config.md`` is generated from them (``python -m skewd.configref --write docs/config.md``)
+and a test fails when a key has no line there.
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import os
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import yaml
 
@@ -35,7 +38,8 @@ DEFAULTS: dict[str, Any] = {
     "lookback": "60s",
     "horizon": "10m",
     "summary_interval": "1s",
-    "collectors": {},  # name → {enabled, interval, timeout, ...collector keys}
+    "collectors": {},  # name → {enabled, interval, timeout, required, ...collector keys}
+    "reprobe": {"min_interval": "1s", "max_interval": "1m"},
     "nats": {},  # see skewd.natsutil.NatsConfig; empty url → no publishing
     "spool": {"dir": "/var/lib/skewd/spool", "max_bytes": 256 * 1024 * 1024},
     "metrics": {"listen": "127.0.0.1:9465"},
@@ -44,15 +48,73 @@ DEFAULTS: dict[str, Any] = {
 }
 SECTION_KEYS: dict[str, set[str]] = {
     "reload": {"watch", "poll_interval"},
+    "reprobe": {"min_interval", "max_interval"},
     "spool": {"dir", "max_bytes", "max_messages", "fsync", "fsync_interval", "memory_bytes"},
     "metrics": {"listen"},
     "record": {"dir", "max_bytes", "max_duration", "rotate"},
     "log": {"level", "format"},
     "nats": {"url", "servers", "user", "password", "token", "nkey_seed_file", "creds_file", "tls_ca_file",
              "tls_cert_file", "tls_key_file", "tls_hostname", "name", "connect_timeout", "reconnect_time_wait",
-             "pending_size"},
+             "pending_size", "inbox_prefix"},
 }
 COMMON_COLLECTOR_KEYS = {"enabled", "interval", "timeout", "required"}
+
+#: environment variable → the key it sets (after the file, before command-line overrides)
+ENV_VARS: dict[str, str] = {
+    "SKEWD_NODE": "node",
+    "SKEWD_CLUSTER": "cluster",
+    "SKEWD_SYS_ROOT": "sys_root",
+    "SKEWD_PROC_ROOT": "proc_root",
+    "SKEWD_RULES": "rules",  # ':'-separated
+    "SKEWD_NATS_URL": "nats.url",
+    "SKEWD_METRICS_LISTEN": "metrics.listen",
+    "SKEWD_SPOOL_DIR": "spool.dir",
+}
+
+#: every key's meaning (a tuple gives the default as text where DEFAULTS cannot say it)
+KEY_DOCS: dict[str, str | tuple[str, str]] = {
+    "node": ("the host name", "this node's name: a NATS subject token (no spaces, dots, `*` or `>`)"),
+    "cluster": "cluster name, the subject token every message of this cluster carries",
+    "labels": "node labels sent with every summary and finding, e.g. `{tp_group: tp0, model: llama-70b}`; "
+              "the controller groups nodes by `tp_group` and rules may split peers by labels (`peers_by`)",
+    "sys_root": "where the host's `/sys` is mounted (`/host/sys` in a container)",
+    "proc_root": "where the host's `/proc` is mounted (`/host/proc` in a container)",
+    "rules": ("`[shipped]`", "rule files and directories, read in order (directories recursively); the word "
+              "`shipped` names the packs installed with skewd, e.g. `[shipped, /etc/skewd/site-rules.yaml]`"),
+    "reload.watch": "re-read the rule files when they change on disk (SIGHUP always does)",
+    "reload.poll_interval": "how often the rule files' modification times are compared",
+    "reprobe.min_interval": "first wait before an inactive collector (absent, unavailable, needing an operator) "
+                            "is probed again; the wait doubles after each failed probe",
+    "reprobe.max_interval": "longest wait between two probes of an inactive collector (SIGHUP probes at once)",
+    "evaluation_interval": "how often the rules are evaluated",
+    "lookback": "what a bare signal name in a rule means: its latest value within this window",
+    "horizon": "how long samples are kept in memory (the longest rule window must fit)",
+    "summary_interval": "how often the node summary is published to the controller",
+    "collectors": "per-collector settings, `collectors.<name>.<key>` (tables below)",
+    "spool.dir": "where findings wait on disk while NATS is unreachable (a subdirectory per node)",
+    "spool.max_bytes": "spool size bound; the oldest findings are evicted beyond it (counted in health `drops`)",
+    "spool.max_messages": ("`100000`", "spool bound in findings"),
+    "spool.fsync": ("`interval`", "`always` (every append survives power loss), `interval` (at most every "
+                    "second), `never` (left to the OS); a crashed process loses nothing either way"),
+    "metrics.listen": "the agent's own Prometheus `/metrics`; empty turns it off (binds localhost unless told)",
+    "record.dir": "record capture bundles here continuously (`<dir>/<node>/seg-NNNNNN`); empty: off",
+    "record.max_bytes": "the whole recording stays within this size (each of `rotate` segments gets its share)",
+    "record.max_duration": "the recording covers about this much of the latest time",
+    "record.rotate": "segments kept, the oldest deleted; 0: one segment, recording stops when it is full",
+    "log.level": "`debug`, `info`, `warning` or `error`",
+    "log.format": "`json` (one object per line) or `text`",
+}
+
+#: the keys every collector accepts, ``collectors.<name>.<key>``
+COMMON_COLLECTOR_DOCS: dict[str, tuple[str, str]] = {
+    "enabled": ("`true`", "`false` switches the collector off (it is never probed)"),
+    "interval": ("the collector's own (below)", "collection period"),
+    "timeout": ("0.8 × interval (vllm, exporter: half the interval, at most 2 s)",
+                "a collection (or scrape) running longer is abandoned and counted; must be shorter than "
+                "the interval"),
+    "required": ("`false`", "`true`: not being active is an operator error (`needs_operator`, and "
+                 "`skewd agent --check` exits 3)"),
+}
 
 
 class ConfigError(Exception):
@@ -84,6 +146,9 @@ class AgentConfig:
     log: dict[str, Any]
     source: str = "<defaults>"
     raw: dict[str, Any] = field(default_factory=dict)
+    #: backoff between probes of an inactive collector (agent/scheduler.py)
+    reprobe_min: float = 1.0
+    reprobe_max: float = 60.0
 
     def collector_config(self, name: str) -> dict[str, Any]:
         return dict(self.collectors.get(name, {}))
@@ -93,17 +158,15 @@ class AgentConfig:
 
 def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
     over: dict[str, Any] = {}
-    simple = {"SKEWD_NODE": "node", "SKEWD_CLUSTER": "cluster", "SKEWD_SYS_ROOT": "sys_root",
-              "SKEWD_PROC_ROOT": "proc_root"}
-    for var, key in simple.items():
-        if env.get(var):
-            over[key] = env[var]
-    if env.get("SKEWD_NATS_URL"):
-        over.setdefault("nats", {})["url"] = env["SKEWD_NATS_URL"]
-    if env.get("SKEWD_RULES"):
-        over["rules"] = [p for p in env["SKEWD_RULES"].split(":") if p]
-    if env.get("SKEWD_METRICS_LISTEN"):
-        over.setdefault("metrics", {})["listen"] = env["SKEWD_METRICS_LISTEN"]
+    for var, key in ENV_VARS.items():
+        if not env.get(var):
+            continue
+        value: Any = [p for p in env[var].split(":") if p] if key == "rules" else env[var]
+        *sections, last = key.split(".")
+        cur = over
+        for sec in sections:
+            cur = cur.setdefault(sec, {})
+        cur[last] = value
     for var, val in env.items():
         if var.startswith("SKEWD__"):
             path = [p for p in var[len("SKEWD__"):].split("__") if p]
@@ -126,8 +189,9 @@ def _spool_problems(spool: dict[str, Any], pos: Any) -> list[str]:
 
     out = []
     if "fsync" in spool and spool["fsync"] not in FSYNC_POLICIES:
-        out.append(f"{pos('fsync')}: spool.fsync {spool['fsync']!r}: use one of {', '.join(FSYNC_POLICIES)} "
-                   "(always: no loss on power failure; interval: at most fsync_interval lost; never: the OS decides)")
+        out.append(f"{pos('fsync')}: spool.fsync must be {', '.join(FSYNC_POLICIES[:-1])} or {FSYNC_POLICIES[-1]}, "
+                   f"got {spool['fsync']!r} (always: no loss on power failure; interval: at most fsync_interval "
+                   "lost; never: the OS decides)")
     for k, lo in (("max_bytes", 1), ("max_messages", 1), ("memory_bytes", 0)):
         v = spool.get(k)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < lo):
@@ -144,8 +208,17 @@ def _spool_problems(spool: dict[str, Any], pos: Any) -> list[str]:
 
 def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = None,
                 overrides: Mapping[str, Any] | None = None,
-                collector_keys: Mapping[str, set[str]] | None = None) -> AgentConfig:
-    """Read, merge (defaults < file < env < overrides) and validate. Raises ConfigError."""
+                collector_keys: Mapping[str, set[str]] | None = None,
+                collector_checks: Mapping[str, Callable[[dict[str, Any]], list[str]]] | None = None
+                ) -> AgentConfig:
+    """Read, merge (defaults < file < env < overrides) and validate. Raises ConfigError.
+
+    ``collector_keys`` (name → accepted keys) turns on the check of ``collectors:``: unknown
+    collectors and keys are errors. ``collector_checks`` (name → ``Collector.config_problems``)
+    lets each enabled collector validate its own settings here, at load time, so a bad
+    endpoint URL is an operator error at startup rather than a collector "unavailable" for
+    the agent's whole life. Without it, the checks of the shipped collectors run whenever
+    ``collector_keys`` is given (:func:`skewd.agent.scheduler.collector_config_checks`)."""
     env = os.environ if env is None else env
     problems: list[str] = []
     doc: Any = {}
@@ -183,6 +256,7 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         problems.append(f"{pos('collectors')}: collectors must map collector names to settings")
         collectors = {}
     known = collector_keys or {}
+    checks = collector_checks
     for name, cc in collectors.items():
         if known and name not in known:
             hint = difflib.get_close_matches(name, known, n=1)
@@ -209,6 +283,19 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         if "interval" in cc and "timeout" in cc and cc["timeout"] >= cc["interval"]:
             problems.append(f"{pos('collectors', name, 'timeout')}: collectors.{name}.timeout must be shorter "
                             f"than its interval ({cc['interval']:g}s)")
+        for bk in ("enabled", "required"):
+            if bk in cc and not isinstance(cc[bk], bool):
+                problems.append(f"{pos('collectors', name, bk)}: collectors.{name}.{bk} must be true or false")
+        if cc.get("enabled") is False and cc.get("required") is True:
+            problems.append(f"{pos('collectors', name)}: collectors.{name} is both disabled and required")
+        if known and cc.get("enabled") is not False:
+            if checks is None:
+                from .scheduler import collector_config_checks
+
+                checks = collector_config_checks()
+            check = checks.get(name)
+            if check is not None:
+                problems += [f"{pos('collectors', name)}: {p}" for p in check(cc)]
     durations = {}
     for k in ("evaluation_interval", "lookback", "horizon", "summary_interval"):
         try:
@@ -217,6 +304,19 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
                 raise ValueError("must be longer than 0s")
         except ValueError as e:
             problems.append(f"{pos(k)}: {k}: {e}")
+    reprobe = merged["reprobe"] if isinstance(merged.get("reprobe"), dict) else {}
+    reprobe_s = {}
+    for k, default in (("min_interval", 1.0), ("max_interval", 60.0)):
+        try:
+            reprobe_s[k] = parse_duration(reprobe.get(k, default))
+            if reprobe_s[k] <= 0:
+                raise ValueError("must be longer than 0s")
+        except ValueError as e:
+            problems.append(f"{pos('reprobe', k)}: reprobe.{k}: {e}")
+            reprobe_s[k] = default
+    if reprobe_s["max_interval"] < reprobe_s["min_interval"]:
+        problems.append(f"{pos('reprobe', 'max_interval')}: reprobe.max_interval must not be shorter than "
+                        "reprobe.min_interval")
     reload = merged["reload"] if isinstance(merged.get("reload"), dict) else {}
     try:
         reload_poll = parse_duration(reload.get("poll_interval", "2s"))
@@ -252,6 +352,11 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
             NatsConfig.from_dict(nats)
         except NatsConfigError as e:
             problems += [f"{pos('nats')}: {line.strip()}" for line in str(e).splitlines()[1:]]
+    logc = merged.get("log") if isinstance(merged.get("log"), dict) else {}
+    if str(logc.get("level", "info")).lower() not in ("debug", "info", "warning", "error"):
+        problems.append(f"{pos('log', 'level')}: log.level must be debug, info, warning or error")
+    if logc.get("format", "json") not in ("json", "text"):
+        problems.append(f"{pos('log', 'format')}: log.format must be json or text")
     spool = merged.get("spool") if isinstance(merged.get("spool"), dict) else {}
     problems += _spool_problems(spool, lambda k: pos("spool", k))
     record = merged.get("record") if isinstance(merged.get("record"), dict) else {}
@@ -271,7 +376,7 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         horizon=durations["horizon"], summary_interval=durations["summary_interval"],
         collectors=collectors, nats=dict(merged.get("nats") or {}), spool=dict(merged["spool"]),
         metrics_listen=str(merged["metrics"].get("listen", "")), record=record, log=dict(merged["log"]),
-        source=where, raw=merged,
+        source=where, raw=merged, reprobe_min=reprobe_s["min_interval"], reprobe_max=reprobe_s["max_interval"],
     )
 
 

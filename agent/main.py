@@ -10,14 +10,21 @@ from .config import ConfigError, load_config
 from .scheduler import collector_config_keys
 
 
-def parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="skewd agent", description="Run the skewd node agent.")
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="skewd agent", description="Run the skewd node agent.",
+        epilog="--check exit status: 0 ready; 1 the rules do not load; 2 invalid config; 3 a collector "
+               "marked required: true is not active (use it as systemd ExecStartPre=).")
     p.add_argument("--config", "-c", help="agent config YAML (default: built-in defaults + SKEWD_* env)")
-    p.add_argument("--check", action="store_true", help="list collectors and rules active on this host, then exit 0")
+    p.add_argument("--check", action="store_true", help="list collectors and rules active on this host, then exit (status below)")
     p.add_argument("--json", action="store_true", help="with --check: machine-readable output")
     p.add_argument("--node", help="override the node name")
     p.add_argument("--nats", help="override nats.url")
-    return p.parse_args(argv)
+    return p
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    return build_parser().parse_args(list(argv))
 
 
 def main(argv: list[str]) -> int:

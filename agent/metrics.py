@@ -8,13 +8,17 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Iterator
 
-from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from skewd import metrics
 
 if TYPE_CHECKING:
     from .runner import Agent
 
 log = logging.getLogger("skewd.agent.metrics")
+
+#: publisher values that go down as well as up (everything else it reports is a count)
+PUBLISHER_GAUGES = frozenset({"connected", "spool_depth", "spool_bytes"})
 
 
 class AgentMetrics:
@@ -51,11 +55,23 @@ class AgentMetrics:
             yield CounterMetricFamily("skewd_rule_evaluations", "evaluation ticks", value=p.engine.evaluations)
             yield CounterMetricFamily("skewd_evaluation_tick_errors", "evaluation ticks that failed (logged)",
                                       value=getattr(a, "tick_errors", 0))
-            rules = GaugeMetricFamily("skewd_rules", "rules by status", labels=["status"])
-            n_inactive = len(p.engine.inactive)
-            rules.add_metric(["active"], len(p.engine.rules.rules) - n_inactive)
-            rules.add_metric(["inactive"], n_inactive)
+            # the same answer as health and --check (agent/rulestatus.py): the controller's rules are
+            # neither active here nor inactive; clock_weakened overlaps the others
+            st = a.rule_status(a.clock())
+            rules = GaugeMetricFamily("skewd_rules", "rules by status: active/inactive on this node, "
+                                      "controller (evaluated by the controller over node summaries), "
+                                      "clock_weakened (this node's unsynced clock weakens them)", labels=["status"])
+            rules.add_metric(["active"], len(st.active))
+            rules.add_metric(["inactive"], len(st.inactive))
+            rules.add_metric(["controller"], len(st.controller))
+            rules.add_metric(["clock_weakened"], len(st.clock_weakened))
             yield rules
+            clk = a.clock_now(a.clock())
+            yield GaugeMetricFamily("skewd_clock_synced", "1 when the kernel reports the clock synchronised (adjtimex)",
+                                    value=1.0 if clk.synced else 0.0)
+            if clk.max_error_s is not None:
+                yield GaugeMetricFamily("skewd_clock_max_error_seconds", "the kernel's clock error bound (adjtimex "
+                                        "maxerror)", value=clk.max_error_s)
             f = CounterMetricFamily("skewd_findings", "finding transitions by state", labels=["state"])
             for state, n in sorted({"pending": 0, "firing": 0, "resolved": 0, **p.findings_total}.items()):
                 f.add_metric([state], n)
@@ -69,10 +85,11 @@ class AgentMetrics:
             yield alerts
         pub = a.publisher
         if pub is not None:
-            m = pub.metrics()
-            for k, v in sorted(m.items()):
-                name = f"skewd_publisher_{k}"
-                yield GaugeMetricFamily(name, f"publisher {k.replace('_', ' ')}", value=float(v))
+            # counts that only rise are counters (exposed with _total, so rate() applies); the
+            # state values (connected, spool depth and bytes) are gauges
+            for k, v in sorted(pub.metrics().items()):
+                family = GaugeMetricFamily if k in PUBLISHER_GAUGES else CounterMetricFamily
+                yield family(f"skewd_publisher_{k}", f"publisher {k.replace('_', ' ')}", value=float(v))
         yield _reloads(a)
 
 
@@ -84,13 +101,6 @@ def _reloads(a: "Agent") -> CounterMetricFamily:
 
 
 def serve(agent: "Agent", listen: str):
-    """Start the endpoint; returns the server (call .shutdown()) or None when disabled."""
-    if not listen:
-        return None
-    host, _, port = listen.rpartition(":")
-    host = host.strip("[]") or "127.0.0.1"
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(AgentMetrics(agent))
-    server, _thread = start_http_server(int(port), addr=host, registry=registry)
-    log.info("metrics on http://%s:%s/metrics", host, server.server_port)
-    return server
+    """Start the endpoint (with ``process_*`` and ``skewd_build_info``); returns the server
+    (call .shutdown()) or None when disabled."""
+    return metrics.serve(metrics.registry("agent", AgentMetrics(agent)), listen, "agent")

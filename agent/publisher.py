@@ -35,13 +35,14 @@ import logging
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from skewd import wire
 from skewd.agent.spool import RecordTooLarge, Spool
+from skewd.collectors.base import Connection
 from skewd.model import Finding
 from skewd.natsutil import (NatsConfig, NatsConfigError, NatsError, NatsUnavailableError, connect,
-                            describe_error, ensure_streams, redact_url, refusal)
+                            describe_error, ensure_streams, redact_url, refusal, socket_endpoints)
 
 log = logging.getLogger("skewd.agent.publisher")
 
@@ -104,6 +105,10 @@ class Publisher:
         self._tasks: list[asyncio.Task] = []
         self._closing = False
         self._outage_logged = False
+        #: called with the connection's ends on every (re)connect (see add_connect_listener)
+        self._connect_listeners: list[Callable[[Connection], None]] = []
+        #: ends of the current connection, None while disconnected or unknown
+        self.endpoints: Connection | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -277,8 +282,23 @@ class Publisher:
         log.info("connected to NATS at %s", redact_url(str(self._nc.connected_url.geturl())))
         self._set_connected()
 
+    def add_connect_listener(self, fn: Callable[[Connection], None]) -> None:
+        """Call ``fn((local, peer))`` with the ends of the TCP connection each time one is made
+        (first connect and every reconnect; not when the ends cannot be read). The agent uses
+        it to keep its own NATS connection out of the packet features."""
+        self._connect_listeners.append(fn)
+        if self.endpoints is not None:
+            fn(self.endpoints)
+
     def _set_connected(self) -> None:
         assert self._connected is not None and self._refused is not None
+        self.endpoints = socket_endpoints(self._nc)
+        if self.endpoints is not None:
+            for fn in self._connect_listeners:
+                try:
+                    fn(self.endpoints)
+                except Exception:  # a listener's bug must not stop publishing
+                    log.exception("NATS connect listener failed")
         self.stats.connected = True
         self._streams_ready = not (self.manage_streams and self.streams)
         self._outage_logged = False
@@ -309,6 +329,7 @@ class Publisher:
             log.debug("%s", msg)
 
     async def _on_disconnected(self) -> None:
+        self.endpoints = None
         if self.stats.connected and not self._closing:
             self.stats.disconnects += 1
             log.warning("disconnected from NATS; spooling findings (%d waiting)", self.spool.depth)

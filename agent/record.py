@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from skewd import __version__
+from skewd import __version__, cliargs
 from skewd.model import Catalogue, Finding, SampleBatch, SignalSpec, parse_duration
 
 from . import bundle as B
@@ -164,11 +164,14 @@ class Recorder:
         if roll:
             self._roll()
 
-    def set_available_signals(self, signals: Iterable[str] | None) -> None:
+    def set_available_signals(self, signals: Iterable[str] | None, roll: bool = False) -> None:
         """The signals this host's active collectors supply (what the agent passed to
         ``Engine.set_available_signals``). Recorded so replay marks the same rules inactive as
-        the live agent did; applies to segments opened from now on."""
+        the live agent did; applies to segments opened from now on. ``roll``: the set changed
+        while recording (a collector came up late), so start a new segment that carries it."""
         self._available = None if signals is None else sorted(set(signals))
+        if roll:
+            self._roll()
 
     # -- sink protocol ---------------------------------------------------------------------------
     def on_batch(self, batch: SampleBatch) -> None:
@@ -461,18 +464,23 @@ def parse_size(text: str | int) -> int:
     return int(float(m.group(1)) * _MULT[(m.group(2) or "")[:1].lower()])
 
 
-def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="skewd record",
                                 description="Record a capture bundle from this host's active collectors "
                                             "(with the agent's rule evaluation) for later `skewd replay`.")
     p.add_argument("--out", "-o", required=True, help="bundle directory to create or extend")
-    p.add_argument("--duration", "-d", default=None, help="stop after this long (e.g. 60s, 5m); default: until Ctrl-C")
+    p.add_argument("--duration", "-d", type=cliargs.duration, default=None,
+                   help="stop after this long (e.g. 60s, 5m30s; a bare number is seconds); default: until Ctrl-C")
     p.add_argument("--config", "-c", help="agent config YAML (collectors, intervals, rules, node, labels)")
     p.add_argument("--max-bytes", default="1G", help="stop when the bundle reaches this size (default 1G)")
     p.add_argument("--node", help="override the node name")
     p.add_argument("--rules", action="append", help="rule files/directories (default: config rules, or the shipped packs)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress line on stderr")
-    return p.parse_args(list(argv))
+    return p
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    return build_parser().parse_args(list(argv))
 
 
 def main(argv: Sequence[str]) -> int:
@@ -484,7 +492,7 @@ def main(argv: Sequence[str]) -> int:
     from .scheduler import collector_config_keys
 
     try:
-        duration = parse_duration(args.duration) if args.duration else None
+        duration = args.duration
         max_bytes = parse_size(args.max_bytes)
     except ValueError as e:
         print(f"skewd record: {e}", file=sys.stderr)
@@ -518,6 +526,11 @@ def main(argv: Sequence[str]) -> int:
                 print(f"  {i}", file=sys.stderr)
             return 2
         ruleset = res.ruleset
+    try:  # before any collector starts: an unwritable --out fails now, not at the first write
+        cliargs.check_output_dir(args.out)
+    except cliargs.OutputError as e:
+        print(f"skewd record: --out: {e}", file=sys.stderr)
+        return 2
     return asyncio.run(_record(cfg, catalogue, ruleset, Path(args.out), duration, max_bytes, args.quiet))
 
 
@@ -527,7 +540,9 @@ async def _record(cfg: Any, catalogue: Catalogue, ruleset: Any, out: Path, durat
 
     from . import summary as summary_mod
     from .pipeline import Pipeline
-    from .scheduler import LiveSource, availability, build_slots
+    from skewd.rules.counts import rule_counts
+
+    from .scheduler import Backoff, LiveSource, availability, build_slots
 
     slots = build_slots(cfg)
     active = [s.name for s in slots if s.active]
@@ -547,8 +562,8 @@ async def _record(cfg: Any, catalogue: Catalogue, ruleset: Any, out: Path, durat
     signals |= {s.name for s in catalogue.values() if s.collector == "agent"}
     pipe.engine.set_available_signals(signals, reasons)
     recorder.set_available_signals(signals)
-    print(f"skewd record: node {cfg.node}, collectors {', '.join(active)}; {len(ruleset.rules)} rules "
-          f"({len(pipe.engine.inactive)} inactive); writing {out}", file=sys.stderr)
+    print(f"skewd record: node {cfg.node}, collectors {', '.join(active)}; rules: "
+          f"{rule_counts(pipe.engine).describe()}; writing {out}", file=sys.stderr)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (_signal.SIGINT, _signal.SIGTERM):
@@ -556,7 +571,15 @@ async def _record(cfg: Any, catalogue: Catalogue, ruleset: Any, out: Path, durat
             loop.add_signal_handler(sig, stop.set)
         except (NotImplementedError, RuntimeError, ValueError):
             pass
-    source = LiveSource(slots)
+    def on_change(_slot: Any, _old: Any) -> None:  # a collector came up (or went) while recording
+        sig, why = availability(slots)
+        sig |= {s.name for s in catalogue.values() if s.collector == "agent"}
+        pipe.engine.set_available_signals(sig, why)
+        recorder.set_available_signals(sig, roll=True)
+        print(f"skewd record: collector {_slot.name} {_slot.status.availability.value}; rules: "
+              f"{rule_counts(pipe.engine).describe()}", file=sys.stderr)
+
+    source = LiveSource(slots, backoff=Backoff(cfg.reprobe_min, cfg.reprobe_max), on_change=on_change)
     source.start()
     t0 = time.time()
     next_tick = t0

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal as _signal
 import time
 from pathlib import Path
@@ -20,13 +19,15 @@ from skewd import __version__, wire
 from skewd.catalogue import full_catalogue
 from skewd.model import NODE_SCOPES, Catalogue, Finding, SampleBatch
 from skewd.rules.cli import PACKS
+from skewd.rules.paths import rule_mtimes
 from skewd.rules.reload import ReloadResult, RuleManager
 
 from . import summary as summary_mod
 from .clock import clock_state
+from .rulestatus import RuleStatus, clock_words, rule_status
 from .config import AgentConfig
 from .pipeline import Pipeline
-from .scheduler import CollectorSlot, LiveSource, availability, build_slots
+from .scheduler import Backoff, CollectorSlot, LiveSource, availability, build_slots
 
 log = logging.getLogger("skewd.agent")
 
@@ -78,6 +79,8 @@ class Agent:
         self.last_summary: dict[str, float] = {}
         self.started = asyncio.Event()
         self._clock: tuple[float, Any] | None = None
+        #: a collector changed availability: publish health at the next tick, not in 10 s
+        self._health_now = False
 
     # -- setup -------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -94,8 +97,15 @@ class Agent:
             level = logging.INFO if s.active else logging.WARNING
             log.log(level, "collector %s: %s%s", s.name, s.status.availability.value,
                     f" ({s.status.reason})" if s.status.reason else "")
-        for rid, why in self.pipeline.engine.inactive.items():
+        st = rule_status(self.pipeline.engine, self.catalogue, self.clock_now(self.clock()))
+        for rid, why in st.inactive.items():
             log.info("rule %s inactive: %s", rid, why)
+        if st.controller:
+            log.info("%d rules evaluated by the controller over node summaries: %s", len(st.controller),
+                     ", ".join(st.controller))
+        if st.clock_weakened:
+            log.warning("clock %s: weakens %s (the controller cannot tell this node's cross-node lags from "
+                        "clock error)", clock_words(self.clock_now(self.clock())), ", ".join(st.clock_weakened))
 
     def _apply_availability(self) -> None:
         signals, reasons = availability(self.slots)
@@ -110,7 +120,28 @@ class Agent:
 
     # -- reload --------------------------------------------------------------------------------
     def request_reload(self) -> None:
+        """SIGHUP: re-read the rule files and probe every inactive collector again now."""
         self._reload_requested = True
+        if self.source is not None:
+            self.source.reprobe_now()
+
+    def _on_collector_change(self, slot: CollectorSlot, old: Any) -> None:
+        """A collector became active or stopped being so: recompute which rules can run here
+        (and tell the log which ones changed), record the new availability in a new capture
+        segment, and publish health at the next tick."""
+        eng = self.pipeline.engine
+        before = {r.id for r in eng.rules.rules if r.id not in eng.inactive and eng.evaluates(r)}
+        self._apply_availability()
+        after = {r.id for r in eng.rules.rules if r.id not in eng.inactive and eng.evaluates(r)}
+        if after - before:
+            log.info("collector %s %s: rules now active: %s", slot.name, slot.status.availability.value,
+                     ", ".join(sorted(after - before)))
+        if before - after:
+            log.warning("collector %s %s: rules now inactive: %s", slot.name, slot.status.availability.value,
+                        ", ".join(sorted(before - after)))
+        if self.recorder is not None:
+            self.recorder.set_available_signals(eng.available, roll=True)
+        self._health_now = True
 
     def maybe_reload(self) -> ReloadResult | None:
         changed = False
@@ -151,7 +182,9 @@ class Agent:
             self._metrics_server = serve(self, self.cfg.metrics_listen)
         except OSError as e:
             log.error("metrics endpoint %s not started: %s", self.cfg.metrics_listen, e)
-        self.source = LiveSource(self.slots, clock=self.clock)
+        self.source = LiveSource(self.slots, clock=self.clock,
+                                 backoff=Backoff(self.cfg.reprobe_min, self.cfg.reprobe_max),
+                                 on_change=self._on_collector_change)
         self.source.start()
         self.started.set()
         interval = self.cfg.evaluation_interval
@@ -180,7 +213,8 @@ class Agent:
                     next_reload_check = now + self.cfg.reload_poll
                     if self.maybe_reload() is not None:
                         await self._send_health(now)
-                if now >= next_health:
+                if now >= next_health or self._health_now:
+                    self._health_now = False
                     next_health = now + 10.0
                     await self._send_health(now)
         finally:
@@ -210,9 +244,7 @@ class Agent:
         return findings
 
     async def _send_summary(self, now: float) -> None:
-        if self._clock is None or now - self._clock[0] > 30.0:  # the discipline changes slowly
-            self._clock = (now, clock_state())
-        clk = self._clock[1]
+        clk = self.clock_now(now)
         msg = summary_mod.make_summary(self.pipeline.store, self.cfg.node, self.cfg.cluster, now,
                                        self.cfg.summary_interval, clock_synced=clk.synced,
                                        clock_error=clk.max_error_s, labels=self.cfg.labels)
@@ -225,19 +257,32 @@ class Agent:
         if self.publisher is not None and await self.publisher.publish_summary(msg):
             self.summaries_sent += 1
 
+    def clock_now(self, now: float) -> Any:
+        """The kernel's clock discipline, read at most every 30 s (it changes slowly)."""
+        if self._clock is None or now - self._clock[0] > 30.0:
+            self._clock = (now, clock_state())
+        return self._clock[1]
+
+    def rule_status(self, now: float) -> RuleStatus:
+        """Rules by where and whether they run, and what this node's clock costs them: the one
+        answer health, /metrics and the view give (agent/rulestatus.py)."""
+        return rule_status(self.pipeline.engine, self.catalogue, self.clock_now(now))
+
     def health(self, now: float) -> Any:
-        eng = self.pipeline.engine
         collectors = {s.name: wire.CollectorHealth(state=s.status.availability.value,
                                                    reason=s.status.reason or s.last_error) for s in self.slots}
-        rules = wire.RulesHealth(active=sum(1 for r in eng.rules.rules if r.id not in eng.inactive and eng.evaluates(r)),
-                                 inactive=dict(eng.inactive))
+        st = self.rule_status(now)
+        clk = self.clock_now(now)
+        rules = wire.RulesHealth(active=len(st.active), inactive=dict(st.inactive), controller=list(st.controller),
+                                 clock_weakened=dict(st.clock_weakened))
         lr = self.last_reload
         reload = wire.ReloadStatus(ok=True) if lr is None else wire.ReloadStatus(
             ok=lr.ok, error="" if lr.ok else "\n".join(str(i) for i in lr.issues), t=now)
         spool_depth = self.publisher.spool.depth if self.publisher is not None else 0
         drops = self.publisher.drops() if self.publisher is not None else {}
         return wire.Health(node=self.cfg.node, cluster=self.cfg.cluster, t=now, collectors=collectors, rules=rules,
-                           last_reload=reload, spool_depth=spool_depth, drops=drops, agent_version=__version__)
+                           last_reload=reload, spool_depth=spool_depth, drops=drops, agent_version=__version__,
+                           clock=wire.ClockHealth(clk.synced, clk.max_error_s, clk.source))
 
     async def _send_health(self, now: float) -> None:
         if self.publisher is not None:
@@ -246,7 +291,7 @@ class Agent:
     async def _start_sinks(self) -> None:
         nats = self.cfg.nats
         if nats.get("url") or nats.get("servers"):
-            from skewd.natsutil import NatsConfig
+            from skewd.natsutil import NatsConfig, inbox_prefix
 
             from .publisher import Publisher
             from .spool import Spool
@@ -254,9 +299,12 @@ class Agent:
             spool_dir = Path(self.cfg.spool.get("dir") or "/var/lib/skewd/spool") / self.cfg.node
             sc = self.cfg.spool
             spool = Spool(spool_dir, max_bytes=int(sc.get("max_bytes", 256 << 20)),
-                          max_messages=sc.get("max_messages", 100_000), fsync=sc.get("fsync", "interval"),
+                          max_messages=sc.get("max_messages", 100_000), fsync=str(sc.get("fsync", "interval")),
                           fsync_interval=sc.get("fsync_interval", 1.0), memory_bytes=sc.get("memory_bytes", 4 << 20))
-            self.publisher = Publisher(NatsConfig.from_dict(nats), spool, cluster=self.cfg.cluster)
+            # replies under this node's own inbox: what a per-node NATS user may read (docs/security.md)
+            ncfg = NatsConfig.from_dict(nats).with_default_inbox(inbox_prefix("agent", self.cfg.cluster, self.cfg.node))
+            self.publisher = Publisher(ncfg, spool, cluster=self.cfg.cluster)
+            self.publisher.add_connect_listener(self._leave_out_own_connection)
             await self.publisher.start()
         if self.cfg.record.get("dir"):
             from .record import Recorder
@@ -265,6 +313,13 @@ class Agent:
             # replay must leave inactive the rules this host could not evaluate
             self.recorder.set_available_signals(self.pipeline.engine.available)
             self.pipeline.add_sink(self.recorder)
+
+    def _leave_out_own_connection(self, conn: Any) -> None:
+        """The agent's NATS connection is the agent's traffic, not the node's: every collector
+        that sees connections (packet capture) leaves it out, so it is never a finding's entity."""
+        for s in self.slots:
+            if s.collector is not None:
+                s.collector.ignore_connections([conn])
 
     async def shutdown(self) -> None:
         if self.source is not None:
@@ -280,48 +335,3 @@ class Agent:
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server = None
-
-
-def _suffix(name: str) -> str:
-    """``PurePath(name).suffix``."""
-    i = name.rfind(".")
-    return name[i:] if 0 < i < len(name) - 1 else ""
-
-
-def rule_mtimes(paths: list[str]) -> dict[str, float]:
-    """``{str(f): mtime for f in rule_files(paths)}`` (-1.0 where stat fails) plus
-    ``{"<dir>/": entry count}`` per rules directory (a new file counts as a change)."""
-    out: dict[str, float] = {}
-    counts: dict[str, float] = {}
-    for p in paths:
-        base = str(Path(p))
-        try:
-            entries = list(os.scandir(base))
-        except OSError:
-            if os.path.isdir(base):
-                raise  # as rule_files does (an unreadable rules directory)
-            entries = None
-        if entries is None:  # a file (or nothing): rule_files passes it through
-            try:
-                out[base] = os.stat(base).st_mtime
-            except OSError:
-                out[base] = -1.0
-            continue
-        found = []
-        for e in entries:
-            if (_suffix(e.name) in (".yaml", ".yml") and not e.name.endswith((".test.yaml", ".test.yml"))
-                    and e.is_file()):
-                found.append(e)
-        for e in sorted(found, key=lambda e: e.name):
-            key = e.name if base == "." else os.path.join(base, e.name)  # str(Path(base) / name)
-            try:
-                out[key] = e.stat().st_mtime
-            except OSError:
-                out[key] = -1.0
-        counts[f"{p}/"] = float(len(entries))
-    out.update(counts)
-    return out
-
-
-def default_spool_dir() -> str:
-    return os.environ.get("SKEWD_SPOOL_DIR", "/var/lib/skewd/spool")

@@ -21,6 +21,7 @@ from skewd.rules.store import WindowStore
 from skewd import __version__
 
 from . import steps as steps_mod
+from .engines import engine_values
 
 
 @dataclass(frozen=True)
@@ -246,6 +247,7 @@ def make_summary(store: WindowStore, node: str, cluster: str, t: float, interval
     if st is not None:
         values.update(steps_mod.summary_values(st))
     signals: dict[str, dict[str, float | None]] = {k: {"": v} for k, v in values.items()}
+    signals.update(engine_values(store, node, t, interval))  # each engine's own (agent/engines.py)
     if st is not None:
         starts, nbytes = steps_mod.settled_steps(st, t, interval)
         if len(starts):

@@ -14,8 +14,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from skewd import wire
+from skewd import cliargs, wire
 from skewd.natsutil import EmbeddedNatsServer, NatsConfig, connect, redact_url
+from skewd.rules.counts import rule_counts
 
 from .config import ConfigError, load_config
 from .scheduler import collector_config_keys
@@ -24,15 +25,20 @@ from .view import LiveView, ViewState
 log = logging.getLogger("skewd.up")
 
 
-def parse(argv: list[str]) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="skewd up", description="Embedded local stack: nats-server, controller, agent, live view.")
     p.add_argument("--config", "-c", help="agent config YAML (collectors, rules, labels)")
     p.add_argument("--nats", help="use this NATS server instead of starting one")
     p.add_argument("--state-dir", help="where the embedded server and spool keep data (default: a temp dir)")
-    p.add_argument("--duration", type=float, help="stop after this many seconds (default: until Ctrl-C)")
+    p.add_argument("--duration", type=cliargs.duration,
+                   help="stop after this long (e.g. 90s, 5m30s; a bare number is seconds); default: until Ctrl-C")
     p.add_argument("--no-controller", action="store_true", help="agent only")
     p.add_argument("--plain", action="store_true", help="print lines instead of redrawing the screen")
-    return p.parse_args(argv)
+    return p
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    return build_parser().parse_args(list(argv))
 
 
 def main(argv: list[str]) -> int:
@@ -116,8 +122,7 @@ async def run(args: argparse.Namespace, out=None) -> int:
             st = ViewState(
                 title=title,
                 collectors=[(s.name, s.active, s.status.reason, s.interval) for s in agent.slots],
-                rules_active=sum(1 for r in eng.rules.rules if r.id not in eng.inactive and eng.evaluates(r)),
-                rules_inactive=len(eng.inactive), signals=dict(agent.last_summary),
+                rules=rule_counts(eng), signals=dict(agent.last_summary),
                 findings=list(agent.findings.items), suggestions=list(suggestions), notes=notes)
             view.update(st)
             try:

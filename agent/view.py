@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, TextIO
 
 from skewd.model import Finding, State
+from skewd.rules.counts import RuleCounts
 
 CLEAR = "\x1b[H\x1b[2J"
 BOLD, DIM, RED, YELLOW, GREEN, RESET = "\x1b[1m", "\x1b[2m", "\x1b[31m", "\x1b[33m", "\x1b[32m", "\x1b[0m"
@@ -44,8 +45,7 @@ KEY_SIGNALS: list[tuple[str, str, Callable[[float], str]]] = [
 class ViewState:
     title: str
     collectors: list[tuple[str, bool, str, float]] = field(default_factory=list)  # name, active, reason, interval
-    rules_active: int = 0
-    rules_inactive: int = 0
+    rules: RuleCounts | None = None  # skewd.rules.counts: the same numbers as agent --check
     signals: dict[str, float] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
     suggestions: list[dict[str, Any]] = field(default_factory=list)
@@ -68,8 +68,7 @@ class LiveView:
         for n, a, why, _ in st.collectors:
             if not a:
                 lines.append(f"  {DIM}inactive {n}: {why}{RESET}"[: width + 10])
-        lines.append(f"{BOLD}rules{RESET}  {st.rules_active} active, {st.rules_inactive} inactive "
-                     f"{DIM}(skewd agent --check says why){RESET}")
+        lines.append(f"{BOLD}rules{RESET}  {_rules(st)} {DIM}(skewd agent --check says why){RESET}")
         sig = [f"{label} {fmt(st.signals[k])}" for k, label, fmt in KEY_SIGNALS if k in st.signals]
         lines.append(f"{BOLD}key signals{RESET}  " + ("  ·  ".join(sig) if sig else f"{DIM}waiting for data{RESET}"))
         lines += ["", f"{BOLD}findings{RESET} (latest first)"]
@@ -120,12 +119,16 @@ class LiveView:
             self.out.write(st.title + "\n")
             for n, a, why, i in st.collectors:
                 self.out.write(f"collector {n}: {'active every %gs' % i if a else 'inactive: ' + why}\n")
-            self.out.write(f"rules: {st.rules_active} active, {st.rules_inactive} inactive\n")
+            self.out.write(f"rules: {_rules(st)}\n")
         new_s = st.suggestions[self._printed_suggestions:]
         for s in new_s:
             self.out.write("suggestion " + _plain(self.suggestion_line(s)) + "\n")
         self._printed_suggestions = len(st.suggestions)
         self.out.flush()
+
+
+def _rules(st: ViewState) -> str:
+    return st.rules.describe() if st.rules is not None else "not loaded"
 
 
 def _plain(s: str) -> str:

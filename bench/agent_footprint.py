@@ -94,7 +94,7 @@ def default_route_interface() -> str | None:
     return None
 
 
-def write_config(d: Path, nats_url: str, pkt_iface: str | None) -> Path:
+def write_config(d: Path, nats_url: str, pkt_iface: str | None, qdisc_hz: float | None = None) -> Path:
     cfg = {
         "node": "bench-node",
         "cluster": "bench",
@@ -103,8 +103,13 @@ def write_config(d: Path, nats_url: str, pkt_iface: str | None) -> Path:
         "metrics": {"listen": f"127.0.0.1:{free_port()}"},
         "log": {"level": "warning", "format": "json"},
     }
+    collectors: dict = {}
     if pkt_iface:
-        cfg["collectors"] = {"pkt": {"interface": pkt_iface}}
+        collectors["pkt"] = {"interface": pkt_iface}
+    if qdisc_hz is not None:
+        collectors["netdev"] = {"qdisc_sample_hz": qdisc_hz}
+    if collectors:
+        cfg["collectors"] = collectors
     p = d / "agent.yaml"
     p.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return p
@@ -150,14 +155,14 @@ def start_py_spy(pid: int, seconds: float, out: str) -> subprocess.Popen | None:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def run(minutes: float, warmup: float, pkt: str, py_spy: str | None = None) -> dict:
+def run(minutes: float, warmup: float, pkt: str, py_spy: str | None = None, qdisc_hz: float | None = None) -> dict:
     iface = default_route_interface() if pkt == "auto" else (None if pkt == "none" else pkt)
     work = Path(tempfile.mkdtemp(prefix="skewd-bench-footprint-"))
     server = EmbeddedNatsServer(store_dir=str(work / "js"))
     proc: subprocess.Popen | None = None
     try:
         server.start()
-        cfg = write_config(work, server.url, iface)
+        cfg = write_config(work, server.url, iface, qdisc_hz)
         env = {k: v for k, v in os.environ.items() if not k.startswith("SKEWD")}
         err = open(work / "agent.log", "wb")
         t_start = time.monotonic()
@@ -227,9 +232,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="interface for the pkt collector: auto (default route), a name, or none")
     ap.add_argument("--json", action="store_true", help="also print the figures as one JSON line")
     ap.add_argument("--py-spy", metavar="FILE", help="profile the agent over the measured window into FILE")
+    ap.add_argument("--qdisc-sample-hz", type=float, default=None,
+                    help="netdev's root-qdisc samples per second (default: the collector's; 0 = off)")
     a = ap.parse_args(argv)
     try:
-        r = run(a.minutes, a.warmup, a.pkt_interface, a.py_spy)
+        r = run(a.minutes, a.warmup, a.pkt_interface, a.py_spy, a.qdisc_sample_hz)
     except (RuntimeError, OSError) as e:
         print(f"agent footprint: could not run: {e}", file=sys.stderr)
         return 1

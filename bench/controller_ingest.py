@@ -353,9 +353,12 @@ def offline(nodes: int, rate: float, seconds: float, warm: float, profile: str |
 
     from skewd.controller.config import load_config
     from skewd.controller.service import Controller
-    from skewd.lab.harness import CaptureJetStream, MemoryState
+    from skewd.controller.offline import CaptureJetStream, MemoryState
 
-    cfg = load_config(None, env={}, overrides={"cluster": CLUSTER, "log": {"level": "error"}})
+    # the summaries' clock runs from 1.7e9 at whatever rate is asked, not this machine's: the
+    # clock check against the controller's (ingest.max_clock_skew) is off, as for a replay
+    cfg = load_config(None, env={}, overrides={"cluster": CLUSTER, "log": {"level": "error"},
+                                              "ingest": {"max_clock_skew": "0s"}})
     ctl = Controller(cfg, wall_clock=lambda: 0.0)
     ctl.state = MemoryState(CLUSTER)
     ctl.js = CaptureJetStream()

@@ -5,9 +5,11 @@
 ``skewd controller`` runs as its own process (the real command: default settings, shipped
 rule packs) against a real ``nats-server`` started here. This process plays the agents of
 ``--groups`` TP groups in real time: every node publishes the summary a real agent sends once a
-second (its collective burst starts on a 50 ms decode step, +-0.3 ms jitter, clock error
-0.5 ms, topology labels), and from a staggered onset one node of each group starts every
-collective ``--late-ms`` late: a TP straggler (EW-1), one independent fault per group.
+second (its step timing on its own clock - compute gap, wait, period, as agent/steps.py reports
+it - its collective step starts on a 50 ms decode step, +-0.3 ms jitter, clock error 0.5 ms,
+topology labels), and from a staggered onset one node of each group computes ``--late-ms``
+longer every step while its peers wait for it: a TP straggler (EW-1), one independent fault per
+group.
 
 Measured per group, on this machine's wall clock: onset (the first late summary is sent) →
 the controller's firing EW-1 finding arrives on the findings subject → the remap suggestion
@@ -40,10 +42,12 @@ CLUSTER = "e2e"
 PERIOD = 0.05  # decode step: one collective burst per step on every TP peer
 JITTER = 0.0003
 CLOCK_ERR = 0.0005
+COMPUTE = 0.035  # compute gap per step (the rest of the step is the all-reduce)
 
 
-def summary(node: str, rank: int, group: str, t: float, late: float) -> bytes:
-    """One agent summary at ``t`` covering the last second (values invented for the benchmark)."""
+def summary(node: str, rank: int, group: str, t: float, late: float, waits: float) -> bytes:
+    """One agent summary at ``t`` covering the last second (values invented for the benchmark):
+    ``late`` the node's extra compute per step, ``waits`` how long it waits for a late peer."""
     from skewd import __version__, wire
 
     k0 = int((t - 1.0) / PERIOD) + 1
@@ -57,7 +61,14 @@ def summary(node: str, rank: int, group: str, t: float, late: float) -> bytes:
            "summary_gpu_util_mean_ratio": {"": 0.8}, "summary_pcie_rx_bytes_per_second": {"": 1.0e10},
            "summary_rdma_xmit_bytes_per_second": {"": 6.4e9}, "summary_requests_running": {"": 64.0},
            "summary_requests_waiting": {"": 2.0}, "summary_kv_cache_usage_ratio": {"": 0.6},
-           "summary_engine_phase": {"": 1.0}}
+           "summary_engine_phase": {"": 1.0},
+           # the node's own step timing (agent/steps.py): the group's period stretches by the lag
+           "summary_collective_period_seconds": {"": PERIOD + max(late, waits)},
+           "summary_collective_compute_seconds": {"": COMPUTE + late},
+           "summary_collective_wait_seconds": {"": 0.0005 + waits},
+           "summary_collective_step_bytes": {"": 6.4e9 * PERIOD},
+           "summary_collective_steps": {"": 10.0 / (PERIOD + max(late, waits))},
+           "summary_collective_regularity_ratio": {"": 0.95}}
     msg = wire.Summary(node=node, cluster=CLUSTER, t=t, interval=1.0, signals=sig,
                        clock_sync=wire.ClockSync(True, CLOCK_ERR), agent_version=__version__)
     d = wire.to_dict(msg)
@@ -112,10 +123,12 @@ async def play(url: str, groups: int, per: int, late_s: float, first_onset: floa
             delay = t - time.time()
             if delay > 0:
                 await asyncio.sleep(delay)
-            late = late_s if n == culprit[g] and t >= onset_at[g] else 0.0
+            faulty = t >= onset_at[g]
+            late = late_s if n == culprit[g] and faulty else 0.0
+            waits = late_s if n != culprit[g] and faulty else 0.0
             if late and g not in onset_wall:
                 onset_wall[g] = time.time()
-            await nc.publish(wire.summary_subject(CLUSTER, n), summary(n, r, g, t, late))
+            await nc.publish(wire.summary_subject(CLUSTER, n), summary(n, r, g, t, late, waits))
         second += 1
     await asyncio.sleep(2.0)
     await nc.close()

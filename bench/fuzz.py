@@ -1090,7 +1090,7 @@ def run_bundle(ctx: dict, data: bytes) -> None:
             seg.readable_until(name)
         (seg.start, seg.end, seg.nodes, seg.node_labels, seg.settings, seg.cluster, seg.catalogue())
         try:
-            rep = Replayer([seg], ctx["cat"], group=True)
+            rep = Replayer([seg], ctx["cat"])
             rep.run()
         except (ReplayError, B.BundleError):
             pass

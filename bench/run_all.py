@@ -30,6 +30,7 @@ BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
     # loaded 2-core machine; a 2,000-packet prefix (its rate is per packet) keeps the smoke run short
     "pkt_offline": (["--json"], ["--packets", "20000", "--repeat", "1", "--scapy-packets", "2000", "--json"]),
     "live_capture": (["--json"], ["--seconds", "1", "--json"]),
+    "qdisc_sampler": (["--json"], ["--seconds", "0.5", "--rates", "20", "--json"]),
     "rule_engine": (["--json"], ["--ticks", "3", "--json"]),
     "replay_speed": (["--json"], ["--hours", "0.01", "--json"]),
     "agent_footprint": (["--json"], ["--minutes", "0.1", "--warmup", "5", "--json"]),

@@ -4,6 +4,33 @@ A collector is a small package ``collectors/<name>/`` with thin I/O in ``collect
 parsing in ``parse.py`` and its signals in ``catalogue.py``. The scheduler calls
 ``collect(t)`` with the tick time: collectors stamp samples with ``t`` (or with the true
 capture time for packet data) and never decide time on their own.
+
+The lifecycle, as ``agent/scheduler.py`` drives it:
+
+1. **Construct** ``Cls(node, config, sys_root=, proc_root=)``: parse and check the settings,
+   touch nothing on the host. A bad setting raises ValueError naming the key: the agent
+   reports it when it loads its config (:meth:`Collector.config_problems`), as an operator
+   error, never as "temporarily unavailable".
+2. **probe()** says whether this host can supply the signals now. It never raises, and it
+   *holds nothing*: whatever it opens (a socket, an NVML session, an HTTP connection) is
+   closed before it returns. An inactive collector is probed again and again for the life of
+   the agent (with backoff, and on SIGHUP) until it turns active: a vLLM still loading its
+   model at boot, a dump directory NCCL has not created yet.
+3. **start()** acquires what collecting needs and returns quickly (background work goes on a
+   thread). It runs only after a probe said active. If it raises, the collector is
+   unavailable and probed again later.
+4. **collect(t)** runs on a worker thread with a timeout; a collection still running when the
+   next is due is skipped, never queued. May raise CollectorError (counted by stage).
+5. **stop()** releases everything; idempotent and safe when start() never ran. At stop the
+   scheduler waits for a collection still running up to its timeout and discards its
+   samples; one that outlives that (a read hung in the kernel) is abandoned on its thread and
+   stop() is called anyway, so collect() must tolerate a concurrent or earlier stop() (return
+   or raise, never crash the process). A stopped collector can be started again.
+
+Failure kinds (:class:`Availability`): ``absent`` (nothing to do here), ``unavailable``
+(retried quietly), ``needs_operator`` (say exactly what to fix), ``disabled`` (config).
+A collector marked ``required: true`` in the config is reported ``needs_operator`` whenever it
+is not active, and ``skewd agent --check`` exits 3 for it.
 """
 from __future__ import annotations
 
@@ -12,7 +39,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Mapping, Sequence
 
 from skewd.model import SampleBatch, SignalSpec
 
@@ -62,6 +89,10 @@ class CollectorError(Exception):
         self.stage = stage
 
 
+#: one TCP connection as its two ends, ``((local address, port), (peer address, port))``
+Connection = tuple[tuple[str, int], tuple[str, int]]
+
+
 class Collector(ABC):
     """Base class. Subclasses set ``name``, ``catalogue`` and ``default_interval``."""
 
@@ -70,6 +101,8 @@ class Collector(ABC):
     default_interval: ClassVar[float] = 1.0
     #: config keys this collector accepts (besides the common ``enabled``/``interval``/``timeout``)
     config_keys: ClassVar[frozenset[str]] = frozenset()
+    #: each of those keys (but the common ones) → (default as text, meaning): docs/config.md
+    config_docs: ClassVar[dict[str, tuple[str, str]]] = {}
 
     def __init__(self, node: str, config: Mapping[str, Any] | None = None,
                  sys_root: str | Path = "/sys", proc_root: str | Path = "/proc") -> None:
@@ -80,10 +113,28 @@ class Collector(ABC):
         self.stats = CollectorStats()
         self.started = False
 
+    # -- configuration ---------------------------------------------------------------------
+    @classmethod
+    def config_problems(cls, config: Mapping[str, Any]) -> list[str]:
+        """Operator errors in this collector's settings, found without touching the host (the
+        agent calls this when it loads its config). The default builds an instance, which
+        parses the settings, and reports its ValueError; collectors that keep a config error
+        for probe() to report override this."""
+        try:
+            cls("config-check", config)
+        except ValueError as e:
+            msg = str(e)
+            if msg.startswith(f"{cls.name}: "):
+                msg = msg[len(cls.name) + 2:]
+            return [msg if msg.startswith("collectors.") else f"collectors.{cls.name}: {msg}"]
+        return []
+
     # -- lifecycle -------------------------------------------------------------------------
     @abstractmethod
     def probe(self) -> Status:
-        """Cheap check whether this host can supply the signals. Never raises."""
+        """Cheap check whether this host can supply the signals now. Never raises and holds
+        nothing (whatever it opens is closed before it returns); called repeatedly while the
+        collector is inactive."""
 
     def start(self) -> None:
         """Acquire resources. Returns quickly (background work goes on a thread)."""
@@ -101,6 +152,12 @@ class Collector(ABC):
         """Signals this collector supplies when active (rules needing others are inactive).
         Mapping collectors (exporter scrapes) override this with what their mapping yields."""
         return {s.name for s in self.catalogue}
+
+    def ignore_connections(self, conns: Sequence[Connection]) -> None:
+        """The agent's own connections (its NATS client), to leave out of what this collector
+        reports: the agent's traffic is not the node's, and must never become a finding's
+        entity. Called from the agent's event loop whenever the set changes (each (re)connect);
+        only collectors that see individual connections (packet capture) have anything to do."""
 
     def unavailable_reason(self, signal_name: str) -> str:
         """Why an active collector does not supply one of its catalogued signals."""

@@ -2,7 +2,7 @@
 did-you-mean and ``file:line:col``; every problem is reported at once), defaults that make an
 empty file a working single-cluster controller, and the environment overrides containers use:
 ``SKEWD_CLUSTER``, ``SKEWD_NATS_URL`` (comma-separated servers), ``SKEWD_RULES``
-(``:``-separated paths), ``SKEWD_CONTROLLER_ID``.
+(``:``-separated paths), ``SKEWD_CONTROLLER_ID``, ``SKEWD_METRICS_LISTEN`` (``host:port``; empty: off).
 
 The topology section names the tensor-parallel (TP) and pipeline-parallel (PP) groups and the
 models they serve. Agents may declare their own group through summary labels; the file wins
@@ -19,8 +19,10 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from skewd.model import parse_duration
-from skewd.natsutil import NatsConfig, NatsConfigError
+from skewd.natsutil import NatsConfig, NatsConfigError, inbox_prefix
 from skewd.rules.yamlpos import Pos, SettingsFileError, deep_merge, read_settings
+
+from .culprit import CulpritEvidence
 
 DEFAULTS: dict[str, Any] = {
     "cluster": "default",
@@ -88,12 +90,67 @@ DEFAULTS: dict[str, Any] = {
                         # missing steps (EW-9) or a straggler (EW-1) on that node (fault lab, agent bursts:
                         # ew4 seeds 1 and 3, ew6 seed 1, pcie9 seed 1)
                         {"source": ["EW-4", "EW-6", "PCIE-9"], "target": ["EW-1", "EW-9"], "equal": ["node"]},
-                    ]},
+                        # direct evidence beats inference: a node whose own egress/ingress drops packets or
+                        # backs up (qdisc/NIC drops, a backlog, a saturated link, an RDMA loss storm)
+                        # explains why its collectives look late, skipped or uneven to the controller - the
+                        # cross-node finding naming that node joins the node's own incident (real lab, issue 19:
+                        # a tbf drop storm's NS-7 on the right node, and a false EW-9 on the same group)
+                        {"source": ["NS-4", "NS-5", "NS-7", "NS-9", "EW-6"], "target": ["EW-1", "EW-3", "EW-9"],
+                         "equal": ["node"]},
+                    ],
+                    # node-local findings that measure a fault on their own node directly (drops,
+                    # backlog, saturation, loss counted by that node's kernel or NIC): a cross-node
+                    # inference naming ANOTHER node never inhibits them (docs/controller.md)
+                    "direct_evidence": ["NS-4", "NS-5", "NS-7", "NS-9", "EW-6"],
+                    # where each culprit rule's finding holds the measurement that names its node
+                    # (controller/culprit.py): an evidence label of the rule (its expression's text) and
+                    # the param it must exceed. Rules that put culprit_measure / culprit_bar into their
+                    # evidence themselves need no entry; a rule with neither names no culprit.
+                    "culprit_evidence": {
+                        # clock-free: its compute gap over the other members' median (seconds)
+                        "EW-1-tp-straggler": {"measure": "avg(summary_collective_compute_seconds, window)",
+                                              "minus": "peer_others(avg(summary_collective_compute_seconds, window))",
+                                              "above": "lag", "steps": "min(summary_collective_steps, window)",
+                                              "min_steps": "min_steps"},
+                        "EW-1-tp-straggler-aligned": {"measure": "avg(ctl_arrival_lag_excess_seconds, window)",
+                                                      "above": "lag", "steps": "min(ctl_aligned_steps, window)",
+                                                      "min_steps": "min_steps"},
+                        "EW-2-pp-handoff-gap": {"measure": "avg(ctl_pp_gap_ratio, window)", "above": "ratio"},
+                        "EW-3-collective-bytes-skew": {"measure": "peer_dev(1 + avg(ctl_collective_bytes_dev_ratio, window))",
+                                                       "above": "dev", "abs": True,
+                                                       "steps": "min(ctl_aligned_steps, window)",
+                                                       "min_steps": "min_steps"},
+                        "EW-3-cross-node-load-skew": {"measure": "peer_dev(avg(summary_rdma_xmit_bytes_per_second, window))",
+                                                      "above": "dev", "abs": True},
+                        "EW-9-early-stop-skew": {"measure": "peer_dev(avg(summary_rdma_xmit_bytes_per_second, window))",
+                                                 "above": "quiet", "negate": True,
+                                                 "steps": "min(ctl_aligned_steps, window)", "min_steps": "min_steps"},
+                        "EW-9-missing-steps": {"measure": "avg(ctl_step_missing_ratio, window)", "above": "missing"},
+                    }},
     "remap": {"ttl": "10m", "min_confidence": 0.3, "concurrency_factor": 0.75, "reroute_weight": 0.5},
     "consumer": {"durable": "", "queue": "", "ack_wait": "10s", "batch": 64},  # default names: skewd-controller-<cluster>
     "state": {"bucket": "SKEWD_CONTROLLER", "max_age": "7d"},
+    # what the controller accepts from agents (docs/controller.md, "What the controller trusts"):
+    # max_clock_skew: a summary whose t, or a finding whose times, lie further than this from
+    #   the controller's clock (a finding: ahead of it) is rejected; 0s turns the check off (a
+    #   lab replaying recorded time through NATS). 5m is far beyond NTP/chrony error (ms) and a
+    #   summary's transit (ms), and short enough that one bad clock cannot move evaluation far.
+    # silent_intervals: a node heard from neither by summary nor by finding for this many of its
+    #   summary intervals (at least evaluation_interval each) is silent: its agents' open findings
+    #   are resolved ("node silent") and its per-node state is forgotten. 30 x 1 s rides out an
+    #   agent restart (a few seconds) and a NATS reconnect.
+    # max_nodes: nodes heard from at once; messages from further new nodes are rejected (and
+    #   counted) until silent nodes make room (about 18 kB of state per node; 10000 nodes ~ 200 MB)
+    "ingest": {"max_clock_skew": "5m", "silent_intervals": 30, "max_nodes": 10000},
     "topology": {"tp_groups": {}, "pp_groups": {}, "models": {}},
     "log": {"level": "info"},
+    # the controller's own /metrics (empty: off); localhost unless an address is given
+    "metrics": {"listen": "127.0.0.1:9466"},
+    # send incidents to Prometheus Alertmanager (v2 API) when url is set (one URL or a list: every
+    # member of an Alertmanager cluster, as Prometheus does); resend_interval: how often firing
+    # alerts are re-sent (Prometheus' default 1m), so an alert whose sender died ends by itself
+    # after 4 intervals; generator_url may hold {cluster} and {incident}
+    "alertmanager": {"url": [], "resend_interval": "1m", "timeout": "10s", "generator_url": "", "labels": {}},
 }
 SECTIONS = {k: set(v) for k, v in DEFAULTS.items() if isinstance(v, dict) and k not in ("nats",)}
 TP_KEYS = {"nodes", "model", "engine"}
@@ -161,11 +218,31 @@ class ControllerConfig:
     batch: int
     bucket: str
     state_max_age: float
+    #: ingest.max_clock_skew in seconds; 0 = no clock check
+    max_clock_skew: float = 300.0
+    silent_intervals: float = 30.0
+    max_nodes: int = 10000
     tp_groups: dict[str, TPGroup] = field(default_factory=dict)
     pp_groups: dict[str, PPGroup] = field(default_factory=dict)
     models: dict[str, ModelSpec] = field(default_factory=dict)
+    #: correlation.direct_evidence / culprit_evidence (see DEFAULTS and controller/culprit.py)
+    direct_evidence: tuple[str, ...] = ()
+    culprit_evidence: dict[str, CulpritEvidence] = field(default_factory=dict)
     log_level: str = "info"
     source: str = "<defaults>"
+    metrics_listen: str = "127.0.0.1:9466"
+    alertmanager: "AlertmanagerConfig | None" = None
+
+
+@dataclass(frozen=True)
+class AlertmanagerConfig:
+    """Where and how incidents are sent to Alertmanager (controller/alertmanager.py)."""
+
+    urls: tuple[str, ...]
+    resend_interval: float = 60.0
+    timeout: float = 10.0
+    generator_url: str = ""
+    labels: tuple[tuple[str, str], ...] = ()
 
 
 
@@ -242,6 +319,79 @@ def _inhibit_rules(value: Any, pos: Callable[..., str], problems: list[str]) -> 
     return tuple(out)
 
 
+def _pathologies(value: Any, key: str, pos: Callable[..., str], problems: list[str]) -> tuple[str, ...]:
+    """A list of pathology IDs (``correlation.<key>``), each one known."""
+    from skewd.rules.pathologies import PATHOLOGIES
+
+    name = f"correlation.{key}"
+    value = [value] if isinstance(value, str) else (value if value is not None else [])
+    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+        problems.append(f"{pos('correlation', key)}: {name} must be a list of pathology IDs")
+        return ()
+    for x in value:
+        if x not in PATHOLOGIES:
+            problems.append(f"{pos('correlation', key)}: {name}: unknown pathology ID {x!r}{_hint(x, PATHOLOGIES)}")
+    return tuple(x for x in value if x in PATHOLOGIES)
+
+
+CULPRIT_EVIDENCE_KEYS = ("measure", "above", "steps", "min_steps", "abs", "negate", "minus")
+
+
+def _culprit_evidence(value: Any, pos: Callable[..., str], problems: list[str]) -> dict[str, CulpritEvidence]:
+    """``correlation.culprit_evidence``: rule id → where its finding holds its culprit measurement."""
+    name = "correlation.culprit_evidence"
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        problems.append(f"{pos('correlation', 'culprit_evidence')}: {name} must map rule ids to "
+                        "{measure: <evidence label>, above: <param or number>, ...}")
+        return {}
+    out: dict[str, CulpritEvidence] = {}
+    for rid, spec in value.items():
+        where = ("correlation", "culprit_evidence", rid)
+        if spec is None:  # a site may switch a default entry off with `<rule id>: null`
+            continue
+        if not isinstance(spec, dict):
+            problems.append(f"{pos(*where)}: {name}.{rid} must be a mapping with measure and above")
+            continue
+        bad = False
+        for k in spec:
+            if k not in CULPRIT_EVIDENCE_KEYS:
+                problems.append(f"{pos(*where, k)}: unknown key {name}.{rid}.{k}{_hint(k, CULPRIT_EVIDENCE_KEYS)}")
+                bad = True
+        measure, above = spec.get("measure"), spec.get("above")
+        if not isinstance(measure, str) or not measure.strip():
+            problems.append(f"{pos(*where, 'measure')}: {name}.{rid}.measure must be the evidence label of the "
+                            "measurement (the rule expression's text, e.g. 'avg(ctl_step_missing_ratio, window)')")
+            bad = True
+        for k in ("above", "min_steps"):
+            v = spec.get(k)
+            if (k == "above" or v is not None) and (isinstance(v, bool) or not isinstance(v, (str, int, float))):
+                problems.append(f"{pos(*where, k)}: {name}.{rid}.{k} must be a param name of the rule or a number")
+                bad = True
+        steps = spec.get("steps", "")
+        if not isinstance(steps, str):
+            problems.append(f"{pos(*where, 'steps')}: {name}.{rid}.steps must be an evidence label")
+            bad = True
+        for k in ("abs", "negate"):
+            if not isinstance(spec.get(k, False), bool):
+                problems.append(f"{pos(*where, k)}: {name}.{rid}.{k} must be true or false")
+                bad = True
+        if spec.get("abs") and spec.get("negate"):
+            problems.append(f"{pos(*where)}: {name}.{rid}: abs and negate exclude each other")
+            bad = True
+        if bad:
+            continue
+        minus = spec.get("minus", "")
+        if not isinstance(minus, str):
+            problems.append(f"{pos(*where, 'minus')}: {name}.{rid}.minus must be an evidence label")
+            continue
+        out[str(rid)] = CulpritEvidence(measure=measure.strip(), above=above, steps=steps.strip(),
+                                        min_steps=spec.get("min_steps"), abs=bool(spec.get("abs", False)),
+                                        negate=bool(spec.get("negate", False)), minus=minus.strip())
+    return out
+
+
 def _find_cycle(nxt: Mapping[str, set[str]]) -> list[str]:
     state: dict[str, int] = {}  # 1 on the path, 2 done
     path: list[str] = []
@@ -301,6 +451,8 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         over["controller_id"] = env["SKEWD_CONTROLLER_ID"]
     if env.get("SKEWD_RULES"):
         over["rules"] = [p for p in env["SKEWD_RULES"].split(":") if p]
+    if "SKEWD_METRICS_LISTEN" in env:
+        over["metrics"] = {"listen": env["SKEWD_METRICS_LISTEN"]}
     merged = deep_merge_nats(deep_merge_nats(DEFAULTS, doc), over)
     if env.get("SKEWD_NATS_URL"):
         merged["nats"] = {**(merged.get("nats") or {}), "servers": env["SKEWD_NATS_URL"]}
@@ -351,7 +503,8 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         return tuple(value)
 
     d = {k: dur(merged[k], k, k) for k in ("evaluation_interval", "lookback", "horizon", "warmup", "stale_after")}
-    al, co, rm, cons, st = (merged[s] for s in ("alignment", "correlation", "remap", "consumer", "state"))
+    al, co, rm, cons, st, ing = (merged[s] for s in ("alignment", "correlation", "remap", "consumer", "state",
+                                                      "ingest"))
     cluster = str(merged.get("cluster") or "")
     if not cluster or any(c in cluster for c in " .*>\t"):
         problems.append(f"{pos('cluster')}: cluster {cluster!r} must be non-empty without spaces, dots, '*' or '>'")
@@ -376,6 +529,8 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
     if level not in ("debug", "info", "warning", "error"):
         problems.append(f"{pos('log', 'level')}: log.level must be debug, info, warning or error")
     durable = str(cons.get("durable") or f"skewd-controller-{cluster}")
+    # replies under the controller's own inbox: what its NATS user may read (docs/security.md)
+    nats_cfg = nats_cfg.with_default_inbox(inbox_prefix("controller", cluster))
     cfg = ControllerConfig(
         cluster=cluster,
         controller_id=str(merged.get("controller_id") or f"{socket.gethostname()}-{os.getpid()}"),
@@ -392,6 +547,8 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         never_inhibit=strlist(co.get("never_inhibit"), "correlation.never_inhibit", "correlation", "never_inhibit"),
         inhibit_rules=_inhibit_rules(co.get("inhibit_rules"), pos, problems),
         effect_window=dur(co.get("effect_window"), "correlation.effect_window", "correlation", "effect_window"),
+        direct_evidence=_pathologies(co.get("direct_evidence"), "direct_evidence", pos, problems),
+        culprit_evidence=_culprit_evidence(co.get("culprit_evidence"), pos, problems),
         remap_ttl=dur(rm.get("ttl"), "remap.ttl", "remap", "ttl"),
         min_confidence=num(rm.get("min_confidence"), "remap.min_confidence", 0.0, 1.0, "remap", "min_confidence"),
         concurrency_factor=num(rm.get("concurrency_factor"), "remap.concurrency_factor", 0.05, 1.0,
@@ -401,13 +558,65 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         ack_wait=dur(cons.get("ack_wait"), "consumer.ack_wait", "consumer", "ack_wait"),
         batch=int(num(cons.get("batch"), "consumer.batch", 1, 4096, "consumer", "batch")),
         bucket=bucket, state_max_age=dur(st.get("max_age"), "state.max_age", "state", "max_age"),
+        max_clock_skew=dur(ing.get("max_clock_skew"), "ingest.max_clock_skew", "ingest", "max_clock_skew",
+                           positive=False),
+        silent_intervals=num(ing.get("silent_intervals"), "ingest.silent_intervals", 2, 1e6,
+                             "ingest", "silent_intervals"),
+        max_nodes=int(num(ing.get("max_nodes"), "ingest.max_nodes", 1, 10_000_000, "ingest", "max_nodes")),
         tp_groups=tp, pp_groups=pp, models=models, log_level=level, source=where,
+        metrics_listen=_listen(merged["metrics"].get("listen"), pos, problems),
+        alertmanager=_alertmanager(merged["alertmanager"], pos, dur, problems),
     )
     if cfg.warmup > cfg.horizon:
         problems.append(f"{pos('warmup')}: warmup ({cfg.warmup:g}s) must not exceed horizon ({cfg.horizon:g}s)")
     if problems:
         raise ConfigError(problems)
     return cfg
+
+
+def _listen(value: Any, pos: Any, problems: list[str]) -> str:
+    from skewd.metrics import parse_listen
+
+    if value in (None, ""):
+        return ""
+    try:
+        parse_listen(str(value))
+    except ValueError as e:
+        problems.append(f"{pos('metrics', 'listen')}: metrics.listen: {e} (or '' to disable)")
+        return ""
+    return str(value)
+
+
+def _alertmanager(am: dict[str, Any], pos: Any, dur: Callable[..., float],
+                  problems: list[str]) -> AlertmanagerConfig | None:
+    from urllib.parse import urlsplit
+
+    urls = am.get("url")
+    urls = [urls] if isinstance(urls, str) else urls
+    if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
+        problems.append(f"{pos('alertmanager', 'url')}: alertmanager.url must be a URL or a list of URLs")
+        return None
+    for u in urls:
+        if urlsplit(u).scheme not in ("http", "https") or not urlsplit(u).netloc:
+            problems.append(f"{pos('alertmanager', 'url')}: alertmanager.url {u!r} must be http(s)://host[:port]"
+                            "[/prefix] (the API path /api/v2/alerts is added)")
+    labels = am.get("labels") or {}
+    if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, (str, int, float))
+                                               for k, v in labels.items()):
+        problems.append(f"{pos('alertmanager', 'labels')}: alertmanager.labels must map label names to values")
+        labels = {}
+    gen = str(am.get("generator_url") or "")
+    try:
+        gen.format(cluster="c", incident="i")
+    except (KeyError, IndexError, ValueError) as e:
+        problems.append(f"{pos('alertmanager', 'generator_url')}: alertmanager.generator_url may only use "
+                        f"{{cluster}} and {{incident}} ({e})")
+    resend = dur(am.get("resend_interval"), "alertmanager.resend_interval", "alertmanager", "resend_interval")
+    timeout = dur(am.get("timeout"), "alertmanager.timeout", "alertmanager", "timeout")
+    if not urls:
+        return None
+    return AlertmanagerConfig(urls=tuple(u.rstrip("/") for u in urls), resend_interval=resend, timeout=timeout,
+                              generator_url=gen, labels=tuple(sorted((k, str(v)) for k, v in labels.items())))
 
 
 def _topology(topo: Any, pos: Any, problems: list[str]) -> tuple[dict[str, TPGroup], dict[str, PPGroup],
@@ -485,3 +694,88 @@ def _topology(topo: Any, pos: Any, problems: list[str]) -> tuple[dict[str, TPGro
         models[str(name)] = ModelSpec(str(name), ints["max_num_seqs"], ints["max_model_len"],
                                       str(m.get("router", "")), tuple(engines))
     return tp, pp, models
+
+
+# -- the schema's documentation (docs/config.md is generated from it: python -m skewd.configref) --
+
+#: environment variable → the key it sets (after the file, before command-line overrides)
+ENV_VARS: dict[str, str] = {
+    "SKEWD_CLUSTER": "cluster",
+    "SKEWD_CONTROLLER_ID": "controller_id",
+    "SKEWD_RULES": "rules",  # ':'-separated
+    "SKEWD_NATS_URL": "nats.servers",  # comma-separated
+    "SKEWD_METRICS_LISTEN": "metrics.listen",  # host:port; empty: off
+}
+
+#: every key's meaning (a tuple gives the default as text where DEFAULTS cannot say it);
+#: ``topology.<section>.<name>.<key>`` entries are written with ``*`` for the name
+KEY_DOCS: dict[str, str | tuple[str, str]] = {
+    "cluster": "the cluster this controller correlates (the subject token its agents use)",
+    "controller_id": ("`<hostname>-<pid>`", "this instance's name, shown in suggestions"),
+    "nats": "how to reach NATS (the `nats:` table below; `url` is accepted as for the agent)",
+    "rules": ("`[shipped]`", "rule files and directories; only tp_group/cluster rules run here; `shipped` "
+              "names the packs installed with skewd"),
+    "evaluation_interval": "grid of evaluation times, on the summaries' clock",
+    "lookback": "what a bare signal name in a rule means: its latest value within this window",
+    "horizon": "how long samples, bursts and engine timelines are kept",
+    "warmup": "no rule evaluation until this much summary time has been seen (at most `horizon`)",
+    "stale_after": "a node without a summary this long leaves its group's alignment",
+    "alignment.window": "recent collective steps the `ctl_*` signals summarise",
+    "alignment.max_skew": "largest lag matched to the same step (also at most half the step period)",
+    "alignment.unsynced_clock_error": "clock error assumed for a node whose clock is unsynced or unknown",
+    "alignment.min_group_fraction": "a step counts for `ctl_step_missing_ratio` when this share of peers sent",
+    "correlation.group_wait": "a new incident is held this long before it is published and planned (its "
+                              "cause or culprit may still take it over)",
+    "correlation.culprit_pathologies": "group findings that name a culprit node",
+    "correlation.never_inhibit": "pathologies whose findings always stay incidents of their own",
+    "correlation.effect_window": "baseline before the onset for the TTFT/ITL comparison",
+    "correlation.inhibit_rules": ("the runbooks' cause → symptom pairs (docs/controller.md)",
+                                  "Alertmanager-style `{source: [IDs], target: [IDs], equal: [node, entity, "
+                                  "tp_group]}`; a list you set replaces the defaults"),
+    "correlation.direct_evidence": ("`[NS-4, NS-5, NS-7, NS-9, EW-6]`",
+                                    "node-local findings that measure a fault on their own node directly (drops, "
+                                    "backlog, saturation, loss): a cross-node inference naming another node never "
+                                    "hides them, and they fold that inference about their own node into their incident"),
+    "correlation.culprit_evidence": ("one entry per shipped culprit rule",
+                                     "where each culprit rule's finding holds the measurement naming its node: "
+                                     "`{measure, minus, above, steps, min_steps, abs, negate}` (docs/controller.md); "
+                                     "entries add to / replace the defaults, `<rule id>: null` drops one"),
+    "ingest.max_clock_skew": "summaries and findings further than this from the controller's clock are rejected "
+                             "and counted; `0s` turns the check off (recorded time through NATS)",
+    "ingest.silent_intervals": "a node heard from neither by summary nor by finding for this many of its summary "
+                               "intervals is silent: its open findings resolve with reason `node silent` and its "
+                               "state is forgotten",
+    "ingest.max_nodes": "nodes heard from at once; further new nodes are rejected (and counted) until silent "
+                        "nodes make room",
+    "metrics.listen": "the controller's `/metrics` (`host:port`, localhost unless an address is given; empty: off)",
+    "alertmanager.url": ("`[]`", "Alertmanager v2 URL(s) to send incidents to (every member of an Alertmanager "
+                                  "cluster); empty: off"),
+    "alertmanager.resend_interval": "how often firing incidents are re-sent (an alert whose sender died ends "
+                                    "after 4 intervals)",
+    "alertmanager.timeout": "HTTP timeout of one post",
+    "alertmanager.generator_url": "the alerts' generatorURL (may hold `{cluster}` and `{incident}`)",
+    "alertmanager.labels": "labels added to every alert (e.g. `{team: inference}`)",
+    "remap.ttl": "suggestions expire (status `expired`) after this",
+    "remap.min_confidence": "actions below this confidence are left out; none left, no suggestion",
+    "remap.concurrency_factor": "`cap_concurrency` suggests max_num_seqs × this",
+    "remap.reroute_weight": "`reroute` suggests this weight for the affected group",
+    "consumer.durable": ("`skewd-controller-<cluster>`", "the JetStream findings consumer, shared by replicas"),
+    "consumer.queue": ("= `durable`", "queue group of the remap reply subject"),
+    "consumer.ack_wait": "redelivery delay of an unacknowledged finding",
+    "consumer.batch": "findings fetched per pull",
+    "state.bucket": "JetStream KV bucket holding the controller's state",
+    "state.max_age": "a state key not rewritten for this long expires",
+    "topology.tp_groups": "TP groups by name: `{nodes: [...], model, engine}`",
+    "topology.tp_groups.*.nodes": ("required", "the group's nodes in TP-rank order"),
+    "topology.tp_groups.*.model": ("`\"\"`", "the model it serves"),
+    "topology.tp_groups.*.engine": ("`\"\"`", "the vLLM front end serving it, `<node>/<engine>`"),
+    "topology.pp_groups": "PP groups by name: `{stages: [...], model}`",
+    "topology.pp_groups.*.stages": ("required", "TP group names (or single nodes), stage 0 first"),
+    "topology.pp_groups.*.model": ("`\"\"`", "the model it serves"),
+    "topology.models": "models by name: `{max_num_seqs, max_model_len, router, engines}`",
+    "topology.models.*.max_num_seqs": ("none", "the engines' `--max-num-seqs` (for cap_concurrency)"),
+    "topology.models.*.max_model_len": ("none", "the engines' `--max-model-len`"),
+    "topology.models.*.router": ("`\"\"`", "the name a router knows this model's pool by (reroute target)"),
+    "topology.models.*.engines": ("`[]`", "the model's engines, `<node>/<engine>`"),
+    "log.level": "`debug`, `info`, `warning` or `error`",
+}

@@ -27,6 +27,17 @@ while held is never shown at all. The correlator keeps which incidents were publ
 (:attr:`Correlator.published`, persisted with the ids by the service); updates after the first
 publication are published as they happen.
 
+What a finding may do depends on its rule's maturity tag and, for a culprit claim, on its own
+evidence (docs/rules.md, "Maturity"; :mod:`.culprit`): a *sandbox* finding stays a finding (no
+incident, no remap, it hides nothing); a cross-node finding names its node the culprit only when
+its own measurement singles that node out, and an *incubating* one only when something else
+points at the same node too (a finding on that node its peers do not share, or another rule's
+claim); an incident resting on incubating rules alone is shown but gets no remap until a second
+rule corroborates it. Claims refused are counted and listed (:meth:`Correlator.report`). Direct
+evidence beats inference: a node-local finding of a ``direct_evidence`` pathology (drops or a
+backlog measured on that node) is never a victim of a culprit incident naming another node, nor
+the target of an inhibit rule whose source is on another node.
+
 Root-cause attribution follows the runbooks: the culprit's GPUs report throttle reasons →
 ``gpu``; its host is CPU/IRQ-bound → ``host``; its PCIe feed is thin while its ingress is normal
 (PCIe late after ingress) → ``pcie``; its PCIe is healthy but its egress stalls (transmit wait,
@@ -34,16 +45,23 @@ ECN/CNP, retransmits) → ``network``; its engine carries more load than its pee
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Sequence
 
-from skewd.model import GROUP_SCOPES, Finding, Layer, State
+from skewd.model import GROUP_SCOPES, Finding, Layer, Scope, State
 
+from . import culprit as C
 from .align import GroupReport
 from .config import InhibitRule
 from .messages import Cause, Effect, Incident, PhaseContext, Target, stable_key
 from .timeline import Timelines
 from .topology import Topology
+
+#: what a rule's maturity tag lets the controller do with its findings (docs/rules.md, "Maturity")
+MATURITIES = ("stable", "incubating", "sandbox")
+#: a finding that does not say, from a rule this controller does not know (an older agent's custom rule)
+UNKNOWN_MATURITY = "incubating"
 
 NodeValue = Callable[[str, str], "float | None"]  # (signal, node) → recent value
 
@@ -67,7 +85,14 @@ class _Group:
 class Correlator:
     def __init__(self, cluster: str, topology: Topology, timelines: Timelines, *,
                  culprit_pathologies: Sequence[str], never_inhibit: Sequence[str], effect_window: float,
-                 node_value: NodeValue | None = None, inhibit_rules: Sequence[InhibitRule] = ()) -> None:
+                 node_value: NodeValue | None = None, inhibit_rules: Sequence[InhibitRule] = (),
+                 direct_evidence: Sequence[str] = (), culprit_evidence: Mapping[str, C.CulpritEvidence] | None = None,
+                 maturities: Mapping[str, str] | None = None) -> None:
+        """``direct_evidence``: pathologies whose node-local findings measure a fault on their
+        own node (never inhibited by an inference naming another node); ``culprit_evidence``:
+        where culprit rules' findings hold their measurement (:mod:`.culprit`);
+        ``maturities``: rule id → maturity tag of the rules this controller loaded, for findings
+        that do not carry their own (agents older than the field)."""
         self.cluster = cluster
         self.topology = topology
         self.timelines = timelines
@@ -82,6 +107,17 @@ class Correlator:
         self.published: set[str] = set()  # incident ids subscribers were shown (no longer held)
         self.held_from: dict[str, float] = {}  # open incident id → when correlation first had it
         self.reports: Mapping[str, GroupReport] = {}
+        self.direct_evidence = set(direct_evidence)
+        self.culprit_evidence: Mapping[str, C.CulpritEvidence] = dict(culprit_evidence or {})
+        self.maturities: Mapping[str, str] = dict(maturities or {})
+        # what the last correlate() refused to name, and what it kept as findings only
+        self.refused: dict[str, tuple[Finding, str]] = {}  # fingerprint → (culprit claim, why it names nobody)
+        self.sandboxed: list[Finding] = []  # firing sandbox findings (no incident, no remap)
+        self.refusals_total = 0  # culprit claims (finding occurrences) ever refused
+        self.sandbox_total = 0  # sandbox finding occurrences ever seen firing
+        self._counted: set[str] = set()  # finding ids already counted in the two totals
+        self._plan: dict[str, str] = {}  # open incident id → "" (may be planned) or why not
+        self._verdicts: dict[str, C.Verdict] = {}  # fingerprint → verdict of the last correlate()
 
     # -- input --------------------------------------------------------------------------------
     def observe(self, f: Finding) -> bool:
@@ -103,6 +139,44 @@ class Correlator:
         self.published.update(published)
         self.held_from.update(held_from or {})
 
+    # -- maturity and culprit evidence ---------------------------------------------------------
+    def maturity(self, f: Finding) -> str:
+        """The finding's maturity tag; for a finding without one, its rule's here, else
+        incubating (shown, but names no culprit and gets no remap without corroboration)."""
+        if f.maturity in MATURITIES:
+            return f.maturity
+        return self.maturities.get(f.rule_id, UNKNOWN_MATURITY)
+
+    def verdict(self, f: Finding) -> C.Verdict:
+        """Whether the culprit claim ``f`` singles out its node (:func:`culprit.judge`)."""
+        peers = (p for p in self.findings.values() if self.maturity(p) != "sandbox")
+        return C.judge(f, self.culprit_evidence.get(f.rule_id), peers)
+
+    def contract(self, f: Finding) -> dict[str, float]:
+        """The culprit-contract evidence of ``f`` (its own keys, or derived from its rule's
+        ``correlation.culprit_evidence`` entry)."""
+        return C.contract_evidence(f, self.culprit_evidence.get(f.rule_id))
+
+    def _corroboration(self, f: Finding, firing: Sequence[Finding], verdicts: Mapping[str, C.Verdict]) -> str:
+        """What else points at the node an incubating culprit claim names: a finding on that
+        node itself that its TP peers do not share (a symptom every waiting peer shows is no
+        evidence against one of them), or another rule's claim that singles out the same node.
+        "" when nothing does."""
+        grp = self.topology.group_of(f.node)
+        peers = set(grp.nodes if grp else ()) - {f.node}
+        for g in firing:
+            if g.node != f.node or g.fingerprint == f.fingerprint:
+                continue
+            if self._is_group_finding(g):
+                v = verdicts.get(g.fingerprint)
+                if g.pathology in self.culprit_pathologies and g.rule_id != f.rule_id and v is not None and v.names:
+                    return f"{g.rule_id} names {f.node} too ({v.measurement})"
+                continue
+            if any(h.pathology == g.pathology and h.node in peers for h in firing if not self._is_group_finding(h)):
+                continue
+            return f"{g.rule_id} fires on {f.node}{' (' + g.entity + ')' if g.entity else ''}"
+        return ""
+
     # -- grouping -----------------------------------------------------------------------------
     def _is_group_finding(self, f: Finding) -> bool:
         return f.scope in GROUP_SCOPES
@@ -110,11 +184,22 @@ class Correlator:
     def _groups(self) -> list[_Group]:
         firing = sorted((f for f in self.findings.values() if f.state is State.FIRING),
                         key=lambda f: (f.active_at, f.rule_id, f.node, f.entity))
+        # sandbox rules give findings only: no incident, no culprit, no remap, and they hide nothing
+        self.sandboxed = [f for f in firing if self.maturity(f) == "sandbox"]
+        for f in self.sandboxed:
+            if f.id not in self._counted:
+                self._counted.add(f.id)
+                self.sandbox_total += 1
+        firing = [f for f in firing if self.maturity(f) != "sandbox"]
         groups: dict[str, _Group] = {}
         culprit_of: dict[str, _Group] = {}  # tp_group → culprit incident
         cluster_groups: list[_Group] = []
         rank = {p: i for i, p in enumerate(self.culprit_pathologies)}
         deferred: dict[str, tuple[Finding, Finding]] = {}  # fingerprint → (finding, its inhibitor)
+        verdicts = {f.fingerprint: self.verdict(f) for f in firing
+                    if self._is_group_finding(f) and f.pathology in rank and f.node}
+        self._verdicts = verdicts
+        refused: list[tuple[Finding, str, str]] = []  # (claim, its TP group, why it names nobody)
         # 1. the controller's cross-node findings (an inhibit rule may name one as a target: its
         # node label is the node it names, e.g. a straggler on a node whose port is lossy)
         for f in firing:
@@ -126,6 +211,17 @@ class Correlator:
                 continue
             tp = f.labels.get("tp_group") or (self.topology.group_of(f.node).name if self.topology.group_of(f.node) else "")
             if f.pathology in rank and tp and f.node:
+                # a culprit is named only on the claim's own evidence (stable), plus something else
+                # pointing at the same node (incubating)
+                v = verdicts[f.fingerprint]
+                why = v.reason
+                if not why and self.maturity(f) != "stable":
+                    if not self._corroboration(f, firing, verdicts):
+                        why = (f"{f.rule_id} is {self.maturity(f)} and nothing else points at {f.node} "
+                               f"({v.measurement})")
+                if why:
+                    refused.append((f, tp, why))
+                    continue
                 if tp in culprit_of and culprit_of[tp].culprit != f.node:
                     other = culprit_of[tp]
                     # two culprits in one group: keep the one found first; the other joins as evidence
@@ -146,6 +242,16 @@ class Correlator:
                     g = groups[key] = _Group(key, "cluster", f.pathology, f.rule_id, {"cluster": self.cluster}, "", [], [])
                     cluster_groups.append(g)
                 g.members.append(f)
+        # claims that name nobody stay findings (Controller.status() lists them with why); while
+        # their group has a culprit incident they are attached to it, as its peers' findings are
+        self.refused = {}
+        for f, tp, why in refused:
+            self.refused[f.fingerprint] = (f, why)
+            if f.id not in self._counted:
+                self._counted.add(f.id)
+                self.refusals_total += 1
+            if tp in culprit_of:
+                culprit_of[tp].inhibited.append(f)
         # 2. node-local findings: evidence for a culprit, inhibited victims, or their own incident
         for f in firing:
             if self._is_group_finding(f):
@@ -155,7 +261,9 @@ class Correlator:
             if c is not None and f.node == c.culprit:
                 c.members.append(f)
                 continue
-            if c is not None and f.pathology not in self.never_inhibit:
+            # a finding that measures a fault on its own node is never a victim of an inference
+            # that names another node
+            if c is not None and f.pathology not in self.never_inhibit and f.pathology not in self.direct_evidence:
                 c.inhibited.append(f)
                 continue
             # only a network-layer cluster incident (fabric congestion) explains a node's network
@@ -203,12 +311,14 @@ class Correlator:
         """The first firing finding that inhibits ``f`` under ``correlation.inhibit_rules``."""
         if f.pathology in self.never_inhibit:
             return None
+        direct = f.pathology in self.direct_evidence
         for r in self.inhibit_rules:
             if f.pathology not in r.target:
                 continue
             for s in firing:
                 if (s.pathology in r.source and s.fingerprint != f.fingerprint
-                        and all(self._label(s, k) == self._label(f, k) for k in r.equal)):
+                        and all(self._label(s, k) == self._label(f, k) for k in r.equal)
+                        and not (direct and s.node != f.node)):
                     return s
         return None
 
@@ -275,7 +385,7 @@ class Correlator:
         if grp is None:
             return False
         return any(f.state is State.PENDING and self._is_group_finding(f) and f.pathology in self.culprit_pathologies
-                   and f.node in grp.nodes for f in self.findings.values())
+                   and f.node in grp.nodes and self.maturity(f) != "sandbox" for f in self.findings.values())
 
     def hold_start(self, inc: Incident) -> float:
         """When the hold of ``inc`` began: when correlation first had it as an incident of its
@@ -307,6 +417,8 @@ class Correlator:
         for fp, f in list(self.findings.items()):
             if f.state is State.RESOLVED and (f.resolved_at or f.evaluated_at) < before:
                 del self.findings[fp]
+        self._counted &= {f.id for f in self.findings.values()}
+        self._plan = {i: v for i, v in self._plan.items() if i in self.incidents}
 
     # -- one incident ---------------------------------------------------------------------------
     def _build(self, g: _Group, iid: str, opened: float, now: float) -> Incident:
@@ -328,6 +440,8 @@ class Correlator:
             victims = sorted(set(peers) | {f.node for f in g.inhibited})
             # the culprit's own node findings are the evidence; the group rule's finding says only "late"
             cause = self.attribute(g.culprit, peers, own)
+            claim = next(f for f in members if self._is_group_finding(f) and f.node == g.culprit)
+            cause = dataclasses.replace(cause, evidence={**cause.evidence, **self.contract(claim)})
         elif g.kind == "cluster":
             victims = nodes
             cause = Cause("network" if any(f.layer is Layer.NETWORK for f in members) else members[0].layer.value,
@@ -345,23 +459,66 @@ class Correlator:
         # the phase and effect are measured from the onset (when the first member's condition
         # became true), not from when the incident was confirmed
         onset = min(f.active_at for f in members)
-        phase, effect = self.phase_and_effect(culprit.node if culprit else (nodes[0] if nodes else ""),
-                                              culprit.engine if culprit else "", onset, now)
+        where = culprit.node if culprit else (nodes[0] if nodes else "")
+        # an engine's incident quotes that engine, not the node's other one (engine-scope members
+        # name it: their entity is the engine)
+        engines = {f.entity for f in members if f.scope is Scope.ENGINE and f.node == where and f.entity}
+        phase, effect = self.phase_and_effect(where, culprit.engine if culprit else "", onset, now,
+                                              entity=next(iter(engines)) if len(engines) == 1 else "")
+        self._plan[iid] = self._plan_gate(g)
         summary = self._summary(g, culprit, cause, victims, phase, effect)
+        if self._plan[iid]:
+            summary += f"; no remap: {self._plan[iid]}"
         return Incident(id=iid, cluster=self.cluster, pathology=g.pathology, rule_id=g.rule_id, state="open",
                         group=dict(g.group), culprit=culprit, cause=cause, victims=victims,
                         findings=[f.id for f in members],
                         inhibited=sorted(f.id for f in g.inhibited), phase=phase, effect=effect, summary=summary,
                         opened_at=opened, updated_at=now)
 
-    def phase_and_effect(self, node: str, engine: str, start: float, now: float
+    def _plan_gate(self, g: _Group) -> str:
+        """Why the incident of ``g`` gets no remap suggestion ("" when it may get one): an
+        incident resting on incubating rules alone needs a second rule's finding (a member or a
+        symptom it holds) to corroborate it."""
+        if g.kind == "culprit":
+            return ""  # naming the culprit already took its own evidence (and corroboration if incubating)
+        found = [f for f in (*g.members, *g.inhibited) if self.maturity(f) != "sandbox"]
+        if any(self.maturity(f) == "stable" for f in g.members):
+            return ""
+        if len({f.rule_id for f in found}) >= 2:
+            return ""
+        rules = ", ".join(sorted({f.rule_id for f in g.members}))
+        return f"{rules} is incubating and no other rule's finding corroborates it yet"
+
+    def plannable(self, inc: Incident) -> bool:
+        """Whether the planner may suggest a remap for ``inc`` (see :meth:`_plan_gate`)."""
+        return not self._plan.get(inc.id, "")
+
+    def report(self) -> dict[str, object]:
+        """What correlation held back, for ``Controller.status()``: culprit claims refused
+        (with why) and sandbox findings kept as findings only, now and in total."""
+        return {"culprit_claims_refused_total": self.refusals_total,
+                "sandbox_findings_total": self.sandbox_total,
+                "culprit_claims_refused": [{"finding": f.id, "rule": f.rule_id, "node": f.node, "reason": why}
+                                           for f, why in self.refused.values()],
+                "sandbox_findings": [{"finding": f.id, "rule": f.rule_id, "node": f.node, "entity": f.entity}
+                                     for f in self.sandboxed]}
+
+    def phase_and_effect(self, node: str, engine: str, start: float, now: float, entity: str = ""
                          ) -> tuple[PhaseContext | None, Effect | None]:
-        """The engine serving ``node``: its phase when the trouble started and the effect since."""
+        """The engine serving ``node``: its phase when the trouble started and the effect since.
+
+        In order: the engine the incident is about (``entity``, an engine-scope finding's), the
+        TP group's configured ``engine``, the node's plugin engines, the node's one engine (from
+        its summaries), plugin engines elsewhere in the group, then the node's reductions over
+        all its engines (which name no engine: the incident says so)."""
         grp = self.topology.group_of(node)
         nodes = list(grp.nodes) if grp else [node]
         plugin = sorted(k for k, tl in self.timelines.engines.items() if tl.source == "plugin"
                         and k.split("/", 1)[0] in nodes)
-        key = self.timelines.resolve([engine, *[k for k in plugin if k.startswith(node + "/")], *plugin, node, *nodes])
+        own = self.timelines.node_engines(node)
+        key = self.timelines.resolve([f"{node}/{entity}" if entity else "", engine,
+                                      *[k for k in plugin if k.startswith(node + "/")],
+                                      *(own if len(own) == 1 else []), *plugin, node, *nodes])
         if key is None:
             return None, None
         return (self.timelines.context(key, start),
@@ -432,20 +589,22 @@ class Correlator:
         if eng_f or high("summary_requests_waiting") or (
                 (ev.get("summary_kv_cache_usage_ratio") or 0) > (ev.get("summary_kv_cache_usage_ratio_peer_median") or 1) + 0.1):
             return Cause("engine", f"{node}'s engine carries more load than its peers (KV / queue)", 0.6, ev, eng_f)
-        return Cause("unknown", f"{node} is consistently late; no layer signal explains it yet", 0.4, ev, ())
+        return Cause("unknown", f"no layer signal on {node} explains it yet", 0.4, ev, ())
 
     def _summary(self, g: _Group, culprit: Target | None, cause: Cause | None, victims: list[str],
                  phase: PhaseContext | None, effect: Effect | None) -> str:
-        ph = f"phase {phase.phase} (KV {phase.kv_usage_ratio:.0%})" if phase and phase.kv_usage_ratio is not None else (
-            f"phase {phase.phase}" if phase else "phase unknown (no engine data)")
+        of = ""
+        if phase is not None:
+            of = f" of {phase.engine}" if "/" in phase.engine else f" of {phase.engine} (all its engines)"
+        ph = f"phase {phase.phase}{of} (KV {phase.kv_usage_ratio:.0%})" if phase and phase.kv_usage_ratio is not None \
+            else (f"phase {phase.phase}{of}" if phase else "phase unknown (no engine data)")
         eff = f"effect: {effect.description}" if effect else "effect not observed (no engine data)"
         if g.kind == "culprit" and culprit is not None:
-            rep = self.reports.get(g.group["tp_group"])
-            lag = ""
-            if rep is not None and culprit.node in rep.lag_median_s:
-                lag = (f" (last in {rep.last_share.get(culprit.node, 0):.0%} of {rep.steps} aligned steps, "
-                       f"median lag {rep.lag_median_s[culprit.node] * 1000:.1f} ms, spread "
-                       f"{rep.spread_median_s * 1000:.1f} ms)")
+            # the claim's own measurement, never another signal's (an EW-9 claim once quoted the
+            # aligner's "last in 2 % of steps" as if it were the reason)
+            claim = next(f for f in g.members if self._is_group_finding(f) and f.node == culprit.node)
+            v = self._verdicts.get(claim.fingerprint) or self.verdict(claim)
+            lag = f" ({claim.rule_id}: {v.measurement})"
             return (f"{g.pathology}: {culprit.node} is the culprit in TP group {g.group['tp_group']}{lag}; "
                     f"cause {cause.layer if cause else 'unknown'}: {cause.reason if cause else ''}; "
                     f"victims {', '.join(victims) or 'none'} ({len(g.inhibited)} findings inhibited); {ph}; {eff}")

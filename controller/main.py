@@ -56,8 +56,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"cluster {cfg.cluster}; controller id {cfg.controller_id}; NATS {', '.join(cfg.nats.servers)}")
         print(f"{len(group_rules)} group-scope rules of {len(ruleset.rules)} loaded from "
               f"{', '.join(cfg.rules or [str(PACKS)])}")
+        am = cfg.alertmanager
+        print(f"metrics {'http://' + cfg.metrics_listen + '/metrics' if cfg.metrics_listen else 'off'}; "
+              f"alertmanager {', '.join(am.urls) + f' (resend every {am.resend_interval:g}s)' if am else 'off'}")
+        from .culprit import coverage
+
+        named = coverage(group_rules, cfg.culprit_pathologies, cfg.culprit_evidence)
         for r in group_rules:
-            print(f"  {r.id:40} {r.pathology:7} {r.scope.value:9} requires {', '.join(r.requires) or '-'}")
+            print(f"  {r.id:40} {r.pathology:7} {r.scope.value:9} {r.maturity:10} requires {', '.join(r.requires) or '-'}")
+            if r.id in named:
+                print(f"    culprit evidence: {named[r.id]}")
         for g in cfg.tp_groups.values():
             print(f"  tp group {g.name}: {', '.join(g.nodes)}" + (f" (model {g.model})" if g.model else ""))
         for p in cfg.pp_groups.values():
@@ -76,9 +84,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             except (NotImplementedError, RuntimeError):
                 pass
         await ctl.start()
+        sink, server = await start_edges(ctl)
         try:
             await stop.wait()
         finally:
+            await stop_edges(sink, server)
             await ctl.stop()
 
     try:
@@ -98,11 +108,35 @@ if __name__ == "__main__":
     raise SystemExit(main(sys.argv[1:]))
 
 
+async def start_edges(ctl) -> tuple:
+    """What ``skewd controller`` runs beside a started controller: the Alertmanager sink (when
+    ``alertmanager.url`` is set) and the ``/metrics`` endpoint (``metrics.listen``)."""
+    from .metrics import serve
+
+    sink = None
+    if ctl.cfg.alertmanager is not None:
+        from .alertmanager import AlertmanagerSink
+
+        sink = AlertmanagerSink(ctl.cfg.alertmanager, ctl.cfg.cluster)
+        await sink.start(ctl.nc)
+    return sink, serve(ctl, ctl.cfg.metrics_listen, sink)
+
+
+async def stop_edges(sink, server) -> None:
+    if server is not None:
+        server.shutdown()
+        server.server_close()
+    if sink is not None:
+        await sink.stop()
+
+
 async def run_embedded(*, url: str, cluster: str, state_dir, stop: asyncio.Event,
                        topology: dict | None = None, rules: list[str] | None = None, ready: asyncio.Event | None = None,
-                       on_start=None) -> None:
+                       on_start=None, recorded_time: bool = False) -> None:
     """Run a controller inside another program's event loop (``skewd up``, ``skewd demo``)
-    until ``stop`` is set. State lives in the NATS server's JetStream, as in production."""
+    until ``stop`` is set. State lives in the NATS server's JetStream, as in production.
+    ``recorded_time``: the agents send simulated or recorded times (``skewd demo``), so the
+    clock check against this machine's clock (``ingest.max_clock_skew``) is off."""
     from .config import load_config
     from .service import Controller
 
@@ -111,6 +145,8 @@ async def run_embedded(*, url: str, cluster: str, state_dir, stop: asyncio.Event
         over["topology"] = topology
     if rules:
         over["rules"] = rules
+    if recorded_time:
+        over["ingest"] = {"max_clock_skew": "0s"}
     cfg = load_config(None, env={}, overrides=over)
     ctl = Controller(cfg)
     await ctl.start()

@@ -23,7 +23,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Mapping, Union
+from typing import Any, Mapping, Sequence, Union
 
 from skewd import wire
 from skewd.wire import SchemaVersionError, WireError
@@ -257,6 +257,9 @@ class Incident:
     resolved_at: float | None = None
     #: set when every member finding became explained by another incident (state "inhibited")
     inhibited_by: str = ""
+    #: why a resolved incident resolved when it was not its findings' own verdict: "node silent"
+    #: (the controller stopped hearing from the node: docs/controller.md, Stale nodes)
+    resolved_reason: str = ""
     schema: int = SCHEMA
     kind: Kind = field(default=Kind.INCIDENT, init=False)
 
@@ -276,7 +279,8 @@ class Incident:
                 "phase": self.phase.to_dict() if self.phase else None,
                 "effect": self.effect.to_dict() if self.effect else None, "summary": self.summary,
                 "opened_at": self.opened_at, "updated_at": self.updated_at, "resolved_at": _f(self.resolved_at),
-                "inhibited_by": self.inhibited_by}
+                "inhibited_by": self.inhibited_by,
+                **({"resolved_reason": self.resolved_reason} if self.resolved_reason else {})}
 
 
 @dataclass
@@ -427,13 +431,20 @@ class PhaseRecord:
                 "dropped": dict(self.dropped), "plugin_version": self.plugin_version}
 
 
-def classify_steps(ctx_tokens: int, gen_tokens: int) -> Phase:
-    """Prefill-heavy when prompt tokens dominate the period's work, decode-heavy when generation
-    does, idle when neither happened. Token counts (not request counts) because one long
-    prompt costs what many decode steps cost."""
-    if ctx_tokens <= 0 and gen_tokens <= 0:
+def classify_steps(steps: Sequence[StepStat]) -> Phase:
+    """What the period's requests spent their time on: every request in a step spends that
+    step's time in its phase, so prefill time is the sum of ``elapsed_s x ctx_reqs`` over the
+    steps and decode time the sum of ``elapsed_s x gen_reqs`` (a step without a duration counts
+    as one unit). That is the request-time split vLLM's own prefill/decode time histograms
+    measure, which the vllm collector's phase uses too. Not tokens: a chat engine with prompts
+    five times its answers processes mostly prompt tokens but spends nearly all its time
+    decoding, since prompt tokens go through in parallel and each generated token costs a step.
+    Idle when no step did any work."""
+    if not any(s.ctx_tokens > 0 or s.gen_tokens > 0 for s in steps):
         return Phase.IDLE
-    return Phase.PREFILL if ctx_tokens >= gen_tokens else Phase.DECODE
+    prefill = sum((s.elapsed_s if s.elapsed_s is not None else 1.0) * s.ctx_reqs for s in steps)
+    decode = sum((s.elapsed_s if s.elapsed_s is not None else 1.0) * s.gen_reqs for s in steps)
+    return Phase.PREFILL if prefill > decode else Phase.DECODE
 
 
 ControllerMessage = Union[Incident, RemapSuggestion, RemapReply, RemapReceipt, PhaseRecord]
@@ -464,7 +475,7 @@ class _R:
         return self.d[k]
 
     def _bad(self, k: str, want: str, v: Any) -> WireError:
-        return WireError(f"{self.where}: field {k!r} must be {want}, got {type(v).__name__} {v!r:.60}")
+        return WireError(f"{self.where}: field {k!r} must be {want}, got {type(v).__name__} {wire.show_value(v)}")
 
     def s(self, k: str, default: str | None = None) -> str:
         v = self._get(k, default is not None)
@@ -475,18 +486,19 @@ class _R:
         return v
 
     def n(self, k: str, optional: bool = False) -> float | None:
+        """A finite number (``wire``'s rule: an int within int64 or a finite float)."""
         v = self._get(k, optional)
         if v is None:
             return None
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise self._bad(k, "a number", v)
+        if not wire.is_finite_number(v):
+            raise self._bad(k, "a finite number", v)
         return float(v)
 
     def i(self, k: str, default: int | None = None) -> int:
         v = self._get(k, default is not None)
         if v is None:
             return default  # type: ignore[return-value]
-        if isinstance(v, bool) or not isinstance(v, int):
+        if type(v) is not int or not -wire.MAX_INT <= v <= wire.MAX_INT:
             raise self._bad(k, "an integer", v)
         return v
 
@@ -510,8 +522,8 @@ class _R:
 
     def nums(self, k: str) -> list[float]:
         out = self.lst(k)
-        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in out):
-            raise WireError(f"{self.where}: field {k!r} must be a list of numbers")
+        if not all(wire.is_finite_number(x) for x in out):
+            raise WireError(f"{self.where}: field {k!r} must be a list of finite numbers")
         return [float(x) for x in out]
 
     def enum(self, k: str, cls: type[Enum]) -> Any:
@@ -576,8 +588,8 @@ def _action(d: Any, where: str) -> RemapAction:
     params = r.o("params", optional=True)
     pv: dict[str, Any] = {}
     for k, v in (params.d.items() if params else ()):
-        if isinstance(v, bool) or not isinstance(v, (int, float, str)):
-            raise WireError(f"{where}.params: {k!r} must be a number or a string")
+        if type(v) is not str and not wire.is_finite_number(v):
+            raise WireError(f"{where}.params: {k!r} must be a finite number or a string")
         pv[k] = v
     return RemapAction(key=r.s("key"), type=r.enum("type", ActionType), target=_target(r.o("target")) or Target(),
                        rationale=r.s("rationale", default=""), evidence=tuple(r.strs("evidence")),
@@ -595,7 +607,7 @@ def incident_from_dict(d: Mapping[str, Any]) -> Incident:
                     phase=_phase(r.o("phase", True)), effect=_effect(r.o("effect", True)),
                     summary=r.s("summary", default=""), opened_at=r.n("opened_at"),  # type: ignore[arg-type]
                     updated_at=r.n("updated_at"), resolved_at=r.n("resolved_at", True),  # type: ignore[arg-type]
-                    inhibited_by=r.s("inhibited_by", default=""))
+                    inhibited_by=r.s("inhibited_by", default=""), resolved_reason=r.s("resolved_reason", default=""))
 
 
 def suggestion_from_dict(d: Mapping[str, Any]) -> RemapSuggestion:
@@ -653,21 +665,17 @@ _DECODERS = {Kind.INCIDENT: incident_from_dict, Kind.REMAP: suggestion_from_dict
 
 
 def decode(data: bytes | str, expect: Kind | str | None = None) -> ControllerMessage:
-    """Strict parse of one of this module's messages (see :func:`skewd.wire.decode`)."""
-    try:
-        d = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise WireError(f"payload is not JSON: {e}") from None
+    """Strict parse of one of this module's messages (see :func:`skewd.wire.decode`): bounded
+    JSON (size, depth, no NaN/Infinity), finite numbers, and *every* failure raised as
+    :class:`WireError`, so a consumer catching it is never stopped by a payload."""
+    d = wire.load_json(data)
     if not isinstance(d, dict):
         raise WireError(f"payload must be a JSON object, got {type(d).__name__}")
     try:
         kind = Kind(expect if expect is not None else d.get("kind"))
-    except ValueError:
-        raise WireError(f"payload has unknown or missing kind {d.get('kind')!r}") from None
-    try:
-        return _DECODERS[kind](d)
-    except (TypeError, AttributeError) as e:  # a nested value of the wrong shape
-        raise WireError(f"{kind.value}: malformed: {e}") from None
+    except (ValueError, TypeError):
+        raise WireError(f"payload has unknown or missing kind {wire.show_value(d.get('kind'))}") from None
+    return wire.decode_totally(kind.value, _DECODERS[kind], d)
 
 
 def headers(msg: ControllerMessage, msg_id: str | None = None) -> dict[str, str]:

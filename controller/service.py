@@ -28,6 +28,7 @@ JetStream drop the rest. See docs/controller.md.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as _dt
 import json
 import logging
@@ -47,14 +48,16 @@ from skewd.rules.engine import Engine, RuleSet
 from skewd.rules.reload import RuleManager
 from skewd.rules.store import WindowStore
 
+from . import ingest
 from . import messages as M
 from .align import Aligner
 from .catalogue import NAMES as CTL_SIGNALS
 from .config import ControllerConfig
 from .correlator import Correlator
+from .culprit import coverage as culprit_coverage
 from .planner import Planner, semantic_key, suggestion_key
-from .state import StateStore, restore_engine
-from .timeline import Timelines
+from .state import STATE_VALUE_BYTES, StateStore, restore_engine
+from .timeline import ENGINE_KEYS, Timelines
 from .topology import Topology
 
 log = logging.getLogger("skewd.controller")
@@ -66,10 +69,23 @@ FLUSH_ROWS = 250_000  # pending samples that force a flush between ticks (a few 
 LAYOUTS_PER_NODE = 4  # a node whose values come and go (None) sends a few layouts
 LAYOUT_BUDGET_PER_SAMPLE = 4  # store layout-cache budget per sample of the layouts we know (see _flush)
 LIVE_STATUSES = (M.SuggestionStatus.PLANNED.value, M.SuggestionStatus.PUBLISHED.value, M.SuggestionStatus.ACKED.value)
+#: grid times evaluated per wake-up of the evaluation loop; more due ones wait for the next
+#: turn of the event loop, so no summary time can keep the loop busy (a catch-up is at most
+#: 10 ticks anyway: further behind, only the latest is evaluated)
+MAX_TICKS_PER_WAKE = 10
+#: stop() returns within this even with the broker gone (systemd's and the tests' expectation)
+STOP_BUDGET_S = 1.8
+NODE_SILENT = "node silent"  # the resolution reason of a silent node's findings and incidents
+
+
+def _agent_open(f: Finding) -> bool:
+    """An open (pending or firing) finding an agent raised about its own node: what a silent
+    node leaves behind (the controller's own group findings follow the summaries instead)."""
+    return f.scope not in GROUP_SCOPES and f.state in (State.PENDING, State.FIRING)
 
 
 #: summary keys that are not window-store samples
-_NOT_SAMPLES = frozenset({BURST_STARTS, BURST_BYTES}) | frozenset(CTL_SIGNALS)
+_NOT_SAMPLES = frozenset({BURST_STARTS, BURST_BYTES}) | frozenset(CTL_SIGNALS) | ENGINE_KEYS
 
 
 @dataclass
@@ -127,7 +143,22 @@ class ControllerStats:
     remaps_suppressed: int = 0  # an equivalent suggestion was still live
     remaps_recovered: int = 0  # planned before a crash, published after restart
     replies: int = 0
+    health_rejected: int = 0
+    nodes_silenced: int = 0  # nodes that fell silent (their open findings resolved, their state forgotten)
+    findings_silenced: int = 0  # open findings the controller resolved because their node fell silent
+    evaluations_deferred: int = 0  # wake-ups that left due grid times for the next turn (MAX_TICKS_PER_WAKE)
     errors: int = 0
+
+
+@dataclass
+class LoopHealth:
+    """A supervised background loop: whether it runs, how often it crashed and was restarted."""
+
+    running: bool = False
+    restarts: int = 0
+    last_error: str = ""
+    last_error_wall: float | None = None
+    backoff_s: float = 0.0
 
 
 class Controller:
@@ -148,7 +179,9 @@ class Controller:
         self.correlator = Correlator(cfg.cluster, self.topology, self.timelines,
                                      culprit_pathologies=cfg.culprit_pathologies, never_inhibit=cfg.never_inhibit,
                                      effect_window=cfg.effect_window, node_value=self._node_value,
-                                     inhibit_rules=cfg.inhibit_rules)
+                                     inhibit_rules=cfg.inhibit_rules, direct_evidence=cfg.direct_evidence,
+                                     culprit_evidence=cfg.culprit_evidence,
+                                     maturities={r.id: r.maturity for r in ruleset.rules})
         self.planner = Planner(cfg)
         self.stats = ControllerStats()
         self.nc: Any = None
@@ -179,6 +212,15 @@ class Controller:
         self._derived_gcs = -1
         self._derived_ncat = -1
         self.fast_flushes = 0  # flushes that took the per-summary path (tests look)
+        self.rejections = ingest.Rejections(log)
+        self.nodes = ingest.NodeBook(cfg.max_nodes, cfg.silent_intervals, cfg.evaluation_interval)
+        self.loops: dict[str, LoopHealth] = {}
+        #: nodes whose open findings were restored from KV but that this process has not heard
+        #: from yet: their incidents are not (re)published until they are, and are resolved
+        #: "node silent" if they stay silent (a restart must not re-announce a dead node's trouble)
+        self._unconfirmed: set[str] = set()
+        self._deferred: set[str] = set()  # incident ids whose publication waits for their node
+        self._silenced: dict[str, float] = {}  # finding id → controller time it was resolved for silence
 
     # ------------------------------------------------------------------------------------------
     # lifecycle
@@ -189,7 +231,7 @@ class Controller:
         self.js = self.nc.jetstream()
         await ensure_streams(self.js, [wire.FINDINGS_STREAM], update=False)
         await ensure_streams(self.js, [wire.REMAPS_STREAM, M.INCIDENTS_STREAM], update=True)
-        self.state = await StateStore.open(self.js, cfg.bucket, cfg.cluster, cfg.state_max_age)
+        self.state = await StateStore.open(self.js, cfg.bucket, cfg.cluster, cfg.state_max_age, nc=self.nc)
         await self._restore()
         self._subs.append(await self.nc.subscribe(wire.subject_filter("summary", cluster=cfg.cluster),
                                                   cb=self._on_summary))
@@ -199,40 +241,54 @@ class Controller:
                                                   cb=self._on_phase))
         self._subs.append(await self.nc.subscribe(M.reply_subject(cfg.cluster), queue=cfg.queue, cb=self._on_reply))
         await self._recover_planned()
-        self._tasks = [asyncio.create_task(self._findings_loop(), name="skewd-ctl-findings"),
-                       asyncio.create_task(self._kv_watch_loop(), name="skewd-ctl-kvwatch"),
-                       asyncio.create_task(self._eval_loop(), name="skewd-ctl-eval"),
-                       asyncio.create_task(self._housekeeping_loop(), name="skewd-ctl-housekeeping")]
+        self._tasks = [asyncio.create_task(self._supervised(name, fn), name=f"skewd-ctl-{name}")
+                       for name, fn in (("findings", self._findings_loop), ("kvwatch", self._kv_watch_loop),
+                                        ("eval", self._eval_loop), ("housekeeping", self._housekeeping_loop))]
         await self.nc.flush()
+        for rid, how in culprit_coverage(self.engine.rules.rules, cfg.culprit_pathologies,
+                                         cfg.culprit_evidence).items():
+            if how.startswith("PROBLEM"):
+                log.warning("culprit rule %s: %s", rid, how)
         log.info("controller %s started for cluster %s: %d rules (%d group-scope), %d TP groups configured",
                  cfg.controller_id, cfg.cluster, len(self.engine.rules.rules),
                  sum(1 for r in self.engine.rules.rules if r.scope in GROUP_SCOPES), len(cfg.tp_groups))
         self.started.set()
 
     async def stop(self) -> None:
-        """Graceful stop: state is already in KV after every step, so nothing is flushed here
-        beyond the engine snapshot."""
+        """Graceful stop within :data:`STOP_BUDGET_S`, the broker there or not: state is already
+        in KV after every step, so nothing is flushed here beyond the engine snapshot, and that
+        only while connected (with NATS gone a put would wait for its timeout, and nats-py
+        would keep reconnecting meanwhile)."""
         if self._stopping:
             return
         self._stopping = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + STOP_BUDGET_S
+
+        def left(share: float = 1.0) -> float:
+            return max(0.05, (deadline - loop.time()) * share)
+
         for t in self._tasks:
             t.cancel()
         # nats-py's fetch can swallow a cancellation (asyncio.wait_for race on 3.10/3.11): the
         # loops also watch _stopping, and we never wait for a task without a bound
         if self._tasks:
-            await asyncio.wait(self._tasks, timeout=5.0)
+            await asyncio.wait(self._tasks, timeout=left(0.3))
         self._tasks = []
         if self.nc is not None:
+            if self.nc.is_connected:
+                try:
+                    async def goodbye() -> None:
+                        for sub in self._subs:
+                            await sub.unsubscribe()
+                        if self.state is not None and self.next_eval is not None:
+                            await self.state.put_engine(self.engine, self.now)
+                        await self.nc.flush()
+                    await asyncio.wait_for(goodbye(), left(0.6))
+                except Exception:  # noqa: BLE001 - the connection may be going; the snapshot is a bonus
+                    pass
             try:
-                for sub in self._subs:
-                    await sub.unsubscribe()
-                if self.state is not None and self.next_eval is not None:
-                    await self.state.put_engine(self.engine, self.now)
-                await asyncio.wait_for(self.nc.flush(), 5.0)
-            except Exception:  # noqa: BLE001 - the connection may be gone already
-                pass
-            try:
-                await asyncio.wait_for(self.nc.close(), 5.0)
+                await asyncio.wait_for(self.nc.close(), left())
             except Exception:  # noqa: BLE001 - the connection may be gone already
                 pass
 
@@ -245,7 +301,41 @@ class Controller:
             await self.stop()
 
     async def _on_error(self, e: Exception) -> None:
+        if self._stopping:
+            return  # reconnect attempts racing the close: not news
         log.warning("nats: %s", e)
+
+    async def _supervised(self, name: str, run: Callable[[], Any]) -> None:
+        """Run a background loop for the controller's life: a crash is logged with its
+        traceback, counted and shown in ``status()["loops"]``, and the loop is started again
+        after a backoff (0.1 s doubling to 30 s; back to 0.1 s after a minute without a crash).
+        Without this, one unexpected exception ended finding ingestion silently."""
+        health = self.loops[name] = LoopHealth()
+        backoff = 0.1
+        while not self._stopping:
+            began = time.monotonic()
+            health.running = True
+            try:
+                await run()
+                if self._stopping:
+                    break
+                raise RuntimeError("returned while the controller runs")
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - the point: log, count, restart
+                health.running = False
+                health.restarts += 1
+                health.last_error = f"{type(e).__name__}: {e}"[:300]
+                health.last_error_wall = self.wall()
+                self.stats.errors += 1
+                if time.monotonic() - began > 60.0:
+                    backoff = 0.1
+                health.backoff_s = backoff
+                log.error("controller %s loop crashed (restart %d in %.1fs): %s", name, health.restarts, backoff,
+                          health.last_error, exc_info=True)
+                await asyncio.sleep(backoff)
+                backoff = min(30.0, backoff * 2)
+        health.running = False
 
     # ------------------------------------------------------------------------------------------
     # restore
@@ -255,19 +345,41 @@ class Controller:
         saved = await self.state.load()
         for d in saved.get("finding", {}).values():
             try:
-                self.correlator.observe(Finding.from_dict(d))
-            except (KeyError, TypeError, ValueError) as e:
+                self.correlator.observe(wire.finding_from_dict(d))
+            except wire.WireError as e:
                 log.warning("state: unreadable finding skipped: %s", e)
-        kept = [v for v in saved.get("incident", {}).values() if "group_key" in v]
-        self.correlator.restore_ids({v["group_key"]: (v["id"], float(v["opened_at"])) for v in kept},
-                                    published=[v["id"] for v in kept if v.get("published", True)],
-                                    held_from={v["id"]: float(v["held_from"]) for v in kept if "held_from" in v})
+        ids: dict[str, tuple[str, float]] = {}
+        published: list[str] = []
+        held_from: dict[str, float] = {}
+        for v in saved.get("incident", {}).values():
+            try:  # KV is ours, but a damaged record must cost itself, not the start
+                ids[str(v["group_key"])] = (str(v["id"]), float(v["opened_at"]))
+                if v.get("published", True):
+                    published.append(str(v["id"]))
+                if "held_from" in v:
+                    held_from[str(v["id"])] = float(v["held_from"])
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
+                log.warning("state: unreadable incident record skipped: %r (%s)", v, e)
+        self.correlator.restore_ids(ids, published=published, held_from=held_from)
         self._open_keys = set(self.correlator.ids)
-        self.remaps = dict(saved.get("remap", {}))
+        self.remaps = {k: v for k, v in saved.get("remap", {}).items() if isinstance(v, dict)}
         eng = saved.get("engine", {}).get("engine")
-        n = restore_engine(self.engine, eng) if eng else 0
-        log.info("state restored: %d findings, %d open incidents, %d suggestions, %d alert states",
-                 len(self.correlator.findings), len(self.correlator.ids), len(self.remaps), n)
+        try:
+            n = restore_engine(self.engine, eng) if isinstance(eng, dict) else 0
+        except Exception as e:  # noqa: BLE001 - alert states are rebuilt from the summaries then
+            log.warning("state: engine snapshot not restored: %s: %s", type(e).__name__, e)
+            n = 0
+        # nodes with open findings: alive or not, this process has not heard them yet. Their
+        # silence is timed from now (the controller was not listening before), and until they
+        # are heard their incidents are not re-announced
+        wall = self.wall()
+        for f in self.correlator.findings.values():
+            if _agent_open(f) and f.node not in self._unconfirmed:
+                self._unconfirmed.add(f.node)
+                self.nodes.admit(f.node, wall)
+        log.info("state restored: %d findings, %d open incidents, %d suggestions, %d alert states; "
+                 "%d nodes with open findings not heard from yet", len(self.correlator.findings),
+                 len(self.correlator.ids), len(self.remaps), n, len(self._unconfirmed))
 
     async def _recover_planned(self) -> None:
         """Suggestions stored as planned but maybe never published (crash in between): publish
@@ -316,15 +428,50 @@ class Controller:
     # ------------------------------------------------------------------------------------------
     # inputs
     # ------------------------------------------------------------------------------------------
-    async def _on_summary(self, msg: Any) -> None:
-        try:
-            raw = json.loads(msg.data)
-            s = wire.summary_from_dict(raw)
-        except (ValueError, wire.WireError) as e:
+    def _reject(self, kind: str, reason: str, subject: str, detail: str) -> None:
+        """Count (status and the per-kind counter) and log one rejected message."""
+        self.rejections.reject(kind, reason, subject, detail)
+        if kind == "summary":
             self.stats.summaries_rejected += 1
-            log.debug("summary rejected on %s: %s", msg.subject, e)
+        elif kind == "finding":
+            self.stats.findings_rejected += 1
+        elif kind == "phase":
+            self.stats.phase_rejected += 1
+        elif kind == "health":
+            self.stats.health_rejected += 1
+
+    def _heard(self, node: str, interval: float | None = None) -> bool:
+        """Note a message from ``node``'s agent; False when it is a new node and
+        ``ingest.max_nodes`` are live (the message is then rejected)."""
+        if not self.nodes.admit(node, self.wall(), interval):
+            return False
+        self._unconfirmed.discard(node)
+        return True
+
+    async def _on_summary(self, msg: Any) -> None:
+        subject = msg.subject
+        try:
+            s = wire.decode_summary(msg.data)
+        except wire.WireError as e:
+            self._reject("summary", ingest.reason_of(e), subject, str(e))
             return
-        self.ingest_summary(s, s.labels)  # the decoder checked: an object of strings
+        try:
+            why = ingest.subject_mismatch(subject, wire.MessageKind.SUMMARY, s.cluster, s.node)
+            if why is not None:
+                self._reject("summary", ingest.SUBJECT_MISMATCH, subject, why)
+                return
+            why = ingest.summary_clock_problem(s.t, self.wall(), self.cfg.max_clock_skew)
+            if why is not None:
+                self._reject("summary", ingest.CLOCK_SKEW, subject, why)
+                return
+            if not self._heard(s.node, s.interval):
+                self._reject("summary", ingest.TOO_MANY_NODES, subject,
+                             f"node {s.node!r} is new and {self.cfg.max_nodes} nodes are live (ingest.max_nodes)")
+                return
+            self.ingest_summary(s, s.labels)  # the decoder checked: an object of strings
+        except Exception:  # noqa: BLE001 - a callback must not die on one message; counted and shown
+            self.stats.errors += 1
+            log.exception("summary on %s not taken in", subject)
 
     def ingest_summary(self, s: wire.Summary, labels: dict[str, str] | None = None) -> None:
         """Take one node summary (public so replay and tests can feed summaries directly)."""
@@ -486,7 +633,16 @@ class Controller:
     async def _on_health(self, msg: Any) -> None:
         try:
             h = wire.decode_health(msg.data)
-        except wire.WireError:
+        except wire.WireError as e:
+            self._reject("health", ingest.reason_of(e), msg.subject, str(e))
+            return
+        why = ingest.subject_mismatch(msg.subject, wire.MessageKind.HEALTH, h.cluster, h.node)
+        if why is not None:
+            self._reject("health", ingest.SUBJECT_MISMATCH, msg.subject, why)
+            return
+        if not self._heard(h.node):
+            self._reject("health", ingest.TOO_MANY_NODES, msg.subject, f"node {h.node!r} is new and "
+                         f"{self.cfg.max_nodes} nodes are live (ingest.max_nodes)")
             return
         self.stats.health += 1
         self._health[h.node] = h
@@ -495,11 +651,26 @@ class Controller:
         try:
             rec = M.decode(msg.data, M.Kind.PHASE)
         except wire.WireError as e:
-            self.stats.phase_rejected += 1
-            log.debug("phase record rejected: %s", e)
+            self._reject("phase", ingest.reason_of(e), msg.subject, str(e))
+            return
+        why = ingest.subject_mismatch(msg.subject, wire.MessageKind.PHASE, rec.cluster, rec.node,  # type: ignore[union-attr]
+                                      engine=rec.engine)  # type: ignore[union-attr]
+        if why is not None:
+            self._reject("phase", ingest.SUBJECT_MISMATCH, msg.subject, why)
+            return
+        # the vLLM plugin is not the agent: its records say nothing about the agent's liveness,
+        # and create no node state beyond the engine's bounded timeline
+        if rec.node not in self.nodes and len(self.nodes) >= self.cfg.max_nodes:  # type: ignore[union-attr]
+            self._reject("phase", ingest.TOO_MANY_NODES, msg.subject, f"node {rec.node!r} is not live and "  # type: ignore[union-attr]
+                         f"{self.cfg.max_nodes} nodes are (ingest.max_nodes)")
+            return
+        try:
+            self.timelines.add_record(rec)  # type: ignore[arg-type]
+        except Exception:  # noqa: BLE001 - a callback must not die on one message
+            self.stats.errors += 1
+            log.exception("phase record on %s not taken in", msg.subject)
             return
         self.stats.phase_records += 1
-        self.timelines.add_record(rec)  # type: ignore[arg-type]
 
     async def _findings_loop(self) -> None:
         from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
@@ -519,13 +690,37 @@ class Controller:
             for m in msgs:
                 await self._take_finding_msg(m)
 
+    async def _refuse(self, m: Any, reason: str, detail: str) -> None:
+        """Reject a finding for good: counted, logged, and terminated so JetStream never
+        redelivers it (a malformed, spoofed or mistimed message never becomes acceptable)."""
+        self._reject("finding", reason, m.subject, detail)
+        try:
+            await m.term()
+        except Exception as e:  # noqa: BLE001 - no connection: it comes back after ack_wait and is refused again
+            log.debug("term of a rejected finding failed: %s", e)
+
     async def _take_finding_msg(self, m: Any) -> None:
         try:
             f = wire.decode_finding(m.data)
         except wire.WireError as e:
-            self.stats.findings_rejected += 1
-            log.warning("finding rejected (%s): %s", m.subject, e)
-            await m.term()  # a malformed message never becomes valid: do not redeliver it
+            await self._refuse(m, ingest.reason_of(e), str(e))
+            return
+        why = ingest.subject_mismatch(m.subject, wire.MessageKind.FINDING, f.cluster, f.node, rule=f.rule_id)
+        if why is not None:
+            await self._refuse(m, ingest.SUBJECT_MISMATCH, why)
+            return
+        why = ingest.finding_clock_problem(f, self.wall(), self.cfg.max_clock_skew, wire.FINDINGS_STREAM.max_age_s)
+        if why is not None:
+            await self._refuse(m, ingest.CLOCK_SKEW, why)
+            return
+        if f.scope not in GROUP_SCOPES and not self._heard(f.node):
+            # not lost: JetStream offers it again once silent nodes have made room
+            self._reject("finding", ingest.TOO_MANY_NODES, m.subject, f"node {f.node!r} is new and "
+                         f"{self.cfg.max_nodes} nodes are live (ingest.max_nodes); redelivered later")
+            try:
+                await m.nak(delay=self.nodes.silent_after(f.node))
+            except Exception:  # noqa: BLE001 - then ack_wait brings it back
+                pass
             return
         self.stats.findings_in += 1
         try:
@@ -551,8 +746,9 @@ class Controller:
                     if e is None or not e.value:
                         continue
                     try:
-                        f = Finding.from_dict(json.loads(e.value))
-                    except (KeyError, TypeError, ValueError):
+                        f = wire.finding_from_dict(wire.load_json(e.value, max_bytes=STATE_VALUE_BYTES))
+                    except wire.WireError as err:
+                        log.warning("KV finding %s unreadable, skipped: %s", e.key, err)
                         continue
                     async with self._lock:
                         self.correlator.observe(f)
@@ -610,9 +806,10 @@ class Controller:
     # evaluation
     # ------------------------------------------------------------------------------------------
     async def _eval_loop(self) -> None:
-        while True:
+        while not self._stopping:
             await self._wake.wait()
             self._wake.clear()
+            await asyncio.sleep(0)  # a deferred catch-up lets summaries and findings in first
             try:
                 await self.evaluate_due()
             except asyncio.CancelledError:
@@ -622,13 +819,22 @@ class Controller:
                 log.exception("evaluation failed")
 
     async def evaluate_due(self) -> None:
-        """Evaluate every grid time the summaries' clock has passed."""
+        """Evaluate the grid times the summaries' clock has passed: at most
+        :data:`MAX_TICKS_PER_WAKE` per call (the rest are left for the next wake-up, which is
+        requested), and the next grid time is always later than the one evaluated, however
+        large the times are (t + interval == t for t = 1e17 once looped here for ever)."""
         ival = self.cfg.evaluation_interval
+        done = 0
         while self.next_eval is not None and self.watermark >= self.next_eval:
+            if done >= MAX_TICKS_PER_WAKE:
+                self.stats.evaluations_deferred += 1
+                self._wake.set()
+                return
             if self.watermark - self.next_eval > 10 * ival:  # far behind (outage, replay jump): latest only
                 self.next_eval = math.floor(self.watermark / ival) * ival
             t = self.next_eval
-            self.next_eval = t + ival
+            self.next_eval = max(t + ival, math.nextafter(t, math.inf))
+            done += 1
             async with self._lock:
                 await self.tick(t)
 
@@ -688,7 +894,10 @@ class Controller:
                     log.debug("pending finding %s not deleted from KV: %s", fp, e)
 
     def _enrich(self, f: Finding, now: float) -> None:
-        """State the engine phase and the observed effect on a controller finding."""
+        """State the culprit measurement (controller/culprit.py), the engine phase and the
+        observed effect on a controller finding."""
+        if f.pathology in self.cfg.culprit_pathologies:
+            f.evidence.update(self.correlator.contract(f))
         phase, effect = self.correlator.phase_and_effect(f.node, self.topology.engine_of(f.node), f.active_at, now)
         if phase is not None:
             code = M.Phase(phase.phase).code if phase.phase in {p.value for p in M.Phase} else None
@@ -718,12 +927,17 @@ class Controller:
         changed = corr.correlate(t)
         key_of = {iid: k for k, (iid, _) in corr.ids.items()}
         for inc in changed:
+            self._note_silence(inc)
             key = key_of.get(inc.id)
             shown = not corr.is_held(inc)
             if inc.state == "open" and key is not None and (shown or not corr.due(inc, t, self.cfg.group_wait)):
                 await self.state.put_incident_id(key, inc.id, inc.opened_at, published=shown,
                                                  held_from=corr.hold_start(inc))
+            if shown and inc.state == "open" and self._awaits_node(inc):
+                self._deferred.add(inc.id)  # restored, its node not heard since the restart: not re-announced
+                continue
             if shown:
+                self._deferred.discard(inc.id)
                 await self._publish_incident(inc)
             elif inc.state != "open":  # resolved or taken over while held: nobody is shown it
                 self.stats.incidents_withheld += 1
@@ -731,8 +945,13 @@ class Controller:
         # Alertmanager's group_wait for the first notification: an incident is shown once it has
         # been open group_wait (and no culprit rule is pending in its TP group), so a cause that
         # fires a few seconds after its symptom takes the symptom over before anyone saw it
+        for iid in [i for i in self._deferred if not self._awaits_node(corr.incidents.get(i))]:
+            self._deferred.discard(iid)  # its node spoke again: its latest state, if it changed meanwhile
+            inc = corr.incidents.get(iid)
+            if inc is not None and inc.state == "open" and not corr.is_held(inc):
+                await self._publish_incident(inc)
         for inc in sorted(corr.open_incidents(), key=lambda i: (i.opened_at, i.id)):
-            if corr.is_held(inc) and corr.due(inc, t, self.cfg.group_wait):
+            if corr.is_held(inc) and corr.due(inc, t, self.cfg.group_wait) and not self._awaits_node(inc):
                 key = key_of.get(inc.id)
                 if key is not None:
                     await self.state.put_incident_id(key, inc.id, inc.opened_at, published=True,
@@ -746,10 +965,14 @@ class Controller:
         for inc in sorted(corr.open_incidents(), key=lambda i: (i.opened_at, i.id)):
             if corr.is_held(inc):
                 continue  # not shown yet (group_wait, or a culprit rule pending): nothing to plan
+            if self._awaits_node(inc):
+                continue  # restored, its node not heard from since the restart
             if t - inc.opened_at < self.cfg.group_wait:
                 continue  # Alertmanager's group_wait: a culprit may still explain it
             if self.correlator.culprit_pending(inc):
                 continue  # a culprit rule is pending in this incident's TP group: wait for its verdict
+            if not self.correlator.plannable(inc):
+                continue  # names no culprit, or rests on an incubating rule alone (docs/rules.md, Maturity)
             key = suggestion_key(self.cfg.cluster, inc.id)
             if key in self.remaps:
                 continue
@@ -832,10 +1055,11 @@ class Controller:
     async def _housekeeping_loop(self) -> None:
         ival = self.cfg.evaluation_interval
         last_log = self.wall()
-        while True:
+        while not self._stopping:
             await asyncio.sleep(ival)
             try:
                 wall = self.wall()
+                await self.expire_silent_nodes(wall)
                 if self.next_eval is not None and wall - self._wall_at_now > 3 * ival and self.now > -math.inf:
                     # no summaries: findings may still arrive; let wall time advance correlation
                     async with self._lock:
@@ -849,6 +1073,8 @@ class Controller:
                 if self.now > -math.inf:
                     self.gc_store(self.now)
                     self.correlator.forget_closed(self.now - self.cfg.horizon)
+                    for fid in [i for i, at in self._silenced.items() if at < self.now - self.cfg.horizon]:
+                        del self._silenced[fid]
                 if wall - last_log > 60:
                     last_log = wall
                     log.info("controller stats: %s", asdict(self.stats))
@@ -857,6 +1083,89 @@ class Controller:
             except Exception:  # noqa: BLE001
                 self.stats.errors += 1
                 log.exception("housekeeping failed")
+
+    # ------------------------------------------------------------------------------------------
+    # silent nodes
+    # ------------------------------------------------------------------------------------------
+    async def expire_silent_nodes(self, wall: float) -> list[str]:
+        """Nodes not heard from for ``ingest.silent_intervals`` of their intervals at ``wall``:
+        their agents' open findings are resolved (:data:`NODE_SILENT`, stored in KV so a
+        restart does not re-open them), the incidents that held only those close as resolved
+        with ``resolved_reason`` "node silent" (published), and their per-node state is
+        forgotten (cardinality: a node that left costs nothing). Returns the silent nodes.
+
+        Why: an agent that stops (crash, node down, partition) sends no resolved transition,
+        so without this its incidents stay open for ever, as Alertmanager's would without
+        ``resolve_timeout``; a node's summaries are its heartbeat."""
+        silent = self.nodes.pop_silent(wall)
+        if not silent:
+            return []
+        async with self._lock:
+            t = self.now if self.now > -math.inf else wall
+            # incidents restored from KV are rebuilt first, so their resolution is published
+            await self._correlate_and_plan(t)
+            for node, last in silent:
+                await self._node_silent(node, wall - last, t)
+            await self._correlate_and_plan(t)
+        return [n for n, _ in silent]
+
+    async def _node_silent(self, node: str, silent_for: float, t: float) -> None:
+        n = 0
+        for fp, f in list(self.correlator.findings.items()):
+            if f.node != node or not _agent_open(f):
+                continue
+            at = max(t, f.evaluated_at)
+            r = dataclasses.replace(f, state=State.RESOLVED, evaluated_at=at, resolved_at=at,
+                                    evidence=dict(f.evidence), labels=dict(f.labels), params=dict(f.params),
+                                    summary=f"{f.summary} [resolved by the controller: {NODE_SILENT} "
+                                            f"for {silent_for:.0f}s]")
+            self.correlator.findings[fp] = r
+            self._silenced[r.id] = at
+            n += 1
+            try:
+                await self.state.put_finding(r)  # type: ignore[union-attr]
+            except Exception as e:  # noqa: BLE001 - a restart would then re-check the node's silence
+                self.stats.errors += 1
+                log.warning("silenced finding %s not stored: %s", r.event_id, e)
+        self.stats.nodes_silenced += 1
+        self.stats.findings_silenced += n
+        self._unconfirmed.discard(node)
+        self._forget_node(node)
+        (log.warning if n else log.info)("node %s silent for %.0fs (limit %.0fs): %d open findings resolved, "
+                                         "its state forgotten", node, silent_for, self.nodes.silent_after(node), n)
+
+    def _forget_node(self, node: str) -> None:
+        """Drop every piece of per-node state (it comes back with the node's next summary)."""
+        self.aligner.bursts.pop(node, None)
+        self.aligner.clocks.pop(node, None)
+        for key in [k for k in self.timelines.engines if k == node or k.startswith(node + "/")]:
+            del self.timelines.engines[key]
+        self.topology.forget(node)
+        if self.store.forget_node(node):
+            self._store_gcs += 1  # the store's rows moved: layouts learned before are void
+        self._layouts.pop(node, None)
+        self._derived_layouts.pop(node, None)
+        self._health.pop(node, None)
+
+    def _note_silence(self, inc: M.Incident) -> None:
+        """Say why an incident resolved when its findings were resolved for their node's silence."""
+        if inc.state == "resolved" and not inc.resolved_reason and inc.findings \
+                and all(fid in self._silenced for fid in inc.findings):
+            inc.resolved_reason = NODE_SILENT
+            inc.summary = f"{inc.summary} [resolved: {NODE_SILENT}]"
+
+    def _awaits_node(self, inc: M.Incident | None) -> bool:
+        """Whether ``inc`` is made only of agent findings from nodes restored from KV but not
+        heard from since this process started (not re-announced until they are)."""
+        if inc is None or not self._unconfirmed or inc.state != "open":
+            return False
+        nodes = set()
+        for fid in inc.findings:
+            f = self.correlator.findings.get(fid.split("-", 1)[0])
+            if f is None or f.scope in GROUP_SCOPES:
+                return False
+            nodes.add(f.node)
+        return bool(nodes) and nodes <= self._unconfirmed
 
     # ------------------------------------------------------------------------------------------
     # queries
@@ -878,7 +1187,16 @@ class Controller:
                                     "publish_after": self.correlator.hold_start(i) + self.cfg.group_wait}
                                    for i in self.correlator.open_incidents()],
                 "suggestions": {k: r.get("status") for k, r in self.remaps.items()},
+                # culprit claims the evidence did not support and sandbox findings kept as findings
+                "correlation": self.correlator.report(),
                 "topology_conflicts": dict(self.topology.conflicts),
                 # TP groups whose steps are not matched across nodes, and why (unsynced clocks)
                 "unaligned_groups": {g: r.unaligned for g, r in self.aligner.reports.items() if r.unaligned},
-                "eval_errors": dict(self.engine.last_eval_errors)}
+                "eval_errors": dict(self.engine.last_eval_errors),
+                # what was refused, by kind and reason (docs/controller.md, "What the controller trusts")
+                "rejected": {k: dict(v) for k, v in self.rejections.counts.items()},
+                "nodes": {"live": len(self.nodes), "max": self.cfg.max_nodes,
+                          "not_heard_since_restart": sorted(self._unconfirmed)},
+                # supervised background loops: a crash restarts the loop and shows here
+                "loops": {name: asdict(h) for name, h in self.loops.items()},
+                "state_load": dict(getattr(self.state, "load_report", {}) or {})}

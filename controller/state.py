@@ -15,9 +15,16 @@ produced by :func:`skewd.wire.token`, so the mapping stays injective).
 Suggestions are created with ``kv.create`` (fails if the key exists): of several replicas
 planning the same suggestion exactly one owns its publication; updates use compare-and-set on
 the revision so concurrent replies are never lost.
+
+A restart restores exactly what the bucket holds: nats-py's KV watcher can signal "initial
+values done" before it delivered them (nats-io/nats.py#842; once in seven restarts the state
+came back empty while KV held 45 keys), so :meth:`StateStore.load` checks what the watch
+delivered against the bucket's key list, which the server gives from the stream's subjects,
+watches again for what is missing and reads any still missing one by one.
 """
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -39,24 +46,41 @@ def _dumps(d: Any) -> bytes:
     return json.dumps(d, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
+#: a KV value is bounded by the server's max_payload; this only caps what one parse may take
+STATE_VALUE_BYTES = 64 << 20
+#: watch passes over the bucket before missing keys are read one by one (see load)
+LOAD_WATCH_ATTEMPTS = 3
+#: how long one watch pass may wait for its "initial values done" marker
+LOAD_WATCH_TIMEOUT_S = 10.0
+
+
 class StateStore:
-    def __init__(self, kv: Any, cluster: str) -> None:
+    """The controller's KV bucket, keyed per cluster (see the module doc); owned by the
+    controller service, which writes after every step and reads it all back at start."""
+
+    def __init__(self, kv: Any, cluster: str, nc: Any = None, bucket: str = "") -> None:
         self.kv = kv
         self.cluster = cluster
         self.prefix = cluster_key(cluster)
         self.writes = 0
         self.conflicts = 0
+        self.nc = nc  # for the bucket's key list (stream info); found through the kv handle when None
+        self.bucket = bucket
+        #: what the last load needed: watch passes, keys read one by one, keys the watches missed
+        self.load_report: dict[str, int] = {}
 
     @classmethod
-    async def open(cls, js: Any, bucket: str, cluster: str, max_age: float) -> "StateStore":
+    async def open(cls, js: Any, bucket: str, cluster: str, max_age: float, nc: Any = None) -> "StateStore":
         from nats.js.errors import BucketNotFoundError
 
         try:
             kv = await js.key_value(bucket)
         except BucketNotFoundError:
-            kv = await js.create_key_value(bucket=bucket, history=1, ttl=max_age,
+            # direct gets: a read names its key in the subject, so a NATS user can be allowed to
+            # read suggestion records and nothing else of the bucket (docs/security.md)
+            kv = await js.create_key_value(bucket=bucket, history=1, ttl=max_age, direct=True,
                                            description="skewd controller state (findings, incidents, remaps)")
-        return cls(kv, cluster)
+        return cls(kv, cluster, nc=nc, bucket=bucket)
 
     def key(self, *parts: str) -> str:
         return ".".join((self.prefix, *parts))
@@ -78,24 +102,99 @@ class StateStore:
         return json.loads(e.value), e.revision
 
     async def load(self) -> dict[str, dict[str, dict[str, Any]]]:
-        """Everything under this cluster's prefix, by section: {"finding": {fp: value}, ...}."""
+        """Everything under this cluster's prefix, by section: {"finding": {fp: value}, ...},
+        checked against the bucket's key list (module doc): a watch pass, then the keys the
+        server lists that it did not deliver are watched again (up to
+        :data:`LOAD_WATCH_ATTEMPTS` passes) and finally read one by one."""
+        values: dict[str, bytes] = {}
+        deleted: set[str] = set()  # keys whose latest entry is a delete/purge marker
+        report = {"watch_passes": 0, "read_singly": 0, "missed_by_watch": 0}
+        listed: set[str] | None = None
+        for attempt in range(LOAD_WATCH_ATTEMPTS):
+            report["watch_passes"] += 1
+            await self._watch_into(values, deleted)
+            listed = await self.keys()
+            missing = listed - values.keys() - deleted
+            if attempt == 0:
+                report["missed_by_watch"] = len(missing)
+            if not missing:
+                break
+            log.info("state load: the KV watch delivered %d of %d keys (nats.py#842); watching again",
+                     len(listed & values.keys()), len(listed))
+        for key in sorted((listed or set()) - values.keys() - deleted):
+            cur = await self.get_raw(key)
+            report["read_singly"] += 1
+            if cur is not None:
+                values[key] = cur
+        self.load_report = report
+        if report["missed_by_watch"]:
+            log.warning("state load: the first KV watch missed %d of %d keys; restored them (%s)",
+                        report["missed_by_watch"], len(values), report)
         out: dict[str, dict[str, dict[str, Any]]] = {"finding": {}, "incident": {}, "remap": {}, "engine": {}}
-        w = await self.kv.watch(f"{self.prefix}.>", ignore_deletes=True)
+        for key, raw in values.items():
+            rest = key[len(self.prefix) + 1:]
+            section, _, name = rest.partition(".")
+            try:
+                out.setdefault(section, {})[name or section] = wire.load_json(raw, max_bytes=STATE_VALUE_BYTES)
+            except wire.WireError as e:
+                log.warning("ignoring unreadable state key %s: %s", key, e)
+        return out
+
+    async def _watch_into(self, values: dict[str, bytes], deleted: set[str]) -> None:
+        """One watch pass over this cluster's keys (latest entry each, delete markers too, so
+        a deleted key is not mistaken for a missed one), until the watcher's end marker or
+        :data:`LOAD_WATCH_TIMEOUT_S`."""
+        w = await self.kv.watch(f"{self.prefix}.>")
         try:
-            async for e in w:
+            while True:
+                try:
+                    e = await asyncio.wait_for(w.updates(timeout=LOAD_WATCH_TIMEOUT_S), LOAD_WATCH_TIMEOUT_S + 1)
+                except Exception:  # noqa: BLE001 - nats TimeoutError: no marker came; the key list decides
+                    break
                 if e is None:
                     break
-                if not e.value:
-                    continue
-                rest = e.key[len(self.prefix) + 1:]
-                section, _, name = rest.partition(".")
-                try:
-                    out.setdefault(section, {})[name or section] = json.loads(e.value)
-                except ValueError:
-                    log.warning("ignoring unreadable state key %s", e.key)
+                if e.value and e.operation is None:
+                    values[e.key] = e.value
+                    deleted.discard(e.key)
+                else:
+                    values.pop(e.key, None)
+                    deleted.add(e.key)
         finally:
             await w.stop()
-        return out
+
+    async def keys(self) -> set[str]:
+        """The bucket's keys under this cluster's prefix, as the server lists them (the
+        stream's subjects, paged), without deleted or purged ones."""
+        stream = f"KV_{self.bucket or self.kv._name}"
+        kv_prefix = f"$KV.{self.bucket or self.kv._name}."
+        nc = self.nc if self.nc is not None else self.kv._js._nc
+        subjects: dict[str, int] = {}
+        offset = 0
+        while True:
+            req = {"subjects_filter": f"{kv_prefix}{self.prefix}.>", "offset": offset}
+            resp = json.loads((await nc.request(f"$JS.API.STREAM.INFO.{stream}", json.dumps(req).encode(),
+                                                timeout=5.0)).data)
+            if "error" in resp:
+                raise RuntimeError(f"stream info for {stream}: {resp['error']}")
+            page = (resp.get("state") or {}).get("subjects") or {}
+            subjects.update(page)
+            total = int(resp.get("total") or 0)
+            offset += len(page)
+            if not page or offset >= total:
+                break
+        # a deleted or purged key keeps its subject (the marker is its last message): the watch
+        # reports those, and a one-by-one read finds them gone
+        return {s[len(kv_prefix):] for s in subjects}
+
+    async def get_raw(self, key: str) -> bytes | None:
+        """The value of ``key``; None when it is deleted, purged or gone."""
+        from nats.js.errors import KeyDeletedError, KeyNotFoundError
+
+        try:
+            e = await self.kv.get(key)
+        except (KeyNotFoundError, KeyDeletedError):
+            return None
+        return e.value or None
 
     # -- findings ----------------------------------------------------------------------------
     async def put_finding(self, f: Finding) -> None:
@@ -184,6 +283,8 @@ def restore_engine(engine: Engine, snap: dict[str, Any]) -> int:
     re-planned. Returns how many states were restored."""
     digests = {r.id: r.digest for r in engine.rules.rules}
     n = 0
+    if isinstance(snap.get("t"), (int, float)):
+        engine.resume_from(float(snap["t"]))  # a restored firing alert is held while windows refill
     for rid, saved in (snap.get("rules") or {}).items():
         if digests.get(rid) != saved.get("digest"):
             continue

@@ -2,9 +2,12 @@
 
 Two sources feed it: the stat-logger plugin's :class:`~skewd.controller.messages.PhaseRecord`
 (per step: prefill/decode split, KV, queue; per request: TTFT, inter-token latency), keyed
-``<node>/<engine>``; and the agents' summaries (``summary_engine_phase``,
-``summary_kv_cache_usage_ratio``, ``summary_requests_waiting``), keyed by the node name, for
-engines without the plugin. Correlated findings quote :meth:`Timelines.context` (what phase the
+``<node>/<engine>``; and the agents' summaries, for engines without the plugin: each engine's
+own keys (``engine_phase``, ``engine_kv_cache_usage_ratio``, ``engine_requests_waiting``,
+``engine_requests_running``, ``engine_ttft_p50_seconds``, ``engine_itl_p50_seconds``, keyed by
+the collector's engine entity: agent/engines.py) as ``<node>/<entity>``, and the node's
+reductions (``summary_engine_phase``, ``summary_kv_cache_usage_ratio``,
+``summary_requests_waiting``) keyed by the node name, for what names no engine. Correlated findings quote :meth:`Timelines.context` (what phase the
 engine was in when the trouble started) and :meth:`Timelines.effect` (what its users saw:
 TTFT, ITL, queue growth, against the baseline before).
 """
@@ -46,6 +49,12 @@ class EngineTimeline:
 
 
 _NONE: dict = {}  # an absent signal (never modified)
+
+#: the summary's per-engine keys (agent/engines.py writes them; a test keeps the two in step)
+ENGINE_PHASE, ENGINE_KV, ENGINE_WAITING, ENGINE_RUNNING, ENGINE_TTFT, ENGINE_ITL = (
+    "engine_phase", "engine_kv_cache_usage_ratio", "engine_requests_waiting", "engine_requests_running",
+    "engine_ttft_p50_seconds", "engine_itl_p50_seconds")
+ENGINE_KEYS = frozenset({ENGINE_PHASE, ENGINE_KV, ENGINE_WAITING, ENGINE_RUNNING, ENGINE_TTFT, ENGINE_ITL})
 
 
 def _fmt_s(v: float) -> str:
@@ -94,6 +103,9 @@ class Timelines:
 
     def add_summary(self, node: str, t: float, signals: dict[str, dict[str, float | None]]) -> None:
         get = signals.get
+        engines = get(ENGINE_PHASE) or get(ENGINE_KV) or get(ENGINE_WAITING) or _NONE
+        for ent in engines:
+            self._add_engine(node, ent, t, signals)
         phase = (get("summary_engine_phase") or _NONE).get("")
         kv = (get("summary_kv_cache_usage_ratio") or _NONE).get("")
         waiting = (get("summary_requests_waiting") or _NONE).get("")
@@ -104,6 +116,32 @@ class Timelines:
             tl = self.engines[node] = EngineTimeline(node, "summary")
         tl.points.append(_Point(t, Phase.from_code(phase), kv, waiting, None))
         tl.prune(t - self.horizon)
+
+    def _add_engine(self, node: str, ent: str, t: float, signals: dict[str, dict[str, float | None]]) -> None:
+        """One engine's own summary values (a plugin timeline of the same key wins: it sees every step)."""
+        key = f"{node}/{ent}"
+        tl = self.engines.get(key)
+        if tl is not None and tl.source == "plugin":
+            return
+        if tl is None:
+            tl = self.engines[key] = EngineTimeline(key, "summary")
+
+        def val(name: str) -> float | None:
+            v = (signals.get(name) or _NONE).get(ent)
+            return None if v is None or v != v else float(v)
+
+        tl.points.append(_Point(t, Phase.from_code(val(ENGINE_PHASE)), val(ENGINE_KV), val(ENGINE_WAITING),
+                                val(ENGINE_RUNNING)))
+        ttft, itl = val(ENGINE_TTFT), val(ENGINE_ITL)
+        if ttft is not None:
+            tl.ttft.append((t, ttft))
+        if itl is not None:
+            tl.itl.append((t, itl, 1))  # one interval's median: a mean of medians over the window
+        tl.prune(t - self.horizon)
+
+    def node_engines(self, node: str) -> list[str]:
+        """Keys of the node's engines that have timelines of their own (plugin or summary)."""
+        return sorted(k for k in self.engines if k.startswith(node + "/"))
 
     # -- queries ----------------------------------------------------------------------------
     def resolve(self, candidates: Iterable[str]) -> str | None:

@@ -73,6 +73,14 @@ class Topology:
         self.version += 1
         return True
 
+    def forget(self, node: str) -> None:
+        """Drop what ``node``'s agent told us (it fell silent); its configured place stays."""
+        self._seen.pop(node, None)
+        self.conflicts.pop(node, None)
+        had = self.learned.pop(node, None) is not None
+        if self.reported.pop(node, None) is not None or had:
+            self.version += 1
+
     def _configured_group_of(self, node: str) -> str:
         for g in self.configured_tp.values():
             if node in g.nodes:

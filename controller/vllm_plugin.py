@@ -11,6 +11,9 @@ environment of the vLLM process:
 ``SKEWD_PHASE_INTERVAL``  seconds per published record per engine (default 0.2): the rate bound
 ``SKEWD_PHASE_MAX_STEPS`` steps kept per record (default 256; more are counted as ``truncated``)
 ``SKEWD_PHASE_QUEUE``     steps buffered between the engine and the publisher (default 8192)
+``SKEWD_NATS_NKEY_SEED_FILE`` / ``SKEWD_NATS_CREDS_FILE`` / ``SKEWD_NATS_TLS_CA_FILE``  credentials and
+                          CA on a secured server: the node's agent seed (``skewd nats-auth``) may
+                          publish this node's phase subjects (docs/security.md)
 
 The engine is never blocked: :meth:`SkewdStatLogger.record` copies a few numbers and does a
 non-blocking put on a bounded queue (a full queue drops the step and counts it); a daemon
@@ -112,11 +115,16 @@ class _Publisher:
         async def on_err(e: Exception) -> None:
             log.debug("skewd plugin nats: %s", e)
 
-        servers = [s.strip() for s in self.url.split(",") if s.strip()]
+        from skewd.natsutil import NatsConfig, connect_options
+
+        env = os.environ
+        cfg = NatsConfig(servers=tuple(s.strip() for s in self.url.split(",") if s.strip()),
+                         nkey_seed_file=env.get("SKEWD_NATS_NKEY_SEED_FILE") or None,
+                         creds_file=env.get("SKEWD_NATS_CREDS_FILE") or None,
+                         tls_ca_file=env.get("SKEWD_NATS_TLS_CA_FILE") or None,
+                         name=f"skewd-vllm-plugin-{socket.gethostname()}-{os.getpid()}")
         connecting = asyncio.ensure_future(nc.connect(
-            servers=servers, max_reconnect_attempts=-1, allow_reconnect=True, connect_timeout=2,
-            reconnect_time_wait=1, disconnected_cb=on_disc, reconnected_cb=on_reconn, error_cb=on_err,
-            name=f"skewd-vllm-plugin-{socket.gethostname()}-{os.getpid()}"))
+            **connect_options(cfg), disconnected_cb=on_disc, reconnected_cb=on_reconn, error_cb=on_err))
         started = time.monotonic()
         try:
             while True:
@@ -176,10 +184,8 @@ class _Publisher:
                 acc["itl"][2] = mx if acc["itl"][2] is None else max(acc["itl"][2], mx)
         out = []
         for (cluster, node, engine, model), acc in by_engine.items():
-            ctx = sum(s.ctx_tokens for s in acc["steps"])
-            gen = sum(s.gen_tokens for s in acc["steps"])
             rec = M.PhaseRecord(node=node, cluster=cluster, engine=engine, model=model, t_start=acc["t0"], t=acc["t"],
-                                phase=M.classify_steps(ctx, gen), steps=acc["steps"], finished=acc["fin"],
+                                phase=M.classify_steps(acc["steps"]), steps=acc["steps"], finished=acc["fin"],
                                 ttft_s=acc["ttft"], itl_count=acc["itl"][0], itl_sum_s=acc["itl"][1],
                                 itl_max_s=acc["itl"][2], dropped=dict(self.dropped), plugin_version=_VERSION)
             out.append((_phase_subject(cluster, node, engine), rec))

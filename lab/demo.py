@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from skewd import wire
+from skewd import cliargs, wire
 from skewd.agent import summary as summary_mod
 from skewd.agent.pipeline import Pipeline
 from skewd.agent.publisher import Publisher
@@ -30,20 +30,26 @@ from skewd.catalogue import full_catalogue
 from skewd.model import NODE_SCOPES, Finding
 from skewd.natsutil import EmbeddedNatsServer, NatsConfig, connect
 from skewd.rules.cli import PACKS
+from skewd.rules.counts import rule_counts
 from skewd.rules.loader import load_rules_or_raise
 
 DEFAULT_SCENARIO = "ew1-tp-straggler"
 
 
-def parse(argv: list[str]) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="skewd demo", description="A simulated 4-node cluster through real NATS, live.")
     p.add_argument("--scenario", default=DEFAULT_SCENARIO, help=f"scenario name or YAML file (default {DEFAULT_SCENARIO})")
     p.add_argument("--list", action="store_true", help="list the shipped scenarios and exit")
-    p.add_argument("--speed", type=float, default=12.0, help="simulated seconds per wall second (default 12)")
+    p.add_argument("--speed", type=cliargs.speed, default=12.0,
+                   help="simulated time per wall time: 4x, 12x (the x may be left out; default 12x)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--plain", action="store_true", help="print lines instead of redrawing the screen")
     p.add_argument("--debug", action="store_true", help="print the controller's status at the end")
-    return p.parse_args(argv)
+    return p
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    return build_parser().parse_args(list(argv))
 
 
 def main(argv: list[str]) -> int:
@@ -63,7 +69,9 @@ def main(argv: list[str]) -> int:
     if not path.exists():
         matches = [p for p in list_scenarios() if p.stem == args.scenario]
         if not matches:
-            print(f"skewd demo: no scenario {args.scenario!r}; see skewd demo --list", file=sys.stderr)
+            hint = cliargs.did_you_mean(args.scenario, [p.stem for p in list_scenarios()])
+            print(f"skewd demo: no scenario {args.scenario!r}{hint} (skewd demo --list shows them all)",
+                  file=sys.stderr)
             return 2
         path = matches[0]
     try:
@@ -90,7 +98,7 @@ async def run(scenario, args, out=None) -> int:
     ctl_holder: list = []
     ready = asyncio.Event()
     ctl_task = asyncio.create_task(run_embedded(url=server.url, cluster=cluster, state_dir=state / "ctl", stop=stop,
-                                                ready=ready, on_start=ctl_holder.append))
+                                                ready=ready, on_start=ctl_holder.append, recorded_time=True))
     await asyncio.wait_for(ready.wait(), 30)
     nc = await connect(NatsConfig.from_dict({"url": server.url}), initial_timeout=10)
     findings: list[Finding] = []
@@ -191,10 +199,7 @@ def _state(title: str, truth: str, elapsed: float, pipes, findings, suggestions)
                     signals[name] = signals.get(name, 0.0) + float(v) / len(pipes)
     # the node-scope rules the agents run: active where a node has their signals (the group
     # scopes run in the controller)
-    engines = [p.engine for p in pipes.values()]
-    node_rules = [r.id for r in engines[0].rules.rules if engines[0].evaluates(r)] if engines else []
-    active = sum(1 for rid in node_rules if any(rid not in e.inactive for e in engines))
-    return ViewState(title=title, collectors=[], rules_active=active, rules_inactive=len(node_rules) - active,
+    return ViewState(title=title, collectors=[], rules=rule_counts([p.engine for p in pipes.values()]),
                      signals=signals,
                      findings=list(findings), suggestions=list(suggestions),
                      notes=[f"simulated time +{elapsed:.0f}s · injected: {truth}"])

@@ -11,16 +11,17 @@ import sys
 from pathlib import Path
 from typing import Callable, Mapping, Sequence, TextIO
 
+from skewd.cliargs import did_you_mean
 from skewd.model import GROUP_SCOPES, Catalogue, format_duration
 
 from .engine import RuleSet
 from .limits import DEFAULT_LIMITS, RuleLimits
 from .loader import load_rules
+from .paths import PACKS, SHIPPED
 from .pathologies import PATHOLOGIES
 from .schema import rule_file_schema
 from .testing import run_tests
 
-PACKS = Path(__file__).resolve().parent / "packs"
 PACK_TESTS = Path(__file__).resolve().parent / "tests"
 
 
@@ -28,7 +29,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("rules", help="lint, test, explain rule files")
     rs = p.add_subparsers(dest="rules_cmd", required=True)
     lint = rs.add_parser("lint", help="validate rule files; exit 1 on any error")
-    lint.add_argument("paths", nargs="*", help=f"files or directories (default: shipped packs {PACKS})")
+    lint.add_argument("paths", nargs="*", help=f"files or directories, read recursively; '{SHIPPED}' names the "
+                                               f"shipped packs (default: {SHIPPED}, i.e. {PACKS})")
     lint.add_argument("--json", action="store_true", help="errors as a JSON list")
     lint.add_argument("--limit", action="append", default=[], metavar="KEY=VALUE",
                       help="raise or lower a loading budget, as the agent's rule_limits: does "
@@ -38,17 +40,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--json", action="store_true")
     e = rs.add_parser("explain", help="what a rule watches, its params and mitigation")
     e.add_argument("rule_id")
-    e.add_argument("--rules", action="append", help="rule files/dirs (default: shipped packs)")
+    e.add_argument("--rules", action="append", help=f"rule files/dirs (default: {SHIPPED}, the shipped packs)")
     rs.add_parser("schema", help="JSON Schema of rule files (for yaml-language-server)")
     c = rs.add_parser("coverage", help="each pathology ID → rules and whether they are active on this host")
-    c.add_argument("--rules", action="append", help="rule files/dirs (default: shipped packs)")
+    c.add_argument("--rules", action="append", help=f"rule files/dirs (default: {SHIPPED}, the shipped packs)")
     c.add_argument("--json", action="store_true")
     c.add_argument("--no-probe", action="store_true", help="do not probe this host's collectors")
 
 
 def run(args: argparse.Namespace, catalogue: Catalogue,
         availability: Callable[[], tuple[set[str], Mapping[str, str]]] | None = None,
-        out: TextIO = sys.stdout) -> int:
+        out: TextIO | None = None) -> int:
+    out = out or sys.stdout
     cmd = args.rules_cmd
     if cmd == "lint":
         limits, problems = parse_limits(args.limit)
@@ -148,7 +151,8 @@ def explain(rs: RuleSet, rule_id: str, catalogue: Catalogue, out: TextIO) -> int
         if len(matches) == 1:
             r = rules[matches[0]]
         else:
-            out.write(f"no rule {rule_id!r}" + (f"; candidates: {', '.join(matches)}" if matches else "") + "\n")
+            hint = f"; candidates: {', '.join(matches)}" if matches else did_you_mean(rule_id, rules)
+            out.write(f"no rule {rule_id!r}{hint} (skewd rules coverage lists every rule)\n")
             return 1
     p = PATHOLOGIES.get(r.pathology)
     out.write(f"{r.id}  ({r.pathology}{': ' + p.title if p else ''})\n")

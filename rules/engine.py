@@ -8,6 +8,29 @@ Alert state follows Prometheus: inactive → pending (expression true, waiting o
 firing → resolved (expression false for longer than ``keep_firing_for``), keyed by a
 fingerprint of the rule and the entity's labels. ``replace_rules`` carries state over for
 rules whose definition is unchanged, so a hot reload never re-fires or forgets an alert.
+
+No data is not healthy data. A firing alert resolves only on evidence that its condition
+ended, which a gap in the data is not (a 45 s process freeze once resolved two GPU-3 findings
+whose engine was still stalled - the window held one sample, so ``increase()`` could not say -
+and fired them again 31 s later). So a firing alert that is not true is *held* (neither
+resolved nor refreshed: ``last_true_at`` stays) at a time when
+
+* the rule was not evaluated for longer than its window (``max_window``, else ``lookback``) -
+  the process was paused, or the rule inactive - and that long has not passed since: until its
+  windows hold data from after the gap again, neither an unknown nor a *false* verdict is
+  trusted (a ``count()`` over a half-empty window is low because of the gap); a condition that
+  ended during the gap resolves one window after the data came back; or
+* the entity has no sample of any of the rule's signals within the rule's window while the
+  store still has a row of it (its collector stalled, its exporter died): held until the store
+  forgets the entity (no sample for the whole ``horizon``), then resolved.
+
+An entity with fresh data is judged as always (a rule ``a or b`` whose ``b`` this host never
+has resolves when ``a`` ends). Pending alerts are unchanged: one that is not true is dropped (no
+alert fires on missing data). This is Prometheus's staleness handling applied to windows (an
+instant query still sees a series' last sample for the 5-minute lookback after its scrapes
+stop, so an alert does not resolve on a missed scrape) and its ``for_grace_period`` idea for
+restarts (:meth:`Engine.resume_from`). It depends only on the evaluation times given and the
+samples, so replay reproduces it.
 """
 from __future__ import annotations
 
@@ -113,6 +136,10 @@ class Engine:
         self._fp_cache: dict[tuple, tuple[tuple[str, str], str]] = {}
         self.evaluations = 0
         self.last_eval_errors: dict[str, str] = {}
+        self._last_eval: dict[str, float] = {}  # rule id → its previous evaluation time
+        self._refill_until: dict[str, float] = {}  # rule id → end of the hold after an evaluation gap
+        #: firing alerts held at the latest evaluation (rule id → fingerprints): no data is not healthy data
+        self.held: dict[str, set[str]] = {}
         self._refresh_inactive()
 
     # -- configuration -----------------------------------------------------------------------
@@ -137,6 +164,21 @@ class Engine:
             if missing:
                 why = sorted({reasons.get(s, "no collector on this host supplies it") for s in missing})
                 self.inactive[r.id] = f"needs {', '.join(missing)}: {'; '.join(why)}"
+
+    def resume_from(self, t: float) -> None:
+        """Treat every rule as last evaluated at ``t`` (restored alert states of a restarted
+        process): a first evaluation later than a rule's window after ``t`` is a gap, during
+        which a firing alert is not resolved on the partial windows (module doc)."""
+        for r in self.rules.rules:
+            if self._last_eval.get(r.id, -np.inf) < t:
+                self._last_eval[r.id] = t
+
+    def _note_evaluation(self, rule: Rule, now: float) -> None:
+        prev = self._last_eval.get(rule.id)
+        self._last_eval[rule.id] = now
+        window = rule.compiled.max_window or self.lookback
+        if prev is not None and now - prev > window:
+            self._refill_until[rule.id] = now + window
 
     def replace_rules(self, rules: RuleSet) -> list[str]:
         """Swap in a new (already validated) rule set; returns ids whose state carried over."""
@@ -286,10 +328,16 @@ class Engine:
             frame = self._frame(rule)
             states = self.states.setdefault(rule.id, {})
             saved = {fp: replace(st, evidence=dict(st.evidence), labels=dict(st.labels)) for fp, st in states.items()}
+            saved_gap = (self._last_eval.get(rule.id), self._refill_until.get(rule.id))
             try:
                 found = self._rule_range(rule, frame, ticks, ends, births, memo)
             except (_EvidenceError,) + _EVAL_ERRORS as e:
                 self.states[rule.id] = saved
+                for d, v in zip((self._last_eval, self._refill_until), saved_gap):
+                    if v is None:
+                        d.pop(rule.id, None)
+                    else:
+                        d[rule.id] = v
                 self.range_fallbacks[rule.id] = f"{type(e).__name__}: {e}"
                 self._rule_per_tick(rule, ticks, ends, births, out, errors)
                 continue
@@ -329,7 +377,7 @@ class Engine:
         for j in range(T):
             true_idx = fires[j].nonzero()[0] if any_true[j] else np.empty(0, dtype=np.int64)
             res.append(self._transition(rule, frame, ctx, true_idx, float(ticks[j]),
-                                        full=lambda j=j: full_at(j)))
+                                        full=lambda j=j: full_at(j), end=float(ends[j])))
         return res
 
     def _existence(self, rule: Rule, frame: _Frame, T: int, births: dict) -> np.ndarray | None:
@@ -438,9 +486,14 @@ class Engine:
         return _Frame(eids, node_eids, groups, names, nodes, group_labels)
 
     def _transition(self, rule: Rule, frame: _Frame | None, ctx: EvalContext | None, true_idx: np.ndarray,
-                    now: float, full: Any = None) -> list[Finding]:
+                    now: float, full: Any = None, end: float | None = None) -> list[Finding]:
+        """The alert state changes of one rule at ``now``. Range evaluation passes ``full``,
+        this tick's evidence (per tick it comes from re-running the full expression), and
+        ``end``, the store's latest sample time at this tick (samples after it are later ticks')."""
+        self._note_evaluation(rule, now)
         states = self.states.setdefault(rule.id, {})
         if not states and not len(true_idx):  # the common case: nothing true, nothing pending
+            self.held.pop(rule.id, None)
             return []
         out: list[Finding] = []
         seen: set[str] = set()
@@ -485,6 +538,7 @@ class Engine:
                 # evidence is gathered when a transition is published, not on every tick
                 st.evidence = _evidence(ctx, i)
                 out.append(self._finding(rule, st, now))
+        held: set[str] = set()
         for fp in list(states):
             if fp in seen:
                 continue
@@ -494,10 +548,41 @@ class Engine:
             elif st.state is State.FIRING:
                 if rule.keep_firing_for_s > 0 and now - st.last_true_at < rule.keep_firing_for_s:
                     continue
+                if self._no_evidence_of_end(rule, st, now, now if end is None else end):
+                    held.add(fp)
+                    continue
                 st.state = State.RESOLVED
                 out.append(self._finding(rule, st, now, resolved_at=now))
                 del states[fp]
+        if held:
+            self.held[rule.id] = held
+        else:
+            self.held.pop(rule.id, None)
         return out
+
+    def _no_evidence_of_end(self, rule: Rule, st: AlertState, now: float, until: float) -> bool:
+        """Whether a firing alert that is not true at ``now`` must be held rather than resolved
+        (module doc): the rule's windows are still refilling after an evaluation gap, or the
+        entity has no sample of the rule's signals within the rule's window (up to ``until``,
+        the store's latest sample time at this tick) while the store still has a row of it -
+        its data stopped: unknown, not healthy. Without a row the entity is gone: resolve."""
+        if now < self._refill_until.get(rule.id, -np.inf):
+            return True
+        window = rule.compiled.max_window or self.lookback
+        group = rule.scope in (Scope.TP_GROUP, Scope.CLUSTER)
+        known = False
+        for sig in rule.compiled.signals:
+            blk = self.store.blocks.get(sig, {}).get(st.node)
+            if blk is None:
+                continue
+            row = blk.rows.get("" if group or blk.scope is Scope.NODE else st.entity)
+            if row is None:
+                continue
+            known = True
+            _, vals = blk.window(now - window, min(now, until))
+            if vals.shape[1] and not np.isnan(vals[row]).all():
+                return False  # data within the window: its verdict stands
+        return known
 
     def _alert_key(self, rule: Rule, frame: _Frame, i: int) -> tuple[str, str, dict[str, str], str]:
         node, entity = str(frame.nodes[i]), str(frame.names[i])
@@ -516,7 +601,7 @@ class Engine:
             scope=rule.scope, node=st.node, entity=st.entity, state=st.state, active_at=st.active_at,
             evaluated_at=now, fired_at=st.fired_at, resolved_at=resolved_at, labels=dict(st.labels),
             evidence=dict(st.evidence), params=_plain_params(rule.params), mitigation=rule.mitigation,
-            summary=summary, cluster=self.cluster,
+            summary=summary, cluster=self.cluster, maturity=rule.maturity,
         )
 
     def evaluates(self, rule: Rule) -> bool:

@@ -224,6 +224,8 @@ class _Node:
     # Two-valued masks encode the three-valued result exactly: unknown = neither.
     pos: Callable[[EvalContext], Any] | None = None
     neg: Callable[[EvalContext], Any] | None = None
+    #: a string param's name: where a duration is needed it is reported as that param's bad duration
+    param: str = ""
 
 
 # window functions: name → (kernel, needs counter, needs gauge)
@@ -612,6 +614,8 @@ class Compiler:
                              "(no attributes, indexing, lambdas, comprehensions or keywords)", node))
 
     def _need(self, n: _Node, types: tuple[T, ...], node: ast.AST, what: str) -> _Node:
+        if n.param and n.t is T.STR and T.DUR in types and T.STR not in types:
+            raise self._fix(self._bad_duration_param(n, node))
         if n.t not in types:
             raise self._fix(_err(Code.WRONG_TYPE, f"{what} needs a {' or '.join(t.value for t in types)}, "
                                                   f"got a {n.t.value}", node))
@@ -671,6 +675,10 @@ class Compiler:
             raise self._fix(_err(Code.FORBIDDEN_SYNTAX, f"comparison {type(op).__name__} not allowed", an))
         if a.t in (T.STRVEC, T.STR) or b.t in (T.STRVEC, T.STR):
             if not (a.t in (T.STRVEC, T.STR) and b.t in (T.STRVEC, T.STR)) or type(op) not in (ast.Eq, ast.NotEq):
+                sp = a if a.param else b
+                if sp.param and sp.t is T.STR:
+                    raise self._fix(_err(Code.WRONG_TYPE, f"param {sp.param} is the string {sp.const!r}, not a "
+                                                          "number: compare it to entity or node with == or !=", an))
                 raise self._fix(_err(Code.WRONG_TYPE, "names compare only with == or != against strings", an))
             fa, fb = a.fn, b.fn
             return lambda ctx: cmp(np.asarray(fa(ctx), dtype=object), fb(ctx)).astype(float), None, None
@@ -705,10 +713,11 @@ class Compiler:
             if isinstance(v, list):
                 self._check_items(v, f"param {name}", node)
                 return _Node(T.LIST, lambda ctx, v=v: v, list(v))
-            try:
+            try:  # a string that reads as a duration (30s, 5) is one; any other string is a string
                 d = parse_duration(str(v))
-            except ValueError as e:
-                raise self._fix(_err(Code.BAD_DURATION, f"param {name}: {e}", node)) from None
+            except ValueError:
+                sv = str(v)
+                return _Node(T.STR, lambda ctx, sv=sv: sv, sv, param=name)
             why = env.limits.duration_problem(d)
             if why:
                 raise self._fix(_err(Code.OUT_OF_RANGE, f"param {name}: {why}", node))
@@ -959,8 +968,17 @@ class Compiler:
         c = float(sub.const)
         return lambda W: c
 
+    def _bad_duration_param(self, n: _Node, node: ast.AST) -> ExprError:
+        try:
+            parse_duration(n.const)
+        except ValueError as e:
+            return _err(Code.BAD_DURATION, f"param {n.param}: {e}", node)
+        raise AssertionError("a string param that parses is a duration")
+
     def _duration_arg(self, arg: ast.AST, fname: str, depth: int) -> float:
         sub = self._expr(arg, depth)
+        if sub.param and sub.t is T.STR:
+            raise self._fix(self._bad_duration_param(sub, arg))
         if sub.t is not T.DUR:
             raise self._fix(_err(Code.WRONG_TYPE if sub.t is not T.NUM else Code.BAD_DURATION,
                                  f"{fname}() needs a duration here (e.g. 30s, 5m), got a {sub.t.value}", arg))

@@ -23,6 +23,8 @@ from typing import Any, Iterable, Sequence
 
 from skewd.model import Catalogue, Layer, Scope, Severity, parse_duration
 
+from . import paths as _paths
+
 from .engine import ENGINE_VERSION, Rule, RuleSet
 from .expr import Code, CompileEnv, ExprError, compile_expr
 from .limits import DEFAULT_LIMITS, RuleLimits
@@ -93,16 +95,9 @@ class LoadResult:
 
 
 def rule_files(paths: Iterable[str | Path]) -> list[Path]:
-    """Expand directories to their *.yaml/*.yml files (sorted), skipping rule-test files."""
-    out: list[Path] = []
-    for p in paths:
-        p = Path(p)
-        if p.is_dir():
-            out += sorted(f for f in p.iterdir() if f.suffix in (".yaml", ".yml") and f.is_file()
-                          and not f.name.endswith((".test.yaml", ".test.yml")))
-        else:
-            out.append(p)
-    return out
+    """The rule files ``paths`` name, in load order: ``shipped`` is the packs, directories are
+    read recursively (:mod:`skewd.rules.paths`)."""
+    return _paths.rule_files(paths)
 
 
 def _suggest(word: str, options: Iterable[str]) -> str:
@@ -379,7 +374,7 @@ class Loader:
                 self.issue(Code.OUT_OF_RANGE, f"{key}: {why}", vp(key), rid)
         params = d.get("params") or {}
         if not isinstance(params, dict):
-            self.issue(Code.BAD_VALUE, "params must be a mapping of name: number or duration", vp("params"), rid)
+            self.issue(Code.BAD_VALUE, "params must be a mapping of name: number, duration, string or list", vp("params"), rid)
             params = {}
         usable: dict[Any, Any] = {}  # what the expression compiles against: a bad param reads as a neutral one
         for pk, pv in params.items():
@@ -457,12 +452,16 @@ class Loader:
         if not isinstance(pk, str) or not _NAME.match(pk):
             return Code.BAD_VALUE, f"param name {pk!r} must be lower_snake_case"
         if isinstance(pv, bool) or not isinstance(pv, (int, float, str, list)):
-            return Code.BAD_VALUE, f"param {pk} must be a number, a duration or a list"
+            return Code.BAD_VALUE, f"param {pk} must be a number, a duration, a string or a list"
         if isinstance(pv, str):
+            # a string that reads as a duration is one and must be in range; any other string is
+            # checked where the expression uses it (E009 as a duration, a plain string beside
+            # entity/node: port: eth1)
             try:
-                why = self.limits.duration_problem(parse_duration(pv))
-            except ValueError as e:
-                return Code.BAD_DURATION, f"param {pk}: {e}"
+                d = parse_duration(pv)
+            except ValueError:
+                return None
+            why = self.limits.duration_problem(d)
             return (Code.OUT_OF_RANGE, f"param {pk}: {why}") if why else None
         if isinstance(pv, list):
             if any(isinstance(i, bool) or not isinstance(i, (int, float, str)) for i in pv):

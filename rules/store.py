@@ -527,6 +527,32 @@ class WindowStore:
             self._shared.clear()
         return removed
 
+    def forget_node(self, node: str) -> int:
+        """Forget every row of ``node`` (a node that left: the controller's cardinality bound);
+        returns how many rows went. Like :meth:`gc`, for one node at once and without waiting
+        for the horizon."""
+        removed = 0
+        for signal_name, per_node in list(self.blocks.items()):
+            blk = per_node.pop(node, None)
+            if blk is None:
+                continue
+            for r in blk.rows.values():
+                self.registry.ref(int(blk.eids[r]), -1)
+            removed += len(blk.rows)
+            if not per_node:
+                del self.blocks[signal_name]
+        eid = self.registry.lookup(Scope.NODE, node, "")
+        if eid is not None and self.registry._refs[eid] <= 0:
+            self.registry.ref(eid, 0)  # the node id made for broadcasting: nothing uses it now
+        if self.registry.node_labels.pop(node, None) is not None:
+            self.registry.version += 1
+        if removed:
+            self.version += 1
+            self._layouts.clear()  # they may point at the blocks just dropped
+            self._layout_size = 0
+            self._shared.clear()
+        return removed
+
     # -- queries ---------------------------------------------------------------------------
     def signal_blocks(self, signal_name: str) -> Iterable[Block]:
         return self.blocks.get(signal_name, {}).values()

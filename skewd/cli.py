@@ -44,6 +44,7 @@ DELEGATED = (
         ("replay", "skewd.agent.replay", "replay capture bundles through the rules"),
         ("controller", "skewd.controller.main", "run the controller"),
         ("demo", "skewd.lab.demo", "a simulated 4-node cluster, live"),
+        ("nats-auth", "skewd.natsauth", "generate NATS users and per-role permissions (docs/security.md)"),
 )
 
 
@@ -91,6 +92,20 @@ def _main(argv: Sequence[str] | None = None) -> int:
     if args.cmd == "signals":
         return _signals(args.json)
     return _delegate(args.cmd, args.module, args.rest)
+
+
+def parse_command(argv: Sequence[str]) -> argparse.Namespace:
+    """Parse a whole ``skewd ...`` command line without running it (the doc tests check every
+    command the docs show this way). Delegated commands are parsed by their module's
+    ``build_parser()``. Raises SystemExit, as argparse does, on a bad command line."""
+    argv = list(argv)
+    delegated = {name: mod for name, mod, _ in DELEGATED}
+    if argv and argv[0] in delegated:
+        mod = importlib.import_module(delegated[argv[0]])
+        ns = mod.build_parser().parse_args(argv[1:])
+        ns.cmd = argv[0]
+        return ns
+    return build_parser().parse_args(argv)
 
 
 def _delegate(cmd: str, mod_name: str, rest: list[str]) -> int:

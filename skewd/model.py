@@ -88,6 +88,9 @@ class SignalSpec:
     collector: str
     #: counters that wrap at 2**bits (e.g. 32-bit hardware counters); None = treat a decrease as a reset
     wrap_bits: int | None = None
+    #: computed by comparing timestamps taken on different nodes: only as good as their clocks'
+    #: sync (an unsynced node weakens every rule reading it; the agent's --check and health say so)
+    needs_synced_clock: bool = False
 
     def __post_init__(self) -> None:
         if not _SIGNAL_NAME.match(self.name):
@@ -97,9 +100,9 @@ class SignalSpec:
 
 
 def signal(name: str, kind: str, unit: str, scope: str, desc: str, collector: str,
-           wrap_bits: int | None = None) -> SignalSpec:
+           wrap_bits: int | None = None, needs_synced_clock: bool = False) -> SignalSpec:
     """Terse constructor used by the collectors' catalogue modules."""
-    return SignalSpec(name, Kind(kind), unit, Scope(scope), desc, collector, wrap_bits)
+    return SignalSpec(name, Kind(kind), unit, Scope(scope), desc, collector, wrap_bits, needs_synced_clock)
 
 
 class Catalogue(Mapping[str, SignalSpec]):
@@ -277,6 +280,9 @@ class Finding:
     mitigation: str = ""
     summary: str = ""
     cluster: str = ""
+    #: the rule's maturity tag (stable, incubating, sandbox): what the controller may do with the
+    #: finding (docs/rules.md, "Maturity"); "" from an agent older than the field
+    maturity: str = ""
     schema: int = SCHEMA_VERSION
 
     @property
@@ -337,17 +343,23 @@ def format_duration(seconds: float) -> str:
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_SECONDS = re.compile(r"\d+(?:\.\d+)?")
 
 
 def parse_duration(text: str | int | float) -> float:
-    """``'1m30s'`` → 90.0. Raises ValueError with a hint on anything else."""
+    """The one duration syntax of config files, rule files and command lines: ``'1m30s'`` → 90.0,
+    ``'250ms'`` → 0.25, and a bare number is seconds (``5``, ``'5'``, ``'1.5'``), as YAML's
+    ``interval: 5`` always was. Raises ValueError with a hint on anything else."""
+    hint = "write e.g. '30s', '5m', '1h30m', '250ms' or seconds ('5')"
     if isinstance(text, bool):
-        raise ValueError(f"bad duration {text!r}: write e.g. '30s', '5m', '1h30m', '250ms'")
+        raise ValueError(f"bad duration {text!r}: {hint}")
     if isinstance(text, (int, float)):
-        if text < 0:
-            raise ValueError(f"bad duration {text!r}: must not be negative")
+        if not text >= 0 or text == float("inf"):
+            raise ValueError(f"bad duration {text!r}: must be a finite number of seconds, not negative")
         return float(text)
     s = str(text).strip()
+    if _SECONDS.fullmatch(s):
+        return float(s)
     pos = 0
     total = 0.0
     for m in _DURATION_PART.finditer(s):
@@ -356,5 +368,25 @@ def parse_duration(text: str | int | float) -> float:
         total += float(m.group(1)) * _UNIT[m.group(2)]
         pos = m.end()
     if pos != len(s) or not s:
-        raise ValueError(f"bad duration {text!r}: write e.g. '30s', '5m', '1h30m', '250ms'")
+        raise ValueError(f"bad duration {text!r}: {hint}")
     return total
+
+
+def parse_speed(text: str | int | float, allow_max: bool = True) -> float | None:
+    """The speed syntax of ``skewd replay --speed`` and ``skewd demo --speed``: a factor of real
+    time written ``1x``, ``4x``, ``0.5x`` (the ``x`` may be left out: ``4`` is ``4x``), and, where
+    the command can run unpaced, ``max`` → None. A speed is not a duration, so it has its own
+    syntax rather than a unit of parse_duration."""
+    s = str(text).strip().lower()
+    forms = "max, 1x, 4x, 0.5x" if allow_max else "1x, 4x, 0.5x"
+    if s == "max" and allow_max:
+        return None
+    if s.endswith("x"):
+        s = s[:-1]
+    try:
+        v = float(s)
+    except ValueError:
+        raise ValueError(f"bad speed {text!r}: write {forms}") from None
+    if not 0 < v < float("inf"):
+        raise ValueError(f"bad speed {text!r}: must be a positive factor ({forms})")
+    return v

@@ -23,7 +23,7 @@ import sys
 import sysconfig
 import tempfile
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Mapping, Sequence
 from urllib.parse import urlsplit, urlunsplit
@@ -86,6 +86,11 @@ class NatsConfig:
     reconnect_time_wait: float = 1.0
     #: nats-py's buffer for core publishes while reconnecting; skewd does not rely on it
     pending_size: int = 2 << 20
+    #: subject prefix of this connection's reply inboxes (PubAcks, KV and API replies, request
+    #: responses). A secured server lets each user subscribe only under its own prefix, so no
+    #: credential reads another's replies (docs/security.md). ``None``: the component's default
+    #: (:func:`inbox_prefix`; nats-py's ``_INBOX`` where there is none).
+    inbox_prefix: str | None = None
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None, where: str = "nats") -> "NatsConfig":
@@ -135,11 +140,18 @@ class NatsConfig:
             out.append(f"{where}: user and password go together (one of them is missing)")
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             out.append(f"{where}: tls_cert_file and tls_key_file go together (one of them is missing)")
+        if self.inbox_prefix is not None and not _valid_prefix(self.inbox_prefix):
+            out.append(f"{where}.inbox_prefix: {self.inbox_prefix!r} must be dot-separated subject tokens "
+                       "without wildcards (* >) or whitespace, e.g. _INBOX.skewd.agent.prod.node-1")
         for name in ("connect_timeout", "reconnect_time_wait"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
                 out.append(f"{where}.{name}: must be a positive number of seconds, got {v!r}")
         return out
+
+    def with_default_inbox(self, prefix: str) -> "NatsConfig":
+        """This config with ``inbox_prefix`` set to ``prefix`` unless the operator set one."""
+        return self if self.inbox_prefix is not None else replace(self, inbox_prefix=prefix)
 
     def auth_description(self) -> str:
         """Which credentials we present, without the secret itself (for error messages)."""
@@ -165,6 +177,44 @@ class NatsConfig:
         if self.creds_file:
             return "nats.creds_file"
         return "the nats: section (the server requires authentication: set user/password, token, nkey_seed_file or creds_file)"
+
+
+#: the ``nats:`` keys of the agent and controller configs (docs/config.md is generated from this)
+KEY_DOCS: dict[str, str] = {
+    "url": "one server URL (`nats://host:4222`, `tls://...`); the same as `servers: [URL]`",
+    "servers": "server URLs tried in turn (a NATS cluster); a comma-separated string works too",
+    "user": "user name (with `password`)",
+    "password": "password (with `user`)",
+    "token": "authentication token",
+    "nkey_seed_file": "file holding an NKey seed",
+    "creds_file": "decentralised-auth `.creds` file (JWT and seed)",
+    "tls_ca_file": "CA bundle to verify the server (system CAs otherwise, for `tls://` or a TLS server)",
+    "tls_cert_file": "client certificate (mutual TLS, with `tls_key_file`)",
+    "tls_key_file": "client key (mutual TLS, with `tls_cert_file`)",
+    "tls_hostname": "server name to verify when it differs from the URL's host",
+    "name": "connection name shown in the server's monitoring (`/connz`)",
+    "connect_timeout": "seconds to wait for one connection attempt",
+    "reconnect_time_wait": "seconds between attempts to the same server while (re)connecting",
+    "pending_size": "bytes nats-py buffers for core publishes while reconnecting",
+    "inbox_prefix": "reply-inbox prefix (default `_INBOX.skewd.<role>.<cluster>[.<node>]`: what `skewd nats-auth` "
+                    "lets each user read; docs/security.md)",
+}
+
+
+def _valid_prefix(p: str) -> bool:
+    toks = p.split(".")
+    return bool(p) and all(t and t not in ("*", ">") and not any(c.isspace() for c in t) for t in toks)
+
+
+def inbox_prefix(role: str, cluster: str, name: str = "") -> str:
+    """The reply-inbox prefix of a skewd component: ``_INBOX.skewd.<role>.<cluster>[.<name>]``
+    (tokens escaped with :func:`skewd.wire.token`). Agents use ``role="agent"`` and their node
+    name, the controller ``"controller"``, an inference controller ``"inference"`` and its own
+    name. ``skewd nats-auth`` grants each user subscribe on exactly its prefix, so the defaults
+    line up with the generated server config without any setting."""
+    from skewd.wire import token
+
+    return ".".join(["_INBOX", "skewd", token(role), token(cluster)] + ([token(name)] if name else []))
 
 
 def redact_url(url: str) -> str:
@@ -227,6 +277,8 @@ def connect_options(cfg: NatsConfig) -> dict[str, Any]:
     }
     if cfg.name:
         opts["name"] = cfg.name
+    if cfg.inbox_prefix:
+        opts["inbox_prefix"] = cfg.inbox_prefix
     if cfg.user is not None:
         opts["user"] = cfg.user
         opts["password"] = cfg.password
@@ -290,8 +342,9 @@ def describe_error(exc: BaseException, cfg: NatsConfig) -> str:
     where = ", ".join(redact_url(u) for u in cfg.servers)
     if "permissions violation" in str(exc).lower():
         return (f"NATS server at {where} denies {cfg.auth_description()}: "
-                f"{str(exc).removeprefix('nats: ').strip(chr(39))}. Grant publish on skewd.v1.> and "
-                f"$JS.API.> and subscribe on _INBOX.> in the server's authorization block")
+                f"{str(exc).removeprefix('nats: ').strip(chr(39))}. Regenerate the server's users with "
+                f"'skewd nats-auth' (docs/security.md) or grant that subject in its authorization block; "
+                f"replies arrive under nats.inbox_prefix {cfg.inbox_prefix or '_INBOX'!r}")
     if is_auth_error(exc):
         return (f"NATS server at {where} refused our credentials ({cfg.auth_description()}): "
                 f"{str(exc).removeprefix('nats: ').strip(chr(39))}. Fix {cfg.config_hint()} in the "
@@ -368,6 +421,27 @@ async def connect(cfg: NatsConfig, *, initial_timeout: float | None = 10.0, fail
         raise refused[0]
     detail = describe_error(last[0], cfg) if last else f"NATS at {', '.join(map(redact_url, cfg.servers))}: no answer"
     raise NatsUnavailableError(f"{detail} (gave up after {initial_timeout:g}s)")
+
+
+def socket_endpoints(nc: Any) -> tuple[tuple[str, int], tuple[str, int]] | None:
+    """``((local address, port), (server address, port))`` of a connected nats-py client's TCP
+    socket, or None (not connected, a WebSocket transport, or a nats-py whose internals moved).
+
+    nats-py has no public accessor: its TCP transport keeps the asyncio stream writer of the
+    plain connection (``_bare_io_writer``, kept across a TLS upgrade), whose transport knows
+    the socket's names. Read defensively - an agent that cannot tell its own connection only
+    loses the exclusion of that flow from packet features, never its publishing."""
+    try:
+        tr = nc._transport
+        writer = getattr(tr, "_bare_io_writer", None) or getattr(tr, "_io_writer", None)
+        if writer is None or not nc.is_connected:
+            return None
+        local, peer = writer.get_extra_info("sockname"), writer.get_extra_info("peername")
+    except Exception:  # noqa: BLE001 - private nats-py state: absent means "unknown"
+        return None
+    if not (isinstance(local, tuple) and isinstance(peer, tuple) and len(local) >= 2 and len(peer) >= 2):
+        return None  # a Unix socket or an unknown address family
+    return (str(local[0]), int(local[1])), (str(peer[0]), int(peer[1]))
 
 
 async def _quiet_close(nc: Any) -> None:

@@ -39,7 +39,7 @@ from enum import Enum
 from typing import Any, Mapping, Union
 
 from skewd.model import SCHEMA_VERSION as FINDING_SCHEMA_VERSION
-from skewd.model import Finding
+from skewd.model import Finding, Layer, Scope, Severity, State
 
 #: Schema version of the messages defined in this module (Summary, Health). Findings carry
 #: :data:`skewd.model.SCHEMA_VERSION`; both are 1 today and bump independently.
@@ -334,10 +334,24 @@ class CollectorHealth:
 
 @dataclass(frozen=True)
 class RulesHealth:
-    """How many rules evaluate on this node, and why each of the others does not."""
+    """How many rules evaluate on this node, why each of the others does not, which ones the
+    controller evaluates over the node summaries (not inactive: they run elsewhere), and which
+    ones this node's clock weakens (see ``skewd.agent.rulestatus``)."""
 
     active: int
     inactive: dict[str, str] = field(default_factory=dict)  # rule id → reason
+    controller: list[str] = field(default_factory=list)  # rule ids the controller evaluates
+    clock_weakened: dict[str, str] = field(default_factory=dict)  # rule id → what the unsynced clock costs it
+
+
+@dataclass(frozen=True)
+class ClockHealth:
+    """The node's clock discipline as the kernel reports it (adjtimex): the controller compares
+    this node's timestamps with its peers', which is only as good as this."""
+
+    synced: bool
+    max_error_s: float | None = None
+    source: str = ""
 
 
 @dataclass(frozen=True)
@@ -370,6 +384,7 @@ class Health:
     spool_depth: int
     drops: dict[str, int]
     agent_version: str
+    clock: ClockHealth | None = None  # None: not read (older agents)
     schema: int = WIRE_SCHEMA
     kind: MessageKind = field(default=MessageKind.HEALTH, init=False)
 
@@ -401,10 +416,14 @@ def to_dict(msg: WireMessage) -> dict[str, Any]:
             "schema": msg.schema, "kind": msg.kind.value, "node": msg.node, "cluster": msg.cluster,
             "t": float(msg.t),
             "collectors": {n: {"state": c.state, "reason": c.reason} for n, c in msg.collectors.items()},
-            "rules": {"active": msg.rules.active, "inactive": dict(msg.rules.inactive)},
+            "rules": {"active": msg.rules.active, "inactive": dict(msg.rules.inactive),
+                      **({"controller": list(msg.rules.controller)} if msg.rules.controller else {}),
+                      **({"clock_weakened": dict(msg.rules.clock_weakened)} if msg.rules.clock_weakened else {})},
             "last_reload": {"ok": msg.last_reload.ok, "error": msg.last_reload.error, "t": msg.last_reload.t},
             "spool_depth": msg.spool_depth, "drops": dict(msg.drops),
             "agent_version": msg.agent_version,
+            **({"clock": {"synced": msg.clock.synced, "max_error_s": _finite(msg.clock.max_error_s),
+                          "source": msg.clock.source}} if msg.clock is not None else {}),
         }
     raise TypeError(f"not a skewd wire message: {type(msg).__name__}")
 
@@ -438,6 +457,105 @@ def subject_for(msg: WireMessage, cluster: str | None = None) -> str:
 
 # ---- strict decoding ------------------------------------------------------------------------
 
+#: Largest payload any decoder reads: the streams' ``max_msg_size`` and NATS's default
+#: ``max_payload`` (1 MiB). A larger body is refused before it is parsed.
+MAX_PAYLOAD_BYTES = 1 << 20
+#: Deepest JSON nesting a decoder accepts. Every skewd message is at most 4 levels deep
+#: (a phase record's steps); 16 leaves room for fields added within schema 1 and stops a
+#: 50,000-level payload before a single object is built.
+MAX_JSON_DEPTH = 16
+#: Longest identifier (node, cluster, rule id, pathology, entity, label value) accepted: a
+#: DNS host name is at most 253 characters; flow entities and model paths fit as well.
+MAX_NAME_CHARS = 256
+#: Times are seconds since the epoch: finite, not negative, and before year 5138 (1e11 s).
+#: Whether a time is *plausible* (near the reader's clock) is the reader's call: the
+#: controller checks ``ingest.max_clock_skew``; a replay reads recorded times.
+MAX_TIME = 1e11
+#: Integers beyond int64 are refused (``float()`` of 10**400 overflows; no counter gets there).
+MAX_INT = 1 << 63
+
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+#: bytes.translate tables for the depth check: brackets become "(" / ")", quotes stay, the rest goes
+_PARENS = bytes.maketrans(b"[{]}", b"(())")
+_NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'[]{}"')
+
+
+def _reject_constant(name: str) -> Any:
+    raise WireError(f"payload holds {name}, which JSON does not allow (numbers must be finite)")
+
+
+#: one decoder for every payload (json.loads with an argument would build one per call)
+_JSON = json.JSONDecoder(parse_constant=_reject_constant)
+
+
+def json_depth_exceeds(raw: bytes, max_depth: int) -> bool:
+    """Whether the JSON text ``raw`` nests arrays/objects deeper than ``max_depth`` (or its
+    brackets do not balance), found without building anything and in C-speed passes: strings
+    are set aside, brackets kept, and innermost pairs removed once per level. About 8 µs for
+    a 2 kB summary; a 1 MiB bracket bomb stops after ``max_depth`` passes."""
+    if b"\\" in raw:  # escaped quotes: blank every string exactly (slower, and rare)
+        raw = _JSON_STRING.sub(b'""', raw)
+    small = raw.translate(_PARENS, _NOT_STRUCTURE)  # only '"', '(' and ')' left
+    if small.count(b"(") <= max_depth:
+        return False
+    rest = small.replace(b'""', b"")
+    if b'"' in rest:  # a string held brackets: drop every string's content exactly
+        rest = b"".join(small.split(b'"')[0::2])
+    for _ in range(max_depth + 1):
+        if not rest:
+            return False
+        rest = rest.replace(b"()", b"")
+    return True
+
+
+def load_json(data: bytes | str, *, max_bytes: int = MAX_PAYLOAD_BYTES, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """``json.loads`` bounded for input nobody vouches for: at most ``max_bytes``, nesting at
+    most ``max_depth`` (checked before parsing), no ``NaN``/``Infinity`` literals, and every
+    failure (bad UTF-8, bad JSON, a 5,000-digit integer, ...) raised as :class:`WireError`."""
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
+    if len(raw) > max_bytes:
+        raise WireError(f"payload is {len(raw)} bytes; the limit is {max_bytes}")
+    if json_depth_exceeds(raw, max_depth):
+        raise WireError(f"payload nests deeper than {max_depth} levels (or its brackets do not balance)")
+    try:
+        return _JSON.decode(raw.decode("utf-8"))
+    except WireError:
+        raise
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise WireError(f"payload is not JSON: {e}") from None
+    except Exception as e:  # noqa: BLE001 - e.g. ValueError for an integer over 4300 digits
+        raise WireError(f"payload is not readable JSON: {type(e).__name__}: {e}") from None
+
+
+def is_finite_number(v: Any) -> bool:
+    """An exact int (not bool) within int64, or a finite float."""
+    t = type(v)
+    if t is float:
+        return v - v == 0.0  # False for inf and NaN
+    return t is int and -MAX_INT <= v <= MAX_INT
+
+
+def decode_totally(kind: str, fn: Any, d: Any) -> Any:
+    """Run a decoder so that *every* failure is a :class:`WireError`: a consumer that catches
+    WireError can then never be stopped by a message, whatever shape it has."""
+    try:
+        return fn(d)
+    except WireError:
+        raise
+    except Exception as e:  # noqa: BLE001 - by design: no message may raise anything else
+        raise WireError(f"{kind}: malformed: {type(e).__name__}: {str(e)[:200]}") from None
+
+
+def show_value(v: Any) -> str:
+    """A short, safe rendering of a bad value for an error message (never raises)."""
+    try:
+        if type(v) is int and abs(v) > MAX_INT:
+            return f"an integer of {len(str(abs(v)))} digits"
+        return f"{v!r:.60}"
+    except Exception:  # noqa: BLE001 - e.g. an int too long to print
+        return "(unprintable)"
+
+
 class _Reader:
     """Typed field access with errors that name the message kind and the field path."""
 
@@ -455,7 +573,7 @@ class _Reader:
         return self.d[key]
 
     def _fail(self, key: str, want: str, v: Any) -> WireError:
-        return WireError(f"{self.where}: field {key!r} must be {want}, got {type(v).__name__} {v!r:.60}")
+        return WireError(f"{self.where}: field {key!r} must be {want}, got {type(v).__name__} {show_value(v)}")
 
     def text(self, key: str, default: str | None = None) -> str:
         v = self._get(key, default is not None)
@@ -465,18 +583,34 @@ class _Reader:
             raise self._fail(key, "a string", v)
         return v
 
-    def num(self, key: str, optional: bool = False) -> float | None:
+    def name(self, key: str, default: str | None = None) -> str:
+        """An identifier (node, cluster, rule id, entity): a string of at most MAX_NAME_CHARS."""
+        v = self.text(key, default)
+        if len(v) > MAX_NAME_CHARS:
+            raise WireError(f"{self.where}: field {key!r} is {len(v)} characters long; at most "
+                            f"{MAX_NAME_CHARS} are accepted")
+        return v
+
+    def num(self, key: str, optional: bool = False, lo: float = -math.inf, hi: float = math.inf) -> float | None:
+        """A finite number in [lo, hi] (``null`` allowed when ``optional``)."""
         v = self._get(key, optional)
         if v is None and optional:
             return None
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise self._fail(key, "a number", v)
-        return float(v)
+        if not is_finite_number(v):
+            raise self._fail(key, "a finite number", v)
+        f = float(v)
+        if not lo <= f <= hi:
+            raise self._fail(key, f"a number in [{lo:g}, {hi:g}]", v)
+        return f
 
-    def integer(self, key: str) -> int:
+    def time(self, key: str, optional: bool = False) -> float | None:
+        """Seconds since the epoch: finite, in [0, MAX_TIME]."""
+        return self.num(key, optional, 0.0, MAX_TIME)
+
+    def integer(self, key: str, lo: int = -MAX_INT, hi: int = MAX_INT) -> int:
         v = self._get(key, False)
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise self._fail(key, "an integer", v)
+        if type(v) is not int or not lo <= v <= hi:
+            raise self._fail(key, f"an integer in [{lo}, {hi}]", v)
         return v
 
     def boolean(self, key: str) -> bool:
@@ -489,18 +623,28 @@ class _Reader:
         v = self._get(key, optional)
         return _Reader({} if v is None else v, f"{self.where}.{key}")
 
+    def names(self, key: str) -> dict[str, str]:
+        """An optional object of identifiers (labels): string keys and values, each bounded.
+        A missing or empty value (``null``, ``[]``, ``""``) means no labels, as it always has."""
+        o = _Reader(self.d.get(key) or {}, f"{self.where}.{key}")
+        for k in o.d:
+            o.name(k)
+            if len(k) > MAX_NAME_CHARS:
+                raise WireError(f"{o.where}: a key of {len(k)} characters; at most {MAX_NAME_CHARS}")
+        return {str(k): v for k, v in o.d.items()}
+
 
 def _check_header(d: Any, kind: MessageKind, version: int) -> None:
     if not isinstance(d, Mapping):
         raise WireError(f"{kind.value}: expected a JSON object, got {type(d).__name__}")
     schema = d.get("schema")
-    if schema != version:
+    if type(schema) is not int or schema != version:
         raise SchemaVersionError(
-            f"{kind.value} message has schema {schema!r}; this skewd reads schema {version} only "
+            f"{kind.value} message has schema {show_value(schema)}; this skewd reads schema {version} only "
             f"(producer and consumer run incompatible skewd versions: upgrade the older side)")
     got = d.get("kind", kind.value if kind is MessageKind.FINDING else None)
     if got != kind.value:
-        raise WireError(f"expected a {kind.value} message, got kind {got!r}")
+        raise WireError(f"expected a {kind.value} message, got kind {show_value(got)}")
 
 
 _NUMBER = (int, float)  # exact types: bool (an int subclass) is not a number on the wire
@@ -508,27 +652,30 @@ _NUMBER = (int, float)  # exact types: bool (an int subclass) is not a number on
 
 def _fast_summary(d: Mapping[str, Any]) -> Summary | None:
     """:func:`summary_from_dict` for the shape every agent sends (plain dicts and lists as
-    ``json.loads`` makes them, every field of the right type), with exact ``type`` checks
-    instead of ABC ``isinstance`` calls. None for anything else, valid or not: the strict
-    reader then decides and words the error, so bad input fails exactly as before."""
-    if type(d) is not dict or d.get("schema") != WIRE_SCHEMA or d.get("kind") != "summary":
+    ``json.loads`` makes them, every field of the right type and range), with exact ``type``
+    checks instead of ABC ``isinstance`` calls. None for anything else, valid or not: the
+    strict reader then decides and words the error, so bad input fails exactly as before."""
+    if type(d) is not dict or d.get("schema") != WIRE_SCHEMA or type(d.get("schema")) is not int \
+            or d.get("kind") != "summary":
         return None
     sig = d.get("signals")
     cs = d.get("clock_sync")
     node, cluster, version = d.get("node"), d.get("cluster"), d.get("agent_version")
     t, interval = d.get("t"), d.get("interval")
     if (type(sig) is not dict or type(cs) is not dict or type(node) is not str or type(cluster) is not str
-            or type(version) is not str or type(t) not in _NUMBER or type(interval) not in _NUMBER):
+            or type(version) is not str or type(t) not in _NUMBER or type(interval) not in _NUMBER
+            or len(node) > MAX_NAME_CHARS or len(cluster) > MAX_NAME_CHARS
+            or not 0.0 <= t <= MAX_TIME or not is_finite_number(interval) or interval < 0):
         return None
     synced = cs.get("synced")
     err = cs.get("max_error_s")
-    if type(synced) is not bool or (err is not None and type(err) not in _NUMBER):
+    if type(synced) is not bool or (err is not None and (type(err) not in _NUMBER or not 0.0 <= err <= MAX_TIME)):
         return None
     labels = d.get("labels") or {}
     if type(labels) is not dict:
         return None
-    for v in labels.values():
-        if type(v) is not str:
+    for k, v in labels.items():
+        if type(v) is not str or len(v) > MAX_NAME_CHARS or len(k) > MAX_NAME_CHARS:
             return None
     signals: dict[str, dict[str, float | None]] = {}
     for name, ents in sig.items():
@@ -537,9 +684,13 @@ def _fast_summary(d: Mapping[str, Any]) -> Summary | None:
         out = dict(ents)
         for e, v in ents.items():
             tv = type(v)
-            if tv is float or v is None:
+            if tv is float:
+                if v - v != 0.0:  # inf or NaN (JSON's 1e400)
+                    return None
                 continue
-            if tv is not int:
+            if v is None:
+                continue
+            if tv is not int or not -MAX_INT <= v <= MAX_INT:
                 return None
             out[e] = float(v)
         signals[name] = out
@@ -549,8 +700,9 @@ def _fast_summary(d: Mapping[str, Any]) -> Summary | None:
 
 
 def summary_from_dict(d: Mapping[str, Any]) -> Summary:
+    """A summary from its JSON object; every problem raises :class:`WireError`."""
     fast = _fast_summary(d)
-    return fast if fast is not None else _strict_summary_from_dict(d)
+    return fast if fast is not None else decode_totally("summary", _strict_summary_from_dict, d)
 
 
 def _strict_summary_from_dict(d: Mapping[str, Any]) -> Summary:
@@ -562,51 +714,104 @@ def _strict_summary_from_dict(d: Mapping[str, Any]) -> Summary:
         ents = sig.obj(name)
         signals[name] = {e: ents.num(e, optional=True) for e in ents.d}
     cs = r.obj("clock_sync")
-    raw_labels = d.get("labels") or {}
-    if not isinstance(raw_labels, Mapping) or not all(isinstance(v, str) for v in raw_labels.values()):
-        raise WireError("summary.labels: expected an object of strings")
-    return Summary(node=r.text("node"), cluster=r.text("cluster"), t=r.num("t"), interval=r.num("interval"),  # type: ignore[arg-type]
+    return Summary(node=r.name("node"), cluster=r.name("cluster"), t=r.time("t"),  # type: ignore[arg-type]
+                   interval=r.num("interval", lo=0.0),  # type: ignore[arg-type]
                    signals=signals,
-                   clock_sync=ClockSync(synced=cs.boolean("synced"), max_error_s=cs.num("max_error_s", optional=True)),
-                   agent_version=r.text("agent_version"), labels={str(k): v for k, v in raw_labels.items()},
+                   clock_sync=ClockSync(synced=cs.boolean("synced"),
+                                        max_error_s=cs.num("max_error_s", optional=True, lo=0.0, hi=MAX_TIME)),
+                   agent_version=r.text("agent_version"), labels=r.names("labels"),
                    schema=WIRE_SCHEMA)
 
 
 def health_from_dict(d: Mapping[str, Any]) -> Health:
+    """A health report from its JSON object; every problem raises :class:`WireError`."""
+    return decode_totally("health", _health_from_dict, d)
+
+
+def _health_from_dict(d: Mapping[str, Any]) -> Health:
     _check_header(d, MessageKind.HEALTH, WIRE_SCHEMA)
     r = _Reader(d, "health")
     cols = r.obj("collectors")
     collectors = {}
     for name in cols.d:
         c = cols.obj(name)
-        collectors[name] = CollectorHealth(state=c.text("state"), reason=c.text("reason", default=""))
+        collectors[name] = CollectorHealth(state=c.name("state"), reason=c.text("reason", default=""))
     rules = r.obj("rules")
     inactive = rules.obj("inactive", optional=True)
+    weakened = rules.obj("clock_weakened", optional=True)
+    ctl = rules.d.get("controller") or []
+    if not isinstance(ctl, list) or not all(isinstance(x, str) for x in ctl):
+        raise WireError("health.rules.controller: expected a list of rule ids")
     rl = r.obj("last_reload")
     drops = r.obj("drops")
+    clock = None
+    if d.get("clock") is not None:
+        c = r.obj("clock")
+        clock = ClockHealth(synced=c.boolean("synced"), max_error_s=c.num("max_error_s", optional=True),
+                            source=c.text("source", default=""))
     return Health(
-        node=r.text("node"), cluster=r.text("cluster"), t=r.num("t"),  # type: ignore[arg-type]
+        node=r.name("node"), cluster=r.name("cluster"), t=r.time("t"),  # type: ignore[arg-type]
         collectors=collectors,
-        rules=RulesHealth(active=rules.integer("active"), inactive={k: inactive.text(k) for k in inactive.d}),
-        last_reload=ReloadStatus(ok=rl.boolean("ok"), error=rl.text("error", default=""), t=rl.num("t", optional=True)),
-        spool_depth=r.integer("spool_depth"), drops={k: drops.integer(k) for k in drops.d},
-        agent_version=r.text("agent_version"), schema=WIRE_SCHEMA)
+        rules=RulesHealth(active=rules.integer("active", lo=0), inactive={k: inactive.text(k) for k in inactive.d},
+                          controller=list(ctl), clock_weakened={k: weakened.text(k) for k in weakened.d}),
+        last_reload=ReloadStatus(ok=rl.boolean("ok"), error=rl.text("error", default=""), t=rl.time("t", optional=True)),
+        spool_depth=r.integer("spool_depth", lo=0), drops={k: drops.integer(k, lo=0) for k in drops.d},
+        agent_version=r.text("agent_version"), clock=clock, schema=WIRE_SCHEMA)
 
 
 def finding_from_dict(d: Mapping[str, Any]) -> Finding:
+    """A finding from its JSON object, every field type- and range-checked and the derived
+    ``id``/``fingerprint`` compared with the body; every problem raises :class:`WireError`."""
+    return decode_totally("finding", _finding_from_dict, d)
+
+
+def _enum(r: _Reader, key: str, cls: type[Enum]) -> Any:
+    v = r.text(key)
+    try:
+        return cls(v)
+    except ValueError:
+        raise WireError(f"{r.where}: field {key!r} is {show_value(v)}, not one of "
+                        f"{', '.join(str(m.value) for m in cls)}") from None  # type: ignore[attr-defined]
+
+
+MATURITIES = ("", "stable", "incubating", "sandbox")
+
+
+def _maturity(r: _Reader) -> str:
+    """A finding's optional maturity tag (docs/rules.md, Maturity): one of the rule tags, or
+    empty (an agent older than the field; the controller then takes its own rule's tag)."""
+    v = r.text("maturity", default="")
+    if v not in MATURITIES:
+        raise WireError(f"{r.where}: field 'maturity' is {show_value(v)}, not one of stable, incubating, sandbox")
+    return v
+
+
+def _finding_from_dict(d: Mapping[str, Any]) -> Finding:
     _check_header(d, MessageKind.FINDING, FINDING_SCHEMA_VERSION)
     r = _Reader(d, "finding")
-    for key in ("rule_id", "pathology", "severity", "layer", "scope", "node", "entity", "state"):
-        r.text(key)
-    r.num("active_at")
-    r.num("evaluated_at")
-    try:
-        f = Finding.from_dict(d)
-    except (KeyError, TypeError, ValueError) as e:
-        raise WireError(f"finding: {type(e).__name__}: {e}") from None
+    evidence = r.obj("evidence", optional=True)
+    params = r.obj("params", optional=True)
+    pv: dict[str, Any] = {}
+    for k, v in params.d.items():
+        if type(v) is str or type(v) is bool:
+            pv[k] = v
+        elif is_finite_number(v):
+            pv[k] = v
+        else:
+            raise WireError(f"finding.params: {k!r} must be a finite number, a string or a boolean, "
+                            f"got {type(v).__name__} {show_value(v)}")
+    f = Finding(
+        rule_id=r.name("rule_id"), pathology=r.name("pathology"), severity=_enum(r, "severity", Severity),
+        layer=_enum(r, "layer", Layer), scope=_enum(r, "scope", Scope), node=r.name("node"),
+        entity=r.name("entity"), state=_enum(r, "state", State),
+        active_at=r.time("active_at"), evaluated_at=r.time("evaluated_at"),  # type: ignore[arg-type]
+        fired_at=r.time("fired_at", optional=True), resolved_at=r.time("resolved_at", optional=True),
+        labels=r.names("labels"), evidence={k: evidence.num(k, optional=True) for k in evidence.d},
+        params=pv, mitigation=r.text("mitigation", default=""), summary=r.text("summary", default=""),
+        cluster=r.name("cluster", default=""), maturity=_maturity(r), schema=FINDING_SCHEMA_VERSION)
     for key in ("id", "fingerprint"):  # derived fields: a mismatch means a tampered or foreign body
         if key in d and d[key] != getattr(f, key):
-            raise WireError(f"finding: field {key!r} is {d[key]!r} but the body derives {getattr(f, key)!r}")
+            raise WireError(f"finding: field {key!r} is {show_value(d[key])} but the body derives {getattr(f, key)!r}")
     return f
 
 
@@ -618,13 +823,12 @@ _DECODERS = {
 
 
 def decode(data: bytes | str, expect: MessageKind | str | None = None) -> WireMessage:
-    """Parse a payload strictly: valid JSON object, known ``kind`` (or ``expect``), supported
-    ``schema``, required fields present with the right types. Raises :class:`WireError`
-    (:class:`SchemaVersionError` for a version mismatch) with a message naming the field."""
-    try:
-        d = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise WireError(f"payload is not JSON: {e}") from None
+    """Parse a payload strictly: bounded JSON (:func:`load_json`: size, depth, no NaN), a
+    JSON object, known ``kind`` (or ``expect``), supported ``schema``, required fields present
+    with the right types and finite, in-range numbers. *Every* failure raises
+    :class:`WireError` (:class:`SchemaVersionError` for a version mismatch) with a message
+    naming the field, so a consumer catching WireError is never stopped by a payload."""
+    d = load_json(data)
     if not isinstance(d, dict):
         raise WireError(f"payload must be a JSON object, got {type(d).__name__}")
     if expect is not None:
@@ -633,8 +837,8 @@ def decode(data: bytes | str, expect: MessageKind | str | None = None) -> WireMe
         raw = d.get("kind")
         try:
             kind = MessageKind(raw)
-        except ValueError:
-            raise WireError(f"payload has unknown or missing kind {raw!r}") from None
+        except (ValueError, TypeError):
+            raise WireError(f"payload has unknown or missing kind {show_value(raw)}") from None
     dec = _DECODERS.get(kind)
     if dec is None:
         raise WireError(f"no decoder for {kind.value} messages in this module")

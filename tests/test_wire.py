@@ -227,11 +227,11 @@ def test_unknown_schema_version_is_a_clear_error(msg) -> None:
 def test_missing_and_mistyped_fields_are_named() -> None:
     with pytest.raises(wire.WireError, match="summary: missing field 'node'"):
         wire.decode(_mutated(_summary(), node=...))
-    with pytest.raises(wire.WireError, match=r"summary: field 't' must be a number"):
+    with pytest.raises(wire.WireError, match=r"summary: field 't' must be a finite number"):
         wire.decode(_mutated(_summary(), t="now"))
     with pytest.raises(wire.WireError, match=r"health.rules: field 'active' must be an integer"):
         wire.decode(_mutated(_health(), rules={"active": True, "inactive": {}}))
-    with pytest.raises(wire.WireError, match=r"summary.signals.x: field 'gpu0' must be a number"):
+    with pytest.raises(wire.WireError, match=r"summary.signals.x: field 'gpu0' must be a finite number"):
         wire.decode(_mutated(_summary(), signals={"x": {"gpu0": "hot"}}))
     with pytest.raises(wire.WireError, match="finding: field 'node' must be a string"):
         wire.decode(_mutated(_finding(), node=7))
@@ -318,3 +318,23 @@ def test_summary_fast_path_matches_the_strict_reader_on_any_json(path, value) ->
         parent = parent[k]
     parent[path[-1]] = value
     assert _outcome(wire.summary_from_dict, d) == _outcome(wire._strict_summary_from_dict, d)
+
+
+def test_a_findings_maturity_survives_the_wire_and_a_bad_one_is_refused() -> None:
+    """The controller decides what a finding may do from its maturity tag (docs/rules.md): the
+    decoder must carry it, and refuse a tag no rule can have."""
+    import json as _json
+
+    from skewd import wire as W
+    from skewd.model import Finding, Layer, Scope, Severity, State
+
+    f = Finding(rule_id="r", pathology="NS-7", severity=Severity.WARNING, layer=Layer.NETWORK, scope=Scope.NODE,
+                node="n1", entity="", state=State.FIRING, active_at=1e9, evaluated_at=1e9 + 1, fired_at=1e9 + 1,
+                cluster="c", maturity="sandbox")
+    assert W.decode(W.encode(f)).maturity == "sandbox"
+    d = _json.loads(W.encode(f))
+    d["maturity"] = "trusted"
+    import pytest as _pytest
+
+    with _pytest.raises(W.WireError, match="maturity"):
+        W.decode(_json.dumps(d))

@@ -92,6 +92,11 @@ class ExporterCollector(Collector):
     catalogue = CATALOGUE
     default_interval = 5.0
     config_keys = frozenset({"targets"})
+    config_docs = {
+        "targets": ("dcgm-exporter at `http://127.0.0.1:9400/metrics`",
+                    "`{url, mapping, name}` maps: `mapping` is a shipped name (`dcgm-exporter`, `dts`) or a "
+                    "mapping `.yaml` path; `name` defaults to the mapping's `source` (collectors/exporter/README.md)"),
+    }
 
     def __init__(self, node: str, config: Mapping[str, Any] | None = None,
                  sys_root: str | Path = "/sys", proc_root: str | Path = "/proc") -> None:

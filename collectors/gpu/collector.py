@@ -33,6 +33,9 @@ class GpuCollector(Collector):
     catalogue = CATALOGUE
     default_interval = 1.0
     config_keys = frozenset({"required", "xid_events"})
+    config_docs = {
+        "xid_events": ("`true`", "watch NVML XID events on a thread (`gpu_xid_errors_total`)"),
+    }
     #: nvmlEventSetWait timeout: bounds how long stop() waits for the XID thread
     xid_wait_ms = 250
 

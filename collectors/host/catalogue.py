@@ -1,4 +1,5 @@
-"""Signals of the host collector: per-CPU time (scope cpu) and node-level CPU, softirq, TCP/UDP."""
+"""Signals of the host collector: per-CPU time (scope cpu) and node-level CPU, softirq, TCP/UDP
+and the kernel's TCP loss classification (/proc/net/netstat)."""
 from __future__ import annotations
 
 from skewd.model import SignalSpec, signal
@@ -51,6 +52,56 @@ CATALOGUE: list[SignalSpec] = _cpu_specs() + [
     signal("host_tcp_in_errs_total", "counter", "segments", "node",
            "TCP segments received in error, e.g. bad checksum (Tcp InErrs).", C),
     signal("host_tcp_out_rsts_total", "counter", "segments", "node", "TCP RST segments sent (Tcp OutRsts).", C),
+    # /proc/net/netstat TcpExt: the kernel's own classification of its resends (NS-4, NS-7, EW-6)
+    signal("host_tcp_loss_probes_total", "counter", "probes", "node",
+           "Tail-loss probes sent (TcpExt TCPLossProbes): no ACK came for about two round trips after "
+           "the last segment, so the kernel resent it (or sent new data) to draw one. On a healthy "
+           "low-latency path most are answered by a D-SACK: the original had arrived, its ACK was late.", C),
+    signal("host_tcp_loss_probe_recoveries_total", "counter", "events", "node",
+           "Tail-loss probes that repaired a loss: the probe episode ended without a D-SACK "
+           "(TCPLossProbeRecovery).", C),
+    signal("host_tcp_dsack_recv_total", "counter", "blocks", "node",
+           "D-SACK blocks received (TCPDSACKRecv): a peer reports data that reached it twice, so the "
+           "resend was spurious. One block may cover several segments.", C),
+    signal("host_tcp_dsack_recv_segs_total", "counter", "segments", "node",
+           "Segments the received D-SACKs cover (TCPDSACKRecvSegs; recent kernels only, absent before): "
+           "comparable with host_tcp_retrans_segs_total, whose excess over it is the resends no peer "
+           "called spurious.", C),
+    signal("host_tcp_dsack_ofo_recv_total", "counter", "blocks", "node",
+           "D-SACK blocks received for data above the cumulative ACK (TCPDSACKOfoRecv).", C),
+    signal("host_tcp_dsack_old_sent_total", "counter", "blocks", "node",
+           "D-SACKs this host sent for data it already had (TCPDSACKOldSent): its peers resent spuriously.", C),
+    signal("host_tcp_spurious_rtos_total", "counter", "events", "node",
+           "Retransmission timeouts F-RTO found spurious (TCPSpuriousRTOs); also counted in "
+           "host_tcp_loss_undo_total.", C),
+    signal("host_tcp_spurious_rtx_host_queues_total", "counter", "events", "node",
+           "Resends given up because the original was still in a queue of this host (qdisc or driver): "
+           "not sent, not in host_tcp_retrans_segs_total (TCPSpuriousRtxHostQueues).", C),
+    signal("host_tcp_timeouts_total", "counter", "events", "node",
+           "Retransmission timeouts that fired, SYN, data or FIN, each backed-off one again "
+           "(TCPTimeouts; every RTO since Linux 4.20).", C),
+    signal("host_tcp_loss_undo_total", "counter", "events", "node",
+           "Timeout recoveries undone because a D-SACK, the timestamps (the ACK echoed the original) "
+           "or F-RTO showed the timeout was spurious (TCPLossUndo).", C),
+    signal("host_tcp_lost_retransmits_total", "counter", "segments", "node",
+           "Resent segments that were lost again (TCPLostRetransmit, RACK): loss on the path, never "
+           "a late ACK.", C),
+    signal("host_tcp_fast_retransmits_total", "counter", "segments", "node",
+           "Segments resent by fast retransmit / SACK recovery rather than on a timeout (TCPFastRetrans). "
+           "Reordering triggers them too; D-SACKs then show them spurious.", C),
+    signal("host_tcp_slow_start_retransmits_total", "counter", "segments", "node",
+           "Segments resent in slow start after a timeout (TCPSlowStartRetrans).", C),
+    signal("host_tcp_retrans_fail_total", "counter", "segments", "node",
+           "Resends that could not leave this host (TCPRetransFail), e.g. its egress qdisc dropped them.", C),
+    signal("host_tcp_sack_reneging_total", "counter", "events", "node",
+           "A peer discarded data it had SACKed (TCPSACKReneging): a receiver under memory pressure.", C),
+    signal("host_tcp_sack_recoveries_total", "counter", "events", "node",
+           "SACK loss-recovery episodes entered (TCPSackRecovery).", C),
+    signal("host_tcp_orig_data_sent_total", "counter", "segments", "node",
+           "Data segments sent for the first time (TCPOrigDataSent): the base of a retransmission share "
+           "that pure ACKs do not dilute.", C),
+    signal("host_ip_in_ce_packets_total", "counter", "packets", "node",
+           "IP packets received marked ECN Congestion Experienced (IpExt InCEPkts).", C),
     signal("host_udp_in_errors_total", "counter", "datagrams", "node",
            "UDP datagrams that could not be delivered, other than no port (Udp InErrors).", C),
     signal("host_udp_rcvbuf_errors_total", "counter", "datagrams", "node",

@@ -1,4 +1,4 @@
-"""Pure parsers for /proc/stat, /proc/softirqs, /proc/net/snmp and /proc/loadavg.
+"""Pure parsers for /proc/stat, /proc/softirqs, /proc/net/snmp, /proc/net/netstat and /proc/loadavg.
 
 CPU times in /proc/stat are in USER_HZ ticks. USER_HZ is part of the kernel ABI and is 100 on
 every architecture Linux runs GPUs on (x86-64, arm64, ppc64le), whatever CONFIG_HZ is; we
@@ -45,6 +45,32 @@ SNMP = {
 }
 
 _SNMP_PROTOS = frozenset(proto for proto, _ in SNMP)
+
+#: (/proc/net/netstat section, field) → node signal: how the kernel itself classifies its TCP
+#: retransmissions (tail-loss probe, fast retransmit, timeout, ...) and what the peers' D-SACKs
+#: said about them (Documentation/networking/snmp_counter.rst; include/uapi/linux/snmp.h)
+NETSTAT = {
+    ("TcpExt", "TCPLossProbes"): "host_tcp_loss_probes_total",
+    ("TcpExt", "TCPLossProbeRecovery"): "host_tcp_loss_probe_recoveries_total",
+    ("TcpExt", "TCPDSACKRecv"): "host_tcp_dsack_recv_total",
+    ("TcpExt", "TCPDSACKRecvSegs"): "host_tcp_dsack_recv_segs_total",
+    ("TcpExt", "TCPDSACKOfoRecv"): "host_tcp_dsack_ofo_recv_total",
+    ("TcpExt", "TCPDSACKOldSent"): "host_tcp_dsack_old_sent_total",
+    ("TcpExt", "TCPSpuriousRTOs"): "host_tcp_spurious_rtos_total",
+    ("TcpExt", "TCPSpuriousRtxHostQueues"): "host_tcp_spurious_rtx_host_queues_total",
+    ("TcpExt", "TCPTimeouts"): "host_tcp_timeouts_total",
+    ("TcpExt", "TCPLossUndo"): "host_tcp_loss_undo_total",
+    ("TcpExt", "TCPLostRetransmit"): "host_tcp_lost_retransmits_total",
+    ("TcpExt", "TCPFastRetrans"): "host_tcp_fast_retransmits_total",
+    ("TcpExt", "TCPSlowStartRetrans"): "host_tcp_slow_start_retransmits_total",
+    ("TcpExt", "TCPRetransFail"): "host_tcp_retrans_fail_total",
+    ("TcpExt", "TCPSACKReneging"): "host_tcp_sack_reneging_total",
+    ("TcpExt", "TCPSackRecovery"): "host_tcp_sack_recoveries_total",
+    ("TcpExt", "TCPOrigDataSent"): "host_tcp_orig_data_sent_total",
+    ("IpExt", "InCEPkts"): "host_ip_in_ce_packets_total",
+}
+
+_NETSTAT_SECTIONS = frozenset(sec for sec, _ in NETSTAT)
 
 
 class Sample(NamedTuple):
@@ -135,7 +161,22 @@ def parse_snmp(text: str) -> list[Sample]:
                           if head.partition(":")[0] in _SNMP_PROTOS])
 
 
-def _snmp_samples(pairs: Iterable[tuple[str, str]]) -> list[Sample]:
+def parse_netstat(text: str) -> list[Sample]:
+    """Selected TcpExt/IpExt counters from the header/value line pairs of /proc/net/netstat.
+
+    The file is laid out as /proc/net/snmp is (a ``Section: names`` line, then ``Section:
+    values``). Which fields exist depends on the kernel (``TCPDSACKRecvSegs`` only in recent
+    ones): a field the kernel lacks is not emitted, so a rule using it stays unknown there
+    rather than reading zero. MPTcpExt is not read."""
+    lines = text.splitlines()
+    return _snmp_samples([(head, vals) for head, vals in zip(lines[::2], lines[1::2])
+                          if head.partition(":")[0] in _NETSTAT_SECTIONS], NETSTAT)
+
+
+def _snmp_samples(pairs: Iterable[tuple[str, str]],
+                  fields: dict[tuple[str, str], str] = SNMP) -> list[Sample]:
+    """The wanted ``(section, field)`` values of header/value line pairs (a value line naming
+    another section than its header is skipped)."""
     out: list[Sample] = []
     for head, vals in pairs:
         proto, _, names = head.partition(":")
@@ -143,7 +184,7 @@ def _snmp_samples(pairs: Iterable[tuple[str, str]]) -> list[Sample]:
         if proto != vproto:
             continue
         for field, v in zip(names.split(), values.split()):
-            sig = SNMP.get((proto, field))
+            sig = fields.get((proto, field))
             if sig is not None:
                 out.append(Sample("", sig, float(v)))
     return out

@@ -69,6 +69,13 @@ class NcclCollector(Collector):
     catalogue = CATALOGUE
     default_interval = 1.0
     config_keys = frozenset({"dump_dir", "textfile", "hostname", "max_read_bytes"})
+    config_docs = {
+        "dump_dir": ("none", "the jobs' `NCCL_INSPECTOR_DUMP_DIR` as the agent sees it (absolute path)"),
+        "textfile": ("none", "an Inspector `.prom` file, or a directory of `nccl_inspector_metrics_*.prom`"),
+        "hostname": ("this host's name", "the `metadata.hostname` the jobs report; other hosts' files are "
+                     "skipped (`\"*\"` for node-local dump directories in Kubernetes)"),
+        "max_read_bytes": ("`8388608`", "at most this much is read per collection (the rest next time)"),
+    }
 
     def __init__(self, node: str, config: Mapping[str, Any] | None = None,
                  sys_root: str | Path = "/sys", proc_root: str | Path = "/proc") -> None:

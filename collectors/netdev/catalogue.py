@@ -63,4 +63,22 @@ CATALOGUE = [
        "Bytes dequeued by the root egress qdisc towards the driver (TCA_STATS_BASIC)."),
     _c("netdev_qdisc_sent_packets_total", "packets",
        "Packets dequeued by the root egress qdisc towards the driver (TCA_STATS_BASIC)."),
+    # Shaping and queue dynamics (collectors/netdev/README.md "Queues under lock-step traffic")
+    _g("netdev_qdisc_rate_bytes", "bytes/s",
+       "Shaping rate of the root egress qdisc (TCA_OPTIONS): tbf's rate, or the sum of the ceil of "
+       "htb's top-level classes. Absent when the root qdisc does not shape (or is another shaper)."),
+    _g("netdev_qdisc_backlog_max_bytes", "bytes",
+       "Largest root-qdisc backlog seen in the collection interval, sampled qdisc_sample_hz times a "
+       "second at jittered instants while a queue is about, twice a second otherwise (plus the "
+       "collection's own dump): the peak of a queue that fills during each step's burst and drains "
+       "between steps."),
+    _g("netdev_qdisc_backlog_mean_bytes", "bytes",
+       "Time-weighted mean of the root-qdisc backlog over the collection interval, from the same samples."),
+    _g("netdev_qdisc_busy_ratio", "ratio",
+       "Share of the collection interval (time-weighted samples) in which the root qdisc held at "
+       "least one byte: how much of the time this port was the bottleneck of what it sends."),
+    _g("netdev_qdisc_delay_max_seconds", "seconds",
+       "Estimated queueing delay at the interval's peak: netdev_qdisc_backlog_max_bytes over the "
+       "rate the queue drained at (bytes dequeued in the interval over the time a queue stood, at "
+       "most the shaping rate or link speed). 0 when no queue was seen."),
 ]

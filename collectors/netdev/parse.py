@@ -163,6 +163,80 @@ def qdisc_samples(qdiscs: Iterable[Mapping[str, Any]], names: Mapping[int, str])
     return out
 
 
+#: the root qdisc kinds that never hold a packet: sampling their queue is pointless
+QUEUELESS_KINDS = frozenset({"noqueue"})
+
+
+def root_qdiscs(qdiscs: Iterable[Mapping[str, Any]], names: Mapping[int, str]) -> dict[int, str]:
+    """ifindex → kind of the root egress qdisc, for the interfaces in ``names``."""
+    out: dict[int, str] = {}
+    for msg in qdiscs:
+        idx = int(msg.get("index", -1))
+        if int(msg.get("parent", 0)) == TC_H_ROOT and idx in names and idx not in out:
+            out[idx] = str(attr_map(msg).get("TCA_KIND", ""))
+    return out
+
+
+def queue_state(msg: Mapping[str, Any]) -> tuple[float, float] | None:
+    """(backlog bytes, dequeued bytes) of a qdisc message: one sample of its queue."""
+    a = attr_map(msg)
+    st2 = a.get("TCA_STATS2")
+    if isinstance(st2, Mapping):
+        nested = attr_map(st2)
+        q, b = nested.get("TCA_STATS_QUEUE"), nested.get("TCA_STATS_BASIC")
+        if isinstance(q, Mapping) and q.get("backlog") is not None:
+            sent = b.get("bytes") if isinstance(b, Mapping) else None
+            return float(q["backlog"]), float(sent or 0)
+    legacy = a.get("TCA_STATS")
+    if isinstance(legacy, Mapping) and legacy.get("backlog") is not None:
+        return float(legacy["backlog"]), float(legacy.get("bytes") or 0)
+    return None
+
+
+def _rate(opts: Mapping[str, Any], parms: str, field: str, rate64: str) -> float | None:
+    """A shaper's rate in bytes/s: the 64-bit attribute when the kernel sent one (rates the
+    u32 field cannot hold, >= ~34 Gbit/s), else the parms struct's field; 0 means unset."""
+    a = attr_map(opts)
+    v = a.get(rate64)
+    if not v:
+        p = a.get(parms)
+        v = p.get(field) if isinstance(p, Mapping) else None
+    return float(v) if v else None
+
+
+def shaping_rate(root: Mapping[str, Any], classes: Iterable[Mapping[str, Any]] = ()) -> float | None:
+    """The rate (bytes/s) at which a shaping root qdisc lets packets leave, or None when the
+    root does not shape (or is a shaper netdev does not read).
+
+    - ``tbf``: its rate (the long-term rate; a peakrate only bounds bursts).
+    - ``htb``: the sum of the ``ceil`` of its top-level classes (parent root), the most the
+      class tree can send. A child class with a lower ceil, or traffic sent to another class by a
+      filter, can make the real drain slower; unclassified traffic without a default class
+      bypasses the shaper. The rate is then an upper bound.
+    """
+    a = attr_map(root)
+    kind = a.get("TCA_KIND")
+    if kind == "tbf":
+        opts = a.get("TCA_OPTIONS")
+        return _rate(opts, "TCA_TBF_PARMS", "rate", "TCA_TBF_RATE64") if isinstance(opts, Mapping) else None
+    if kind == "htb":
+        idx = int(root.get("index", -1))
+        total = 0.0
+        for c in classes:
+            if int(c.get("index", -1)) != idx or int(c.get("parent", 0)) != TC_H_ROOT:
+                continue
+            opts = attr_map(c).get("TCA_OPTIONS")
+            ceil = _rate(opts, "TCA_HTB_PARMS", "ceil", "TCA_HTB_CEIL64") if isinstance(opts, Mapping) else None
+            total += ceil or 0.0
+        return total or None
+    return None
+
+
+def rate_samples(name: str, rate: float | None) -> list[Sample]:
+    """The root qdisc's shaping rate; nothing for an unshaped interface."""
+    return [] if rate is None else [Sample(name, "netdev_qdisc_rate_bytes", rate)]
+
+
 def speed_mbps(text: str | int | None) -> int | None:
     """sysfs ``speed`` (Mb/s, ``%d``) or an ethtool speed → Mb/s; None when unknown."""
     if text is None:

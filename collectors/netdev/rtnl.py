@@ -14,9 +14,10 @@ import struct
 from typing import Any, Iterator
 
 NLMSG_ERROR, NLMSG_DONE = 2, 3
-NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
+NLM_F_REQUEST, NLM_F_ECHO, NLM_F_DUMP = 0x1, 0x8, 0x300
 RTM_NEWLINK, RTM_GETLINK = 16, 18
 RTM_NEWQDISC, RTM_GETQDISC = 36, 38
+RTM_NEWTCLASS, RTM_GETTCLASS = 40, 42
 TC_H_ROOT = 0xFFFFFFFF
 
 _NLMSG = struct.Struct("=IHHII")  # len, type, flags, seq, pid
@@ -29,8 +30,12 @@ _NLA_TYPE_MASK = 0x3FFF  # without NLA_F_NESTED / NLA_F_NET_BYTEORDER
 
 IFLA_IFNAME, IFLA_OPERSTATE, IFLA_STATS64, IFLA_CARRIER_CHANGES = 3, 16, 23, 35
 _LINK_ATTRS = frozenset({IFLA_IFNAME, IFLA_OPERSTATE, IFLA_STATS64, IFLA_CARRIER_CHANGES})
-TCA_KIND, TCA_STATS, TCA_STATS2 = 1, 3, 7
+TCA_KIND, TCA_OPTIONS, TCA_STATS, TCA_STATS2 = 1, 2, 3, 7
 TCA_STATS_BASIC, TCA_STATS_QUEUE, TCA_STATS_PKT64 = 1, 3, 8
+#: shaper options (include/uapi/linux/pkt_sched.h): the parms struct, then 64-bit rates that the
+#: kernel adds only when a rate does not fit the struct's u32 bytes/s (>= ~34 Gbit/s)
+TCA_TBF_PARMS, TCA_TBF_RATE64 = 1, 4
+TCA_HTB_PARMS, TCA_HTB_RATE64, TCA_HTB_CEIL64 = 1, 6, 7
 
 #: struct rtnl_link_stats64, in order (the kernel appends fields; older kernels send fewer)
 STATS64_FIELDS = (
@@ -48,16 +53,34 @@ _TC_STATS_FIELDS = ("bytes", "packets", "drop", "overlimits", "bps", "pps", "qle
 _GNET_BASIC = struct.Struct("=QI")  # struct gnet_stats_basic: bytes, packets (u32)
 _GNET_QUEUE = struct.Struct("=IIIII")
 _GNET_QUEUE_FIELDS = ("qlen", "backlog", "drops", "requeues", "overlimits")
+#: struct tc_ratespec (cell_log, linklayer, overhead, cell_align, mpu, rate in bytes/s)
+_RATESPEC = struct.Struct("=BBHhHI")
+#: struct tc_tbf_qopt: rate and peakrate ratespecs, limit, buffer, mtu (field names as pyroute2's)
+_TBF_QOPT = struct.Struct("=12x12xIII")
+#: struct tc_htb_opt: rate and ceil ratespecs, buffer, cbuffer, quantum, level, prio
+_HTB_OPT = struct.Struct("=12x12xIIIII")
 
 
 class NetlinkError(OSError):
     """The kernel answered a request with an NLMSG_ERROR carrying a negative errno."""
 
 
-def dump_request(msg_type: int, seq: int) -> bytes:
-    """An ``NLM_F_DUMP`` request for every link (RTM_GETLINK) or qdisc (RTM_GETQDISC)."""
-    body = _IFINFO.pack(0, 0, 0, 0, 0) if msg_type == RTM_GETLINK else _TCMSG.pack(0, 0, 0, 0, 0)
+def dump_request(msg_type: int, seq: int, ifindex: int = 0) -> bytes:
+    """An ``NLM_F_DUMP`` request for every link (RTM_GETLINK) or qdisc (RTM_GETQDISC), or for the
+    classes of interface ``ifindex`` (RTM_GETTCLASS: the kernel dumps one device's classes)."""
+    body = _IFINFO.pack(0, 0, 0, 0, 0) if msg_type == RTM_GETLINK else _TCMSG.pack(0, ifindex, 0, 0, 0)
     return _NLMSG.pack(_NLMSG.size + len(body), msg_type, NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + body
+
+
+def root_qdisc_request(ifindex: int, seq: int) -> bytes:
+    """A request for one interface's root egress qdisc (not a dump: one reply message).
+
+    ``NLM_F_ECHO`` is what makes the kernel answer the asker: without it a qdisc GET on Linux
+    6.18 is acknowledged and answered to nobody (checked on this machine). Several of these
+    may go out in one ``send()``; each gets its own reply datagram (or an NLMSG_ERROR).
+    """
+    body = _TCMSG.pack(0, ifindex, 0, TC_H_ROOT, 0)
+    return _NLMSG.pack(_NLMSG.size + len(body), RTM_GETQDISC, NLM_F_REQUEST | NLM_F_ECHO, seq, 0) + body
 
 
 def messages(data: bytes, seq: int | None) -> tuple[list[tuple[int, memoryview]], bool]:
@@ -82,6 +105,23 @@ def messages(data: bytes, seq: int | None) -> tuple[list[tuple[int, memoryview]]
             out.append((mtype, mv[off + _NLMSG.size: off + length]))
         off += (length + 3) & ~3
     return out, False
+
+
+def answers(data: bytes | bytearray | memoryview, size: int | None = None) -> Iterator[tuple[int, int, int, memoryview]]:
+    """(type, seq, errno, payload) of every message in one datagram, without filtering or
+    raising: for requests sent together, whose answers are told apart by their sequence number.
+    ``errno`` is the positive error of an NLMSG_ERROR (0 for an acknowledgement and for every
+    other message)."""
+    mv = memoryview(data)[: len(data) if size is None else size]
+    off, end = 0, len(mv)
+    while off + _NLMSG.size <= end:
+        length, mtype, _flags, mseq, _pid = _NLMSG.unpack_from(mv, off)
+        if length < _NLMSG.size or off + length > end:
+            return
+        payload = mv[off + _NLMSG.size: off + length]
+        err = -struct.unpack_from("=i", payload, 0)[0] if mtype == NLMSG_ERROR and len(payload) >= 4 else 0
+        yield mtype, mseq, err, payload
+        off += (length + 3) & ~3
 
 
 def _attrs(mv: memoryview, off: int) -> Iterator[tuple[int, int, int]]:
@@ -163,17 +203,63 @@ def _stats2(mv: memoryview, a: int, b: int) -> dict[str, Any]:
     return {"attrs": nested}
 
 
-def decode_qdisc(mv: memoryview) -> dict[str, Any]:
-    """An RTM_NEWQDISC payload → ``{"index", "parent", "handle", "attrs"}`` with TCA_KIND,
-    TCA_STATS2 (queue and basic statistics) and the legacy TCA_STATS."""
+def _u64_at(mv: memoryview, a: int, b: int) -> int | None:
+    return _U64.unpack_from(mv, a)[0] if b - a >= 8 else None
+
+
+def _tbf_options(mv: memoryview, a: int, b: int) -> dict[str, Any]:
+    """tbf's TCA_OPTIONS → ``{"attrs": [["TCA_TBF_PARMS", {"rate", "peak", "limit", ...}], ...]}``
+    (pyroute2's names). Rates are bytes per second."""
+    out: list[list[Any]] = []
+    for t, x, y in _attrs(mv[:b], a):
+        if t == TCA_TBF_PARMS and y - x >= _TBF_QOPT.size:
+            rate = _RATESPEC.unpack_from(mv, x)[5]
+            peak = _RATESPEC.unpack_from(mv, x + _RATESPEC.size)[5]
+            limit, buffer, mtu = _TBF_QOPT.unpack_from(mv, x)
+            out.append(["TCA_TBF_PARMS", {"rate": rate, "peak": peak, "limit": limit, "buffer": buffer, "mtu": mtu}])
+        elif t == TCA_TBF_RATE64 and (v := _u64_at(mv, x, y)) is not None:
+            out.append(["TCA_TBF_RATE64", v])
+    return {"attrs": out}
+
+
+def _htb_class_options(mv: memoryview, a: int, b: int) -> dict[str, Any]:
+    """An htb class's TCA_OPTIONS → ``{"attrs": [["TCA_HTB_PARMS", {"rate", "ceil", ...}], ...]}``."""
+    out: list[list[Any]] = []
+    for t, x, y in _attrs(mv[:b], a):
+        if t == TCA_HTB_PARMS and y - x >= _HTB_OPT.size:
+            rate = _RATESPEC.unpack_from(mv, x)[5]
+            ceil = _RATESPEC.unpack_from(mv, x + _RATESPEC.size)[5]
+            _buf, _cbuf, _quantum, level, prio = _HTB_OPT.unpack_from(mv, x)
+            out.append(["TCA_HTB_PARMS", {"rate": rate, "ceil": ceil, "level": level, "prio": prio}])
+        elif t in (TCA_HTB_RATE64, TCA_HTB_CEIL64) and (v := _u64_at(mv, x, y)) is not None:
+            out.append(["TCA_HTB_RATE64" if t == TCA_HTB_RATE64 else "TCA_HTB_CEIL64", v])
+    return {"attrs": out}
+
+
+#: qdisc kind → decoder of its TCA_OPTIONS (only the shapers whose rate netdev reports)
+_QDISC_OPTIONS = {"tbf": _tbf_options}
+_CLASS_OPTIONS = {"htb": _htb_class_options}
+
+
+def decode_qdisc(mv: memoryview, options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """An RTM_NEWQDISC (or RTM_NEWTCLASS) payload → ``{"index", "parent", "handle", "attrs"}``
+    with TCA_KIND, TCA_STATS2 (queue and basic statistics), the legacy TCA_STATS and, for the
+    kinds in ``options`` (default: the shaping qdiscs, tbf), their TCA_OPTIONS."""
     index, handle, parent = qdisc_header(mv)
+    opts = _QDISC_OPTIONS if options is None else options
     attrs: list[list[Any]] = []
     seen: set[int] = set()
+    kind = ""
     for t, a, b in _attrs(mv, _TCMSG.size):
         if t in seen:
             continue
         if t == TCA_KIND:
-            attrs.append(["TCA_KIND", _asciiz(mv, a, b)])
+            kind = _asciiz(mv, a, b)
+            attrs.append(["TCA_KIND", kind])
+        elif t == TCA_OPTIONS:  # the kernel writes TCA_KIND first (tc_fill_qdisc/tc_fill_tclass)
+            if kind not in opts:
+                continue
+            attrs.append(["TCA_OPTIONS", opts[kind](mv, a, b)])
         elif t == TCA_STATS2:
             attrs.append(["TCA_STATS2", _stats2(mv, a, b)])
         elif t == TCA_STATS and b - a >= _TC_STATS.size:
@@ -182,6 +268,41 @@ def decode_qdisc(mv: memoryview) -> dict[str, Any]:
             continue
         seen.add(t)
     return {"index": index, "parent": parent, "handle": handle, "attrs": attrs}
+
+
+def queue_stats(mv: memoryview) -> tuple[int, int, int, int, int] | None:
+    """(backlog bytes, qlen, drops, sent bytes, overlimits) of an RTM_NEWQDISC payload, or None
+    without statistics. The sampler's hot path: reads TCA_STATS2's queue and basic blocks (or
+    the legacy TCA_STATS) and builds nothing else."""
+    nla = _NLA.unpack_from
+    end = len(mv)
+    off = _TCMSG.size
+    legacy: tuple[int, int, int, int, int] | None = None
+    while off + 4 <= end:
+        length, t = nla(mv, off)
+        if length < 4 or off + length > end:
+            break
+        t &= _NLA_TYPE_MASK
+        if t == TCA_STATS2:
+            sent = -1
+            queue: tuple[int, ...] | None = None
+            for st, x, y in _attrs(mv[:off + length], off + 4):
+                if st == TCA_STATS_BASIC and sent < 0 and y - x >= _GNET_BASIC.size:
+                    sent = _GNET_BASIC.unpack_from(mv, x)[0]
+                elif st == TCA_STATS_QUEUE and queue is None and y - x >= _GNET_QUEUE.size:
+                    queue = _GNET_QUEUE.unpack_from(mv, x)
+            if queue is not None:
+                return queue[1], queue[0], queue[2], max(sent, 0), queue[4]
+        elif t == TCA_STATS and legacy is None and length - 4 >= _TC_STATS.size:
+            by, _pk, drop, ovl, _bps, _pps, qlen, backlog = _TC_STATS.unpack_from(mv, off + 4)
+            legacy = (backlog, qlen, drop, by, ovl)
+        off += (length + 3) & ~3
+    return legacy
+
+
+def decode_classes(payloads: list[tuple[int, memoryview]]) -> list[dict[str, Any]]:
+    """Class messages (RTM_NEWTCLASS) in dump shape, with the options of htb classes."""
+    return [decode_qdisc(p, _CLASS_OPTIONS) for t, p in payloads if t == RTM_NEWTCLASS]
 
 
 def decode_links(payloads: list[tuple[int, memoryview]]) -> list[dict[str, Any]]:

@@ -30,6 +30,14 @@ class PcieCollector(Collector):
     catalogue = CATALOGUE
     default_interval = 1.0
     config_keys = frozenset({"classes", "addresses", "nvml", "nvml_required"})
+    config_docs = {
+        "classes": ("VGA, 3D, Ethernet, InfiniBand", "PCI classes to watch: `\"0x0302\"` (class+subclass) or "
+                    "`\"0x030200\"` (with prog-if)"),
+        "addresses": ("`[]`", "PCI addresses watched whatever their class (`\"0000:3b:00.0\"`); a missing one "
+                      "needs an operator"),
+        "nvml": ("`true`", "read per-GPU PCIe throughput, replays and link state through NVML"),
+        "nvml_required": ("`false`", "`true`: NVML missing is an operator error"),
+    }
     #: how often (seconds of tick time) the device selection is re-scanned for hot-plug
     rescan_interval = 60.0
     #: how long to wait before trying NVML again after it failed (absent driver: longer)

@@ -97,7 +97,7 @@ def _load(path: Path, limits: CaptureLimits = DEFAULT_LIMITS) -> np.ndarray:
                 except ImportError:
                     raise CaptureError(
                         f"{path}: zstd-compressed capture, and the 'zstandard' Python module is not "
-                        f"installed: decompress it first (zstd -d '{path}') or pip install zstandard") from None
+                        f"installed: decompress it first (zstd -d '{path}') or pip install 'skewd[zstd]'") from None
                 f.seek(0)
                 try:
                     with zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True) as r:

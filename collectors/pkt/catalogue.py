@@ -60,6 +60,13 @@ CATALOGUE: list[SignalSpec] = [
     _f("pkt_flow_tcp_retransmits_total", "counter", "packets",
        "TCP segments carrying data (or SYN/FIN) that start below the highest sequence number already "
        "seen in the flow: retransmissions (NS-4 ingress, NS-7 egress). Emitted for TCP flows."),
+    _f("pkt_flow_tcp_spurious_retransmits_total", "counter", "packets",
+       "Retransmissions of this flow (as counted in pkt_flow_tcp_retransmits_total) that the receiver "
+       "reported as duplicates: a D-SACK block (RFC 2883) in the peer's ACKs, in the same or the next "
+       "interval, covers their bytes - tail-loss probes answered by a D-SACK, fast retransmissions "
+       "caused by reordering. Never above the retransmission count; the difference is the resends "
+       "with no sign the original arrived (NS-4, NS-7, EW-6). Emitted for TCP flows, also in an "
+       "interval where only the reverse flow's D-SACK raised it."),
     _f("pkt_flow_roce_retransmits_total", "counter", "packets",
        "RoCEv2 request packets whose PSN is not above the highest PSN already seen for the same "
        "destination QP in the flow (go-back-N retransmission). Emitted for RoCEv2 flows (UDP 4791)."),

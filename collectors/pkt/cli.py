@@ -14,34 +14,11 @@ import sys
 from pathlib import Path
 from typing import Sequence, TextIO
 
-from skewd.model import parse_duration
+from skewd import cliargs
 
 from .capfile import DEFAULT_LIMITS, CaptureError, CaptureLimits, read_capture
 from .features import IntervalFeatures, analyze
 from .parse import counts, decode
-
-
-def _duration(text: str) -> float:
-    try:
-        v = parse_duration(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError("must be longer than 0s")
-    return v
-
-
-def _size(text: str) -> int:
-    """``512M``, ``4G``, ``1000000`` → bytes."""
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-    t = text.strip().lower().removesuffix("ib").removesuffix("b")
-    try:
-        v = float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: write a size such as 512M or 4G") from None
-    if not v > 0 or v != v or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r}: must be a positive size")
-    return int(v)
 
 
 def _ratio(text: str) -> float:
@@ -59,13 +36,13 @@ def build_parser() -> argparse.ArgumentParser:
                                 "(pcap or pcapng, optionally .gz or .zst).")
     p.add_argument("file", help="capture file")
     p.add_argument("--json", action="store_true", help="JSON lines: one object per flow and interval, then ports")
-    p.add_argument("--interval", type=_duration, default=None,
-                   help="features per interval of this length (e.g. 1s, 100ms; aligned to Unix time); "
+    p.add_argument("--interval", type=cliargs.duration, default=None,
+                   help="features per interval of this length (e.g. 1s, 100ms, 5 = 5s; aligned to Unix time); "
                         "default: the whole capture as one interval")
-    p.add_argument("--burst-gap", type=_duration, default=0.001,
+    p.add_argument("--burst-gap", type=cliargs.duration, default=0.001,
                    help="idle gap that separates two bursts of a flow (default 1ms)")
     p.add_argument("--top", type=int, default=40, help="table: the N flows with most bytes per interval (0 = all)")
-    p.add_argument("--max-decompressed", type=_size, default=DEFAULT_LIMITS.max_decompressed, metavar="SIZE",
+    p.add_argument("--max-decompressed", type=cliargs.size, default=DEFAULT_LIMITS.max_decompressed, metavar="SIZE",
                    help="a .gz/.zst capture may expand to at most this much (default 4G)")
     p.add_argument("--max-ratio", type=_ratio, default=DEFAULT_LIMITS.max_ratio, metavar="N",
                    help=f"... and to at most N times its compressed size, or {DEFAULT_LIMITS.ratio_floor >> 20}M "
@@ -99,7 +76,8 @@ def _fmt_n(v: float) -> str:
 _TABLE = (("flow", None), ("pkts", "packets"), ("bytes", "bytes"), ("pps", "packets_per_second"),
           ("B/s", "bytes_per_second"), ("share", "bytes_share_ratio"), ("gap p50", "gap_p50_seconds"),
           ("gap p99", "gap_p99_seconds"), ("gap max", "gap_max_seconds"), ("jitter", "jitter_cov"),
-          ("bursts", "bursts"), ("burst B", "burst_bytes"), ("rtx", "tcp_retransmits"))
+          ("bursts", "bursts"), ("burst B", "burst_bytes"), ("rtx", "tcp_retransmits"),
+          ("spur", "tcp_spurious_retransmits"))
 
 
 def _table(iv: IntervalFeatures, top: int, out: TextIO) -> None:

@@ -23,16 +23,17 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
-from skewd.collectors.base import Availability, Collector, CollectorError, Status
+from skewd.collectors.base import Availability, Collector, CollectorError, Connection, Status
 from skewd.model import SampleBatch, parse_duration
 
 from .bpf import FilterError, compile_filter, parse_program
 from .catalogue import CATALOGUE
 from .features import FlowTracker
 from .frames import Frames
+from .ignore import End, connection_mask, end_of, flow_keys
 from .parse import decode
 from .ring import ARPHRD_ETHER, ARPHRD_LOOPBACK, ARPHRD_NONE, Capture, RingConfig, in_netns
 from .samples import to_batch
@@ -48,6 +49,9 @@ DEFAULT_BLOCKS = 16
 #: rate at which 256 KiB blocks of header-only frames fill before the 10 ms block timeout,
 #: so traffic that ramps up within a second still finds the small ring at full tolerance
 GROW_PPS = 30_000
+#: own connections remembered for leaving out: the current one and a few before it, whose last
+#: packets (FIN, late retransmissions) may still come after a reconnect
+IGNORED_CONNECTIONS = 8
 
 
 def _size(v: Any, key: str) -> int:
@@ -71,6 +75,22 @@ class PktCollector(Collector):
     config_keys = frozenset({"interface", "filter", "filter_program", "snaplen", "ring_block_size", "ring_blocks",
                              "block_timeout", "burst_gap", "flow_timeout", "max_flows", "max_pending_packets",
                              "netns", "max_listed_silences"})
+    config_docs = {
+        "interface": ("none (required)", "device to capture on"),
+        "netns": ("the agent's", "capture inside a network namespace (`/run/netns/NAME` or `/proc/PID/ns/net`)"),
+        "filter": ("all", "generated kernel filter: `ip`, `ip6`, `tcp`, `udp`, `[tcp|udp] [src|dst] port N`, "
+                   "`host A.B.C.D`, `roce`, joined with `or`"),
+        "filter_program": ("none", "a classic BPF program: `tcpdump -ddd` text or `[[code, jt, jf, k], ...]`"),
+        "snaplen": ("`128`", "bytes of each frame the kernel copies (headers only)"),
+        "ring_block_size": ("adaptive (256 KiB, then 1 MiB)", "TPACKET_V3 block size; setting it fixes the ring"),
+        "ring_blocks": ("`16`", "TPACKET_V3 blocks; setting it fixes the ring"),
+        "block_timeout": ("`10ms`", "the kernel hands over a partly filled block after this long"),
+        "burst_gap": ("`1ms`", "an idle gap at least this long ends a burst"),
+        "flow_timeout": ("`60s`", "a flow idle this long is forgotten"),
+        "max_flows": ("`100000`", "most flows tracked at once (least recently active evicted first)"),
+        "max_pending_packets": ("`500000`", "frames buffered between collects; beyond it frames are discarded"),
+        "max_listed_silences": ("`256`", "collective silences listed per port and collect"),
+    }
 
     def __init__(self, node: str, config: Mapping[str, Any] | None = None,
                  sys_root: str | Path = "/sys", proc_root: str | Path = "/proc") -> None:
@@ -88,12 +108,25 @@ class PktCollector(Collector):
         self._last_rate = 0
         self._discarded_before = 0
         self._adaptive = False
+        #: the agent's own connections to leave out (see ignore_connections), newest last; the
+        #: tracker is told to forget their flows by the collect thread (``_ignore_applied``)
+        self._ignore: tuple[tuple[End, End], ...] = ()
+        self._ignore_applied: tuple[tuple[End, End], ...] = ()
         try:
             self._settings()
         except (ValueError, FilterError) as e:
             self._cfg_error = str(e)
 
     # -- configuration ---------------------------------------------------------------------
+    @classmethod
+    def config_problems(cls, config: Mapping[str, Any]) -> list[str]:
+        """The settings' errors (kept by the constructor for probe(), reported at load time)."""
+        try:
+            err = cls("config-check", config)._cfg_error
+        except ValueError as e:  # a setting even the constructor could not read
+            err = str(e)
+        return [f"collectors.pkt: {err}"] if err else []
+
     def _settings(self) -> dict[str, Any]:
         c = self.config
         snaplen = int(c.get("snaplen", 128))
@@ -302,9 +335,37 @@ class PktCollector(Collector):
         self._maybe_grow(packets, drops, t - t0)
         cap = self._capture or cap
         self.stats.discarded = cap.discarded + self._discarded_before
-        pk = decode(frames)
+        pk = self._leave_out_own(decode(frames))
         feats = tr.update(pk, t0, t, [self.config.get("interface", "")], {0: drops})
         return to_batch(feats, self.node, t)
+
+    def ignore_connections(self, conns: Sequence[Connection]) -> None:
+        """Leave these TCP connections (the agent's own NATS client) out of every feature, both
+        directions, from the next collect on; flows already tracked from their first packets
+        are forgotten then. Each call adds to the connections already left out (the newest
+        ``IGNORED_CONNECTIONS`` are kept). Safe to call from another thread than collect()'s."""
+        ends = []
+        for (la, lp), (ra, rp) in conns:
+            try:
+                ends.append((end_of(la, lp), end_of(ra, rp)))
+            except ValueError:  # not an IP address (a Unix socket): nothing on the wire
+                log.debug("pkt: not ignoring %r: not an IP connection", ((la, lp), (ra, rp)))
+        merged = tuple(c for c in self._ignore if c not in ends) + tuple(ends)
+        self._ignore = merged[-IGNORED_CONNECTIONS:]
+
+    def _leave_out_own(self, pk: Any) -> Any:
+        """``pk`` without the packets of the ignored connections; forgets their flows the first
+        time a connection is seen here (the tracker belongs to the collect thread)."""
+        conns = self._ignore
+        if conns != self._ignore_applied:
+            new = [c for c in conns if c not in self._ignore_applied]
+            if new and self._tracker is not None:
+                self._tracker.forget(flow_keys(new))
+            self._ignore_applied = conns
+        if not conns:
+            return pk
+        mine = connection_mask(pk, conns)
+        return pk.take(np.flatnonzero(~mine)) if mine.any() else pk
 
     def _maybe_grow(self, packets: int, drops: int, dt: float) -> None:
         prev_packets, prev_drops = self._last_stats

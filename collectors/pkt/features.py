@@ -21,6 +21,9 @@ Definitions (also in README.md):
   are ignored, fast retransmissions (answering >= 2 duplicate ACKs) count, segments arriving
   within the handshake RTT (or 3 ms) of the last forward progress are reordering and do not.
   Sequence numbers are unwrapped, so flows crossing 2**32 are handled.
+- spurious TCP retransmission: a retransmission whose bytes a D-SACK block (RFC 2883) in the
+  reverse flow's ACKs covers, in the same or the next interval: the receiver had them already
+  (a tail-loss probe answered by a D-SACK, a fast retransmission caused by reordering).
 - RoCE retransmission: a request packet whose PSN (unwrapped modulo 2**24) is not above the
   highest PSN already seen for the same destination QP in the flow (ACK/CNP packets excluded).
 - Packets are taken in capture order (as tshark does); a clock stepping back reads as a 0 gap.
@@ -302,7 +305,8 @@ FLOW_COLUMNS = ("packets", "bytes", "packets_per_second", "bytes_per_second", "g
                 "gap_p99_seconds", "gap_max_seconds", "gap_p05_seconds", "jitter_cov", "bursts",
                 "burst_bytes_max", "bursts_total", "burst_start_seconds", "burst_bytes",
                 "burst_duration_seconds", "inter_burst_gap_seconds", "packets_total", "bytes_total",
-                "tcp_retransmits_total", "tcp_retransmits", "roce_retransmits_total", "ecn_ce_packets_total",
+                "tcp_retransmits_total", "tcp_retransmits", "tcp_spurious_retransmits_total",
+                "tcp_spurious_retransmits", "roce_retransmits_total", "ecn_ce_packets_total",
                 "start_seconds", "end_seconds", "idle_seconds", "closed", "egress", "bytes_share_ratio")
 
 
@@ -331,7 +335,7 @@ class FlowTracker:
     #: result; the differential test turns it off on its reference tracker)
     quiet_fast_path = True
 
-    _COLS = ("first", "last", "packets", "bytes", "bursts", "ecn", "rtx", "rrtx",
+    _COLS = ("first", "last", "packets", "bytes", "bursts", "ecn", "rtx", "rrtx", "srtx",
              "b_start", "b_last", "b_bytes", "b_packets", "seq_raw", "seq_u", "seq_max", "closed",
              "tcp", "roce", "port", "irtt", "adv")
 
@@ -356,6 +360,11 @@ class FlowTracker:
         self.evicted = 0
         #: silences of each port's collective traffic (step timing without synced clocks)
         self.collective = CollectiveTracker(min_silence=burst_gap, max_listed=max_listed_silences)
+        #: retransmissions of the previous interval no D-SACK has covered yet: (slot, first
+        #: byte, end) in the flow's unwrapped sequence space; a D-SACK in this interval may still
+        self._rtx_open = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+        #: flows whose spurious-retransmission count rose in the interval being built (slot → +n)
+        self._spurious_new: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64), np.zeros(0, np.int64))
         self._grow(1024)
 
     # -- slots -------------------------------------------------------------------------------
@@ -440,7 +449,28 @@ class FlowTracker:
                 self.entities[s] = None
                 self.free.append(s)
         self.psn = {k: v for k, v in self.psn.items() if k[0] not in dead}
+        keep = ~np.isin(self._rtx_open[0], old)
+        self._rtx_open = tuple(a[keep] for a in self._rtx_open)  # type: ignore[assignment]
         self.evicted += len(dead)
+
+    def forget(self, keys: np.ndarray) -> int:
+        """Stop tracking the flows with these 5-word keys (rows of :func:`flow_key_columns`), as
+        if they had timed out: they leave the output now, and count from zero if they come back.
+        Returns how many were tracked. (The pkt collector drops the agent's own connection this
+        way once it learns its ends.)"""
+        gone = []
+        for kb in np.ascontiguousarray(keys, np.uint64).view(np.dtype((np.void, 40))).ravel().tolist():
+            s = self.slots.pop(kb, None)
+            if s is not None:
+                self.keys[s] = None
+                self.entities[s] = None
+                self.free.append(s)
+                gone.append(s)
+        if gone:
+            self.psn = {k: v for k, v in self.psn.items() if k[0] not in gone}
+            keep = ~np.isin(self._rtx_open[0], gone)
+            self._rtx_open = tuple(a[keep] for a in self._rtx_open)  # type: ignore[assignment]
+        return len(gone)
 
     # -- one interval ------------------------------------------------------------------------
     def update(self, pk: Packets, t0: float, t1: float, port_names: list[str] | None = None,
@@ -526,6 +556,7 @@ class FlowTracker:
             rtx_g, tcp_any, closed_g = self._tcp(pk, rows, gi, gs, ts, slot_g, F, is_tcp)
         else:
             rtx_g, tcp_any, closed_g = np.zeros(F, np.int64), np.zeros(F, bool), np.zeros(F, bool)
+            self._rtx_open = tuple(a[:0] for a in self._rtx_open)  # type: ignore[assignment]
         # ---- RoCE PSN retransmissions, per (flow, destination QP)
         rrtx_g = np.zeros(F, np.int64)
         roce_any = np.zeros(F, bool)
@@ -608,6 +639,8 @@ class FlowTracker:
         roce_f = st["roce"][sl].astype(bool)
         cols["tcp_retransmits_total"] = np.where(tcp_f, st["rtx"][sl], np.nan)
         cols["tcp_retransmits"] = cat(rtx_g, z)
+        cols["tcp_spurious_retransmits_total"] = np.where(tcp_f, st["srtx"][sl], np.nan)
+        cols["tcp_spurious_retransmits"] = self._spurious_rows(sl)
         cols["roce_retransmits_total"] = np.where(roce_f, st["rrtx"][sl], np.nan)
         cols["ecn_ce_packets_total"] = st["ecn"][sl].astype(np.float64)
         cols["start_seconds"] = st["first"][sl] / NS
@@ -700,7 +733,11 @@ class FlowTracker:
         seglen = pay + ((fl & TCP_SYN) > 0) + ((fl & TCP_FIN) > 0)
         tcp_any[tg[tgs]] = True
         closed_g[tg[tgs]] = (np.bitwise_or.reduceat(fl, tgs) & (TCP_FIN | TCP_RST)) != 0
-        if self._tcp_in_order(seq, seglen, ts, tfirst, tgs, tslot):
+        hs = (fl & (TCP_SYN | TCP_ACK)) == TCP_SYN
+        # a handshake in the interval takes the full path, which learns its RTT (the reordering
+        # threshold) even when every segment is in order
+        if not hs.any() and self._tcp_in_order(seq, seglen, ts, tfirst, tgs, tslot):
+            self._tcp_spurious(pk, pr, tslot, np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
             return rtx_g, tcp_any, closed_g
         tgi = np.cumsum(tfirst) - 1
         u = _unwrap(seq, tfirst, st["seq_raw"][tslot[tgs]], st["seq_u"][tslot[tgs]], 32)
@@ -718,7 +755,6 @@ class FlowTracker:
         # flows with backward segments (fast retransmission?) or a handshake (its RTT)
         fast = np.zeros(len(tsel), bool)
         irtt_conv_slots: list[tuple[np.ndarray, int]] = []
-        hs = (fl & (TCP_SYN | TCP_ACK)) == TCP_SYN
         need = np.flatnonzero(np.bincount(tg, weights=(backward | hs).astype(np.float64), minlength=F) > 0)
         if len(need):
             want = set(slot_g[need].tolist())
@@ -741,7 +777,65 @@ class FlowTracker:
         st["seq_max"][s_sl] = incl_last
         last_adv = cm[tl]
         st["adv"][s_sl] = np.where(last_adv >= tgs, ts[np.maximum(last_adv, 0)], st["adv"][s_sl])
+        self._tcp_spurious(pk, pr, tslot, tslot[rtx], u[rtx], u[rtx] + seglen[rtx])
         return rtx_g, tcp_any, closed_g
+
+    def _tcp_spurious(self, pk: Packets, pr: np.ndarray, tslot: np.ndarray, r_slot: np.ndarray,
+                      r_lo: np.ndarray, r_hi: np.ndarray) -> None:
+        """Count the retransmissions the receiver reports as spurious (``srtx`` per flow).
+
+        A receiver that gets bytes it already holds says so with a D-SACK block in its next ACK
+        (RFC 2883; Linux sends one for every duplicate unless net.ipv4.tcp_dsack=0): a tail-loss
+        probe answered that way, or a fast retransmission caused by reordering, cost nothing on
+        the wire. A retransmission (``r_slot``/``r_lo``/``r_hi``: its flow and unwrapped byte
+        range, found in this interval by :meth:`_tcp`) is spurious when a D-SACK from the peer
+        overlaps its bytes, in this interval or the next one (a D-SACK follows its duplicate by
+        about one round trip; the unmatched ones are carried one interval in ``_rtx_open``).
+        ``pr``/``tslot``: this interval's TCP packets and their flow slots, in flow order, after
+        the flows' sequence state was updated. Each retransmission counts at most once, so a
+        flow's spurious count never exceeds its retransmission count."""
+        st = self.s
+        c_slot, c_lo, c_hi = self._rtx_open
+        self._spurious_new = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+        if not len(c_slot) and not len(r_slot):  # no resend to judge (the usual interval)
+            return
+        cand_slot, cand_lo, cand_hi = np.r_[c_slot, r_slot], np.r_[c_lo, r_lo], np.r_[c_hi, r_hi]
+        d_slot = d_lo = d_hi = np.zeros(0, np.int64)
+        dl = pk.tcp_dsack_lo[pr]
+        has = np.flatnonzero(dl >= 0)
+        if len(has) and len(cand_slot):
+            # a D-SACK travels in the ACK flow and speaks of the reverse (data) flow's bytes
+            ack_slots, inv = np.unique(tslot[has], return_inverse=True)
+            rev = np.array([-1 if (r := self._reverse_slot(int(x))) is None else r for x in ack_slots.tolist()],
+                           np.int64)
+            data = rev[inv.ravel()]
+            ok = data >= 0
+            ok[ok] &= st["seq_raw"][data[ok]] >= 0
+            data, raw_lo, raw_hi = data[ok], dl[has][ok], pk.tcp_dsack_hi[pr][has][ok]
+            half, mask = 1 << 31, (1 << 32) - 1
+            d_slot = data
+            d_lo = st["seq_u"][data] + (((raw_lo - st["seq_raw"][data] + half) & mask) - half)
+            d_hi = d_lo + ((raw_hi - raw_lo) & mask)
+        hit = _overlapping(cand_slot, cand_lo, cand_hi, d_slot, d_lo, d_hi)
+        if hit.any():
+            inc_slot, inc = np.unique(cand_slot[hit], return_counts=True)
+            st["srtx"][inc_slot] += inc
+            self._spurious_new = (inc_slot, inc.astype(np.int64))
+        keep = ~hit[len(c_slot):]  # this interval's unmatched retransmissions wait one more interval
+        self._rtx_open = (r_slot[keep], r_lo[keep], r_hi[keep])
+
+    def _spurious_rows(self, sl: np.ndarray) -> np.ndarray:
+        """Per output row (flow slots ``sl``): spurious retransmissions found in this interval."""
+        out = np.zeros(len(sl))
+        inc_slot, inc = self._spurious_new
+        if len(inc_slot) and len(sl):
+            o = np.argsort(sl)
+            pos = np.searchsorted(sl[o], inc_slot)
+            pos = np.minimum(pos, len(sl) - 1)
+            found = sl[o][pos] == inc_slot
+            out[o[pos[found]]] = inc[found]
+        self._spurious_new = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+        return out
 
     def _tcp_in_order(self, seq: np.ndarray, seglen: np.ndarray, ts: np.ndarray, tfirst: np.ndarray,
                       tgs: np.ndarray, tslot: np.ndarray) -> bool:
@@ -907,6 +1001,41 @@ class FlowTracker:
                 f.end_spread = float(ends.max() - ends.min())
             out.append(f)
         return out
+
+def _overlapping(c_slot: np.ndarray, c_lo: np.ndarray, c_hi: np.ndarray, d_slot: np.ndarray,
+                 d_lo: np.ndarray, d_hi: np.ndarray) -> np.ndarray:
+    """Per candidate range ``[c_lo, c_hi)`` of flow ``c_slot``: does any range ``[d_lo, d_hi)``
+    of the same flow overlap it? One sort of the ``d`` ranges by (flow, start) and a running
+    maximum of their ends: the candidate overlaps when the ranges of its flow starting before
+    its end reach beyond its start. Byte offsets are taken relative to each flow's lowest
+    value here so the (flow, offset) keys fit one int64."""
+    out = np.zeros(len(c_slot), bool)
+    if not len(c_slot) or not len(d_slot):
+        return out
+    flows, inv = np.unique(np.r_[c_slot, d_slot], return_inverse=True)
+    inv = inv.ravel()
+    cf, df = inv[:len(c_slot)], inv[len(c_slot):]
+    base = np.full(len(flows), np.iinfo(np.int64).max)
+    np.minimum.at(base, cf, c_lo)
+    np.minimum.at(base, df, d_lo)
+    off = 1 << 42  # offsets beyond 4 TB from the lowest byte of the flow in question are ignored
+    cl, ch = c_lo - base[cf], c_hi - base[cf]
+    dl, dh = d_lo - base[df], d_hi - base[df]
+    fits = (np.maximum(ch, 0) < off) & (cl >= 0)
+    dfit = (dh < off) & (dl >= 0)
+    df, dl, dh = df[dfit], dl[dfit], dh[dfit]
+    if not len(df):
+        return out
+    o = np.lexsort((dl, df))
+    df, dl, dh = df[o], dl[o], dh[o]
+    key = (df << 43) | dl
+    reach = np.maximum.accumulate((df << 43) | dh)  # within a flow: the furthest end so far
+    pos = np.searchsorted(key, (cf << 43) | np.minimum(np.maximum(ch, 0), off - 1), side="left") - 1
+    ok = fits & (pos >= 0)
+    p = np.maximum(pos, 0)
+    out[ok] = (df[p[ok]] == cf[ok]) & ((reach[p[ok]] & ((1 << 43) - 1)) > cl[ok])
+    return out
+
 
 def analyze(pk: Packets, interval: float | None = None, burst_gap: float = 0.001,
             port_names: list[str] | None = None, drops: dict[int, int] | None = None,

@@ -15,7 +15,7 @@ are flagged ``frag``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -59,6 +59,18 @@ class Packets:
     bth_psn: np.ndarray  # int32 PSN, -1 when not RoCEv2
     direction: np.ndarray  # int8 DIR_*
     iface: np.ndarray  # int32
+    #: the D-SACK block (RFC 2883) an ACK carries: the first SACK block when it lies at or below
+    #: the cumulative ACK or inside the second block - "these bytes reached me twice". Raw
+    #: 32-bit sequence numbers of the acknowledged direction, [lo, hi); -1 when the segment
+    #: carries none. Built from the header when omitted (sources without TCP options).
+    tcp_dsack_lo: np.ndarray = field(default=None)  # type: ignore[assignment]
+    tcp_dsack_hi: np.ndarray = field(default=None)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.tcp_dsack_lo is None:
+            self.tcp_dsack_lo = np.full(len(self.ts_ns), -1, np.int64)
+        if self.tcp_dsack_hi is None:
+            self.tcp_dsack_hi = np.full(len(self.ts_ns), -1, np.int64)
 
     def __len__(self) -> int:
         return len(self.ts_ns)
@@ -94,7 +106,8 @@ class Packets:
                        tcp_seq=z(n, np.int64), tcp_ack=z(n, np.int64), tcp_win=z(n, np.int32),
                        bth_opcode=np.full(n, -1, np.int16), bth_qp=np.full(n, -1, np.int32),
                        bth_psn=np.full(n, -1, np.int32), direction=share.direction.astype(np.int8, copy=True),
-                       iface=share.iface)
+                       iface=share.iface, tcp_dsack_lo=np.full(n, -1, np.int64),
+                       tcp_dsack_hi=np.full(n, -1, np.int64))
         return cls(ts_ns=z(n, np.int64), wirelen=z(n, np.int64), decoded=z(n, bool), outer_ip=z(n, bool),
                    ipver=z(n, np.int8), proto=np.full(n, -1, np.int16), src_hi=z(n, np.uint64),
                    src_lo=z(n, np.uint64), dst_hi=z(n, np.uint64), dst_lo=z(n, np.uint64),
@@ -417,8 +430,9 @@ def _transport(c: _Chunk, st: dict[str, np.ndarray], pk: Packets, a: int) -> Non
         def put(name: str, x: np.ndarray) -> None:
             getattr(pk, name)[out] = x
 
-        if v + 16 <= c.width:
-            h = np.ndarray((len(r),), _TCP, buffer=c.H if whole else c.rows(r), offset=v, strides=(c.width,))
+        M = (c.H if whole else c.rows(r)) if v + 16 <= c.width else None
+        if M is not None:
+            h = np.ndarray((len(r),), _TCP, buffer=M, offset=v, strides=(c.width,))
         else:
             h = gather(c.buf, c.doff[r] + v, 16).view(_TCP).ravel()
         tcp = proto[r] == 6
@@ -442,6 +456,7 @@ def _transport(c: _Chunk, st: dict[str, np.ndarray], pk: Packets, a: int) -> Non
             put("tcp_ack", h["ack"])
             put("tcp_win", h["win"])
             hl = np.maximum((offfl >> 12) << 2, 20)
+            _dsack(c, pk, a, r, v, tcp & ok, hl, offfl, h["ack"], M)
             hl = hl if all_tcp else _pick(tcp, hl, 8)
         else:
             hl = 8
@@ -458,6 +473,80 @@ def _transport(c: _Chunk, st: dict[str, np.ndarray], pk: Packets, a: int) -> Non
                 pk.bth_opcode[a + gr] = b["op"]
                 pk.bth_qp[a + gr] = b["qp"] & 0xFFFFFF
                 pk.bth_psn[a + gr] = b["psn"] & 0xFFFFFF
+
+
+#: NOP NOP TIMESTAMP(len 10): how Linux starts the options of every segment when timestamps are on
+_TS_FIRST = 0x0101080A
+_OPT_MAX = 40  # TCP option bytes at most (header length field: 60 - 20)
+
+
+def _dsack(c: _Chunk, pk: Packets, a: int, r: np.ndarray, v: int, tcp: np.ndarray, hl: np.ndarray,
+           offfl: np.ndarray, ack: np.ndarray, M: np.ndarray | None) -> None:
+    """The D-SACK block of ACK segments (RFC 2883), into ``pk.tcp_dsack_lo/hi``.
+
+    A receiver that gets bytes it already has reports them in the first SACK block, below the
+    cumulative ACK or inside the second block: the resend was spurious. Only segments whose
+    options can hold a SACK option are walked; the usual segment with nothing but timestamps
+    (``NOP NOP TS``, header length 32) is recognised from one 32-bit word. The walk steps through
+    the options of all candidates side by side, one option per step (at most 40 steps)."""
+    cand = tcp & ((offfl & TCP_ACK) > 0) & (hl >= 32) & (c.caplen[r] >= v + 32)
+    if not cand.any():
+        return
+    if M is not None and v + 24 <= c.width:
+        first = np.ndarray((len(r),), ">u4", buffer=M, offset=v + 20, strides=(c.width,))
+    else:
+        first = gather(c.buf, c.doff[r] + v + 20, 4).view(">u4").ravel()
+    cand &= (hl > 32) | (first != _TS_FIRST)
+    k = np.flatnonzero(cand)
+    if not len(k):
+        return
+    rows = r[k]
+    opt = gather(c.buf, c.doff[rows] + v + 20, _OPT_MAX).astype(np.int64)
+    avail = np.minimum(hl[k] - 20, c.caplen[rows] - v - 20)  # option bytes present and captured
+    pos = np.zeros(len(k), np.int64)
+    at = np.full(len(k), -1, np.int64)  # where the SACK option starts
+    todo = np.arange(len(k))
+    for _ in range(_OPT_MAX):
+        p = pos[todo]
+        todo = todo[p < avail[todo]]
+        if not len(todo):
+            break
+        p = pos[todo]
+        kind = opt[todo, p]
+        length = opt[todo, np.minimum(p + 1, _OPT_MAX - 1)]
+        sack = kind == 5
+        at[todo[sack]] = p[sack]
+        step = np.where(kind == 1, 1, length)
+        go = ~sack & (kind != 0) & (step >= 1) & ((kind == 1) | (length >= 2))
+        pos[todo[go]] += step[go]
+        todo = todo[go]
+    f = np.flatnonzero((at >= 0) & (at + 10 <= avail))
+    if not len(f):
+        return
+    p = at[f]
+    ln = opt[f, p + 1]
+    f, p = f[ln >= 10], p[ln >= 10]
+    if not len(f):
+        return
+
+    def word(off: np.ndarray) -> np.ndarray:
+        o = opt[f[:, None], off[:, None] + np.arange(4)]
+        return (o[:, 0] << 24) | (o[:, 1] << 16) | (o[:, 2] << 8) | o[:, 3]
+
+    lo, hi = word(p + 2), word(p + 6)
+    ak = ack[k[f]].astype(np.int64)
+    half, mask = 1 << 31, (1 << 32) - 1
+    below = ((ak - hi) & mask) < half  # the block ends at or below the cumulative ACK
+    two = (opt[f, p + 1] >= 18) & (p + 18 <= avail[f])
+    inside = np.zeros(len(f), bool)
+    if two.any():
+        lo2, hi2 = word(np.where(two, p + 10, p + 2)), word(np.where(two, p + 14, p + 6))
+        inside = two & (((lo - lo2) & mask) < half) & (((hi2 - hi) & mask) < half)
+    d = (below | inside) & (lo != hi)
+    if d.any():
+        out = a + rows[f[d]]
+        pk.tcp_dsack_lo[out] = lo[d]
+        pk.tcp_dsack_hi[out] = hi[d]
 
 
 def _decode_chunk(fr: Frames, pk: Packets, a: int, b: int, width: int) -> None:

@@ -26,6 +26,7 @@ FLOW_SIGNALS = {
     "burst_bytes_max": "pkt_flow_burst_bytes_max",
     "inter_burst_gap_seconds": "pkt_flow_inter_burst_gap_seconds",
     "tcp_retransmits_total": "pkt_flow_tcp_retransmits_total",
+    "tcp_spurious_retransmits_total": "pkt_flow_tcp_spurious_retransmits_total",
     "roce_retransmits_total": "pkt_flow_roce_retransmits_total",
     "ecn_ce_packets_total": "pkt_flow_ecn_ce_packets_total",
     "start_seconds": "pkt_flow_start_seconds",
@@ -68,6 +69,11 @@ SILENCE_SENT = "pkt_collective_sent_bytes"
 IDLE_COLUMNS = frozenset({"packets_total", "bytes_total", "packets_per_second", "bytes_per_second",
                           "idle_seconds", "start_seconds", "end_seconds", "closed"})
 
+#: counters that can rise while their flow is silent, with the interval column holding the rise:
+#: emitted wherever they rose too (a D-SACK in the reverse flow marks a flow's retransmission of
+#: the previous interval spurious; a rule subtracting it must not wait for the flow's next packet)
+RISE_COLUMNS = {"tcp_spurious_retransmits_total": "tcp_spurious_retransmits"}
+
 
 def to_batch(f: IntervalFeatures, node: str, t: float) -> SampleBatch:
     """Samples of one interval stamped ``t``; values that cannot be measured (NaN) are left out."""
@@ -78,7 +84,9 @@ def to_batch(f: IntervalFeatures, node: str, t: float) -> SampleBatch:
     for col, sig in FLOW_SIGNALS.items() if len(f.entities) else ():  # no flows: nothing to select
         v = f.flows[col]
         ok = ~np.isnan(v)
-        if col not in IDLE_COLUMNS:
+        if col in RISE_COLUMNS:
+            ok &= active | (f.flows[RISE_COLUMNS[col]] > 0)
+        elif col not in IDLE_COLUMNS:
             ok &= active
         if not ok.any():
             continue

@@ -24,6 +24,10 @@ class RdmaCollector(Collector):
     catalogue = CATALOGUE
     default_interval = 1.0
     config_keys = frozenset({"devices", "resources"})
+    config_docs = {
+        "devices": ("every device", "names or globs (`[\"mlx5_*\"]`)"),
+        "resources": ("`true`", "count MRs and QPs through iproute2's `rdma -j resource show`"),
+    }
 
     def __init__(self, node: str, config: Mapping[str, Any] | None = None,
                  sys_root: str | Path = "/sys", proc_root: str | Path = "/proc") -> None:

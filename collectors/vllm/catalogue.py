@@ -69,7 +69,11 @@ CATALOGUE: list[SignalSpec] = [
     _e("vllm_generation_tokens_per_second", "gauge", "tokens_per_second",
        "Generation-token rate between the previous and the current scrape."),
     _e("vllm_phase", "gauge", "enum",
-       "Token mix between the two scrapes: 0 idle (prompt+generation tokens/s below "
-       "collectors.vllm.phase_idle_tokens_per_second, default 1), 2 prefill-heavy (prompt tokens "
-       ">= collectors.vllm.phase_prefill_share of all tokens, default 0.5), 1 decode-heavy."),
+       "What the engine spent its time on between the two scrapes: 0 idle (prompt+generation "
+       "tokens/s below collectors.vllm.phase_idle_tokens_per_second, default 1), 2 prefill-heavy "
+       "(the requests that finished spent >= collectors.vllm.phase_prefill_share, default 0.5, of "
+       "their prefill+decode time in prefill: vllm:request_prefill_time_seconds and "
+       "vllm:request_decode_time_seconds sums), 1 decode-heavy. No request finished: the last "
+       "measured phase is held (absent before the first). Releases without those histograms: the "
+       "token mix decides (prompt tokens >= phase_prefill_share of all tokens)."),
 ]

@@ -35,6 +35,8 @@ class Endpoint:
     prev: parse.Page | None = None
     prev_t: float | None = None
     last_entities: list[str] = field(default_factory=list)
+    #: each engine's last measured phase, held while no request finishes (parse.derive)
+    phases: dict[tuple[str, str], float] = field(default_factory=dict)
 
 
 def _float(config: Mapping[str, Any], key: str, default: float, lo: float, hi: float) -> float:
@@ -84,6 +86,13 @@ class VllmCollector(Collector):
     catalogue = CATALOGUE
     default_interval = 1.0
     config_keys = frozenset({"endpoints", "phase_idle_tokens_per_second", "phase_prefill_share"})
+    config_docs = {
+        "endpoints": ("`[http://127.0.0.1:8000/metrics]`",
+                      "vLLM `/metrics` URLs, or `{url, name}` maps (`name` prefixes the engine entities; "
+                      "with several endpoints an unnamed one is called `host:port`)"),
+        "phase_idle_tokens_per_second": ("`1`", "below this prompt+generation token rate the phase is idle"),
+        "phase_prefill_share": ("`0.5`", "prompt tokens at least this share of all tokens: prefill-heavy"),
+    }
 
     def __init__(self, node: str, config: Mapping[str, Any] | None = None,
                  sys_root: str | Path = "/sys", proc_root: str | Path = "/proc") -> None:
@@ -171,7 +180,10 @@ class VllmCollector(Collector):
             prev = ep.prev.get(key) if ep.prev is not None else None
             ent = names[key]
             b.add(t, ent, "vllm_up", 1.0)
-            for sig, v in parse.derive(prev, eng, dt, self.thresholds).items():
+            out = parse.derive(prev, eng, dt, self.thresholds, ep.phases.get(key))
+            if "vllm_phase" in out:
+                ep.phases[key] = out["vllm_phase"]
+            for sig, v in out.items():
                 b.add(t, ent, sig, v)
         ep.prev, ep.prev_t = page, t
         ep.last_entities = [names[k] for k in sorted(page)]

@@ -18,6 +18,7 @@ from typing import ClassVar
 import numpy as np
 
 from .node import NodeState
+from .qdisc import QueueTruth
 from .scenario import FaultSpec, Scenario
 from .simulator import GroundTruth, NodeTraffic, RepTraffic
 from .topology import Cluster, Node
@@ -306,7 +307,9 @@ class NS4(Injector):
 
 class NS5(Injector):
     """Egress backlog: responses pile up in the NIC/qdisc queue (CPU copy bottleneck, shaping,
-    tx buffer exhaustion); tokens leave late."""
+    tx buffer exhaustion); tokens leave late. Lock-step: the engine's responses of each step
+    arrive at the queue together, which then drains at the starved rate until empty or the next
+    step (the real lab's tbf-shaped rank port: full during each step's burst, empty in between)."""
 
     id = "NS-5"
     target = "nic"
@@ -318,6 +321,8 @@ class NS5(Injector):
 
     def setup(self):
         self.backlog = self.lerp(4e4, 4e6)
+        self.drain = max(1e6, self.lerp(3e8, 3e7))  # bytes/s the queue drains at
+        self.period = float(self.rng.uniform(0.02, 0.1))  # step period, as real clusters vary it
 
     def on_node(self, t0, t1, ni, st, sim):
         if ni != self.ni:
@@ -326,14 +331,15 @@ class NS5(Injector):
         r = self.ramp(t0, 20.0)
         b = self.backlog * r * float(self.rng.lognormal(0, 0.35))
         q = st.qdisc[dev]
-        q["backlog"] = b
-        q["qlen"] = max(1.0, round(b / float(self.rng.uniform(250, 900))))
+        st.queue[dev] = QueueTruth(peak=b, drain=self.drain, period=self.period,
+                                   packet=float(self.rng.uniform(250, 900)))
         if self.variant == "shaping":
+            st.shaped[dev] = self.drain  # a tbf at the rate the queue drains at
             q["overlimits"] = q.get("overlimits", 0.0) + float(self.rng.poisson(200 + b / 2000))
         q["requeues"] = q.get("requeues", 0.0) + float(self.rng.poisson(5 + b / 1e4))
-        # queueing delay on every egress packet: backlog over the drain rate
+        # queueing delay on every egress packet: at most the peak over the drain rate
         eg = _egress_mask(st, sim, ni)
-        delay = min(0.25, b / max(1e6, self.lerp(3e8, 3e7)))
+        delay = min(0.25, b / self.drain)
         st.fe_ts[eg] = st.fe_ts[eg] + int(delay * 1e9)
 
 
@@ -402,8 +408,10 @@ class NS7(Injector):
         dev = self.node.front
         if self.variant == "qdisc_drops":
             st.qdisc[dev]["drops"] = st.qdisc[dev].get("drops", 0.0) + n_lost
-            st.qdisc[dev]["backlog"] = max(st.qdisc[dev]["backlog"], float(self.rng.uniform(2e4, 6e4)))
-            st.qdisc[dev]["qlen"] = max(st.qdisc[dev]["qlen"], float(self.rng.integers(20, 100)))
+            # a short queue (its limit) that each step's burst overflows and the link drains at once
+            limit = float(self.rng.uniform(2e4, 6e4))
+            st.queue[dev] = QueueTruth(peak=limit, drain=st.notes.get("front_speed", self.c.front_speed),
+                                       period=0.05, packet=limit / float(self.rng.integers(20, 100)))
             # the dropped originals never reached the wire (nor the capture tap)
             keep = np.ones(len(st.fe_flow), bool)
             keep[np.flatnonzero(lost)] = False
@@ -451,7 +459,9 @@ class NS9(Injector):
 
     id = "NS-9"
     target = "nic"
-    variants = ("bulk_egress", "bulk_ingress", "undersized_link")
+    # shaped_link: a tbf/htb on the front port at a fraction of the PHY (a rate limit, a QoS
+    # class); the bulk transfer fills the shaper, not the link (netdev_qdisc_rate_bytes)
+    variants = ("bulk_egress", "bulk_ingress", "undersized_link", "shaped_link")
 
     @classmethod
     def eligible_nodes(cls, c):
@@ -460,6 +470,8 @@ class NS9(Injector):
     def setup(self):
         self.util = self.lerp(0.86, 0.99)
         self.speed = self.c.front_speed if self.variant != "undersized_link" else self.c.front_speed / 4
+        if self.variant == "shaped_link":
+            self.speed = self.c.front_speed * float(self.rng.uniform(0.02, 0.3))
 
     def on_node(self, t0, t1, ni, st, sim):
         if ni != self.ni:
@@ -469,14 +481,19 @@ class NS9(Injector):
         nb = self.speed * self.util * float(self.rng.uniform(0.97, 1.01)) * dt
         npk = nb / 9014  # jumbo frames
         egress = self.variant != "bulk_ingress"
+        # a full link keeps a standing queue: it never drains within a burst's period (the
+        # sawtooth of .qdisc between 30 % and 100 % of its peak)
         if egress:
             _add_net(st, dev, tx_bytes=nb, tx_packets=npk)
-            st.qdisc[dev]["backlog"] = max(st.qdisc[dev]["backlog"], float(self.rng.uniform(2e5, 3e6) * self.s))
-            st.qdisc[dev]["qlen"] = max(st.qdisc[dev]["qlen"], st.qdisc[dev]["backlog"] / 9000)
+            peak = float(self.rng.uniform(2e5, 3e6) * self.s)
+            st.queue[dev] = QueueTruth(peak=peak, drain=self.speed, period=0.7 * peak / self.speed, packet=9000)
             st.qdisc[dev]["requeues"] += float(self.rng.poisson(50))
         else:
             _add_net(st, dev, rx_bytes=nb, rx_packets=npk)
-            st.qdisc[dev]["backlog"] = max(st.qdisc[dev]["backlog"], float(self.rng.uniform(1e4, 2e5) * self.s))
+            peak = float(self.rng.uniform(1e4, 2e5) * self.s)  # the ACKs of the incoming bulk flow
+            st.queue[dev] = QueueTruth(peak=peak, drain=self.speed, period=0.7 * peak / self.speed, packet=1500)
+        if self.variant == "shaped_link":
+            st.shaped[dev] = self.speed
         st.bulk.append({"name": (f"tcp {self.node.front_ip}:50010>10.2.0.9:443" if egress
                                  else f"tcp 10.2.0.9:443>{self.node.front_ip}:50010"),
                         "egress": egress, "bytes": nb, "packets": npk})

@@ -228,6 +228,8 @@ class FlowTable:
         cols["pkt_flow_packets_total"] = st["packets"][rows].astype(float)
         cols["pkt_flow_bytes_total"] = st["bytes"][rows].astype(float)
         cols["pkt_flow_tcp_retransmits_total"] = st["rtx"][rows].astype(float)
+        # the simulator's resends are the faults' losses: no receiver D-SACKs one
+        cols["pkt_flow_tcp_spurious_retransmits_total"] = np.zeros(len(rows))
         cols["pkt_flow_ecn_ce_packets_total"] = st["ecn"][rows].astype(float)
         cols["pkt_flow_start_seconds"] = st["first"][rows] / NS
         cols["pkt_flow_end_seconds"] = st["last"][rows] / NS

@@ -309,8 +309,8 @@ def _cluster_value(k: str, v: Any) -> Any:
             raise ValueError("must be a number in [0.3, 0.98]")
         return float(v)
     if k == "clock":
-        if v not in ("ptp", "ntp"):
-            raise ValueError("one of ptp, ntp")
+        if v not in ("ptp", "ntp", "none"):
+            raise ValueError("one of ptp, ntp, none")
         return v
     if k == "collective_transport":
         if v not in ("roce", "tcp"):

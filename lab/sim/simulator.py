@@ -103,16 +103,24 @@ class Simulation:
                 load = LoadSpec(**{**load.__dict__, "rate": load.rate * 2, "output_median": 1.0, "output_sigma": 0.0,
                                    "output_max": 1})
             self.engines.append(EngineSim(r, c, load, self._rng("engine", r.id)))
-        self.nodes = [NodeSim(c, n, self._rng("node", n.index), self.start) for n in c.nodes]
+        self.nodes = [NodeSim(c, n, self._rng("node", n.index), self.start, self._rng("qdisc", n.index))
+                      for n in c.nodes]
         # each node's clock: an offset from true time (bursts are timestamped with it) and the
         # error bound its time daemon reports (what a summary's clock_sync.max_error_s carries)
         crng = self._rng("clock", 0)
         if c.clock == "ptp":
             self.clock_offset = {n.name: float(crng.normal(0, 2e-6)) for n in c.nodes}
             self.clock_error = {n.name: float(crng.uniform(5e-6, 2e-5)) for n in c.nodes}
-        else:
+        elif c.clock == "ntp":
             self.clock_offset = {n.name: float(crng.normal(0, 4e-4)) for n in c.nodes}
             self.clock_error = {n.name: float(crng.uniform(1e-3, 4e-3)) for n in c.nodes}
+        else:
+            # no time daemon: the kernel reports the clock unsynchronised and keeps no bound
+            # (adjtimex STA_UNSYNC, as on the real-traffic lab's VM: maxerror 16 s). Without
+            # discipline a clock set once at boot drifts by tens of ppm: tens of ms to seconds
+            # between hosts after days; offsets here are drawn from +-2 s.
+            self.clock_offset = {n.name: float(crng.uniform(-2.0, 2.0)) for n in c.nodes}
+            self.clock_error = {n.name: None for n in c.nodes}
         for ns in self.nodes:  # its packet capture timestamps with the node's clock
             ns.clock_offset = self.clock_offset[ns.n.name]
         self.injectors = make_injectors(scenario, c, self._rng("faults", 0), self.start)
@@ -267,7 +275,7 @@ class Simulation:
                     bursts[nd].extend(zip(start[send].tolist(), B[send].tolist()))
                     sil, self._coll_last[nd] = step_silences(
                         self.silence_rng, self._coll_last[nd], start[send], (base + latest)[send], (base + end)[send],
-                        B[send], c.collective_transport)
+                        B[send], c.collective_transport, len(members))
                     self.silences[nd].append(sil)
                     peers = [q for q in members if q != nd]
                     share = 1.0 / (P * len(peers) * 2)

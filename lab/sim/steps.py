@@ -11,10 +11,11 @@ rank, measured in the real-traffic lab (gloo all_reduce over TCP, ``lab/netlab``
 - a **wait** when it joined before the latest member: it sends its first chunk, then hears
   nothing until the latest member's data arrives - a silence ended by received data;
 - **pauses** inside the collective: per step a few silences of a millisecond or two (socket
-  buffers draining, the runtime's poll loop), most ended by data. Real lab, 4 ranks, 290 steps
-  per node: 2.9 pauses per step under 5 ms besides the waits, median 1.8 ms, 90th percentile
-  3.9 ms, 14 % ended by a send. RoCE collectives (NCCL's proxy, 400G) pause for microseconds:
-  a tenth of a millisecond-scale pause per step.
+  buffers draining, the runtime's poll loop), most ended by data. Real lab (the recordings in
+  tests/fixtures/pkt/reallab-gloo): 4 ranks, 3.2-3.5 pauses under 5 ms per step besides the
+  waits, a pair 1.1-1.2 - about 0.57 per chunk exchange of the ring (2 (k - 1) of them) - median
+  2.0 ms, 90th percentile ~3.9 ms, 30 % ended by a send (a pair: 41 %). RoCE collectives (NCCL's proxy, 400G)
+  pause for microseconds: a tenth of a millisecond-scale pause per step.
 
 Bytes a node sends in a step are spread over its active stretches in proportion to their
 length; what it sends after its last pause goes with the next step's compute silence, as the
@@ -28,11 +29,14 @@ import numpy as np
 
 #: the pkt collector's min_silence (its burst_gap default)
 MIN_SILENCE = 0.001
-#: pauses per step inside a collective, by transport (see the module docstring)
-PAUSES = {"tcp": 2.9, "roce": 0.1}
-PAUSE_MEDIAN = 0.0018
-PAUSE_SIGMA = 0.45  # lognormal: q90 / median = exp(1.28 sigma) = 1.8 (real lab: 3.9 / 1.8 ms)
-PAUSE_BY_SEND = 0.14
+#: pauses inside a collective, by transport (see the module docstring): per chunk exchange of a
+#: ring all-reduce for TCP, per step for RoCE
+PAUSES_PER_EXCHANGE = {"tcp": 0.57}
+PAUSES_PER_STEP = {"roce": 0.1}
+PAUSE_MEDIAN = 0.002
+PAUSE_SIGMA = 0.45  # lognormal: q90 / median = exp(1.28 sigma) = 1.8 (real lab: ~3.9 / 2.0 ms)
+PAUSE_BY_SEND = 0.30
+PAUSE_BY_SEND_PAIR = 0.41
 #: the first chunk a member sends on entry before it waits (a ring step: its own shard)
 FIRST_CHUNK = 0.0005
 #: one hop: the latest member's data reaches a waiting peer
@@ -50,11 +54,16 @@ class StepSilences:
 
 
 def step_silences(rng: np.random.Generator, prev_last: float, entry: np.ndarray, latest: np.ndarray,
-                  end: np.ndarray, nbytes: np.ndarray, transport: str = "roce") -> tuple[StepSilences, float]:
-    """Silences of one member over consecutive steps, and its last collective packet (the
-    ``prev_last`` of the next call). ``prev_last`` is NaN before the first step."""
+                  end: np.ndarray, nbytes: np.ndarray, transport: str = "roce",
+                  members: int = 2) -> tuple[StepSilences, float]:
+    """Silences of one member of a ``members``-rank group over consecutive steps, and its last
+    collective packet (the ``prev_last`` of the next call). ``prev_last`` is NaN before the
+    first step."""
     out_e, out_l, out_k, out_b = [], [], [], []
-    lam = PAUSES.get(transport, PAUSES["roce"])
+    if transport in PAUSES_PER_EXCHANGE:
+        lam = PAUSES_PER_EXCHANGE[transport] * 2 * max(1, members - 1)
+    else:
+        lam = PAUSES_PER_STEP.get(transport, PAUSES_PER_STEP["roce"])
     carry = 0.0  # bytes sent after the previous step's last pause
     last = prev_last
     for k in range(len(entry)):
@@ -92,7 +101,7 @@ def step_silences(rng: np.random.Generator, prev_last: float, entry: np.ndarray,
             if gap < MIN_SILENCE:
                 continue
             waited = i == 1 and resume > e
-            by_send = 0 if waited else int(rng.random() < PAUSE_BY_SEND)
+            by_send = 0 if waited else int(rng.random() < (PAUSE_BY_SEND_PAIR if members == 2 else PAUSE_BY_SEND))
             share = B * (segs[i - 1][1] - segs[i - 1][0]) / total
             out_e.append(segs[i][0]), out_l.append(gap), out_k.append(by_send), out_b.append(carry + share)
             carry = 0.0

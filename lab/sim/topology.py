@@ -147,7 +147,7 @@ class Cluster:
     kv_capacity_tokens: int  # per replica
     pkt_ports: str  # "all" | "front" | "rdma"
     dpu: bool = False  # BlueField DPUs with DOCA Telemetry Service scraped by the exporter collector
-    clock: str = "ptp"  # node clock discipline: ptp (ConnectX PHC, ~us) or ntp (~ms)
+    clock: str = "ptp"  # node clock discipline: ptp (ConnectX PHC, ~us), ntp (~ms) or none (unsynced, ~s)
     #: how the TP collectives travel: roce (NCCL over RDMA) or tcp (gloo / NCCL sockets): their
     #: pauses inside a collective differ (lab/sim/steps.py)
     collective_transport: str = "roce"

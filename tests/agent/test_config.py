@@ -61,7 +61,7 @@ def test_spool_and_rule_limit_settings_are_checked_at_load_with_their_position(t
     with pytest.raises(ConfigError) as ei:
         load_config(f, env={})
     msgs = "\n".join(ei.value.problems)
-    assert f"{f}:4:3: spool.fsync 'sometimes': use one of always, interval, never" in msgs
+    assert f"{f}:4:3: spool.fsync must be always, interval or never, got 'sometimes'" in msgs
     assert f"{f}:5:3: spool.memory_bytes must be an integer >= 0" in msgs
     assert f"{f}:6:3: spool.fsync_interval" in msgs
     assert "unknown rule limit 'yaml_deep'" in msgs and "max_duration: bad duration 'forever'" in msgs

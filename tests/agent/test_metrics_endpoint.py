@@ -36,13 +36,27 @@ async def test_metrics_endpoint_serves_what_the_dashboard_needs(nats_server, tmp
     finally:
         stop.set()
         await asyncio.wait_for(task, 20)
-    exposed = set(re.findall(r"^([a-z_]+)(?:\{|\s)", text, re.M))
+    exposed = set(re.findall(r"^([a-z_:]+)(?:\{|\s)", text, re.M))
     wanted = set()
     for panel in json.loads(DASHBOARD.read_text())["panels"]:
-        for target in panel["targets"]:
-            wanted |= {m for m in re.findall(r"\b(skewd_[a-z_]+)", target["expr"])}
+        for target in panel.get("targets", []):  # rows have none
+            wanted |= {m for m in re.findall(r"\b((?:skewd|process)_[a-z_]+)", target["expr"])}
     assert wanted and wanted <= exposed, sorted(wanted - exposed)
-    assert 'skewd_collector_up{collector="gpu",state="absent"} 0.0' in text
+    gpu = next(sl for sl in agent.slots if sl.name == "gpu")  # as this host's probe saw it
+    assert (f'skewd_collector_up{{collector="gpu",state="{gpu.status.availability.value}"}} '
+            f'{1.0 if gpu.active else 0.0}') in text
     assert 'skewd_collector_up{collector="netdev",state="active"} 1.0' in text
     samples = float(re.search(r'^skewd_collector_samples_total\{collector="netdev"\} (\S+)', text, re.M).group(1))
     assert samples > 0
+    # Prometheus conventions: counts that only rise are counters (_total), state values gauges
+    # (prometheus_client >= 0.22 names a counter's family with _total in # TYPE, older without)
+    types = {n.removesuffix("_total"): k for n, k in re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M)}
+    publisher = {k: v for k, v in types.items() if k.startswith("skewd_publisher_")}
+    assert {k for k, v in publisher.items() if v == "gauge"} == {
+        "skewd_publisher_connected", "skewd_publisher_spool_depth", "skewd_publisher_spool_bytes"}
+    assert len([v for v in publisher.values() if v == "counter"]) == 11, publisher
+    for name, kind in types.items():
+        if kind == "counter":
+            assert re.search(rf"^{name}_total(\{{|\s)", text, re.M), name
+    assert re.search(r'^skewd_build_info\{component="agent",python="[\d.]+",version="[^"]+"\} 1\.0$', text, re.M)
+    assert "process_cpu_seconds_total" in text and "process_resident_memory_bytes" in text

@@ -1,6 +1,6 @@
 """The reload poll's snapshot (rule files' mtimes, rules directories' entry counts) taken with
 one scandir per directory equals the one built from ``rule_files`` and pathlib (the reference,
-kept here), so the agent reloads on exactly the same changes."""
+kept here), so the agent reloads on exactly the same changes, in subdirectories too."""
 from __future__ import annotations
 
 import os
@@ -19,9 +19,16 @@ def ref_mtimes(paths: list[str]) -> dict[str, float]:
             out[str(f)] = f.stat().st_mtime
         except OSError:
             out[str(f)] = -1.0
+
+    def count(d: Path, key: str) -> None:
+        out[key] = float(len(list(d.iterdir())))
+        for sub in d.iterdir():
+            if sub.is_dir() and not sub.is_symlink() and not sub.name.startswith("."):
+                count(sub, f"{sub}/")
+
     for p in paths:
         if Path(p).is_dir():
-            out[f"{p}/"] = float(len(list(Path(p).iterdir())))
+            count(Path(p), f"{p}/")
     return out
 
 
@@ -36,6 +43,10 @@ def tree(tmp_path: Path) -> Path:
     (d / "link.yaml").symlink_to(d / "a.yaml")
     (d / "broken.yaml").symlink_to(d / "missing.yaml")
     (d / "dirlink.yml").symlink_to(d / "sub.yaml")
+    (d / "site").mkdir()  # read recursively
+    (d / "site" / "zz.yaml").write_text("rules: []\n")
+    (d / ".git").mkdir()  # hidden: not entered
+    (d / ".git" / "x.yaml").write_text("rules: []\n")
     (tmp_path / "single.yaml").write_text("rules: []\n")
     return tmp_path
 
@@ -43,7 +54,7 @@ def tree(tmp_path: Path) -> Path:
 def test_same_snapshot_as_rule_files(tree: Path, monkeypatch) -> None:
     d = tree / "rules"
     cases = [[str(d)], [str(d) + "/"], [str(d), str(tree / "single.yaml")], [str(tree / "single.yaml")],
-             [str(tree / "missing")], [str(tree / "missing.yaml"), str(d)], [str(d), str(d)], ["/"]]
+             [str(tree / "missing")], [str(tree / "missing.yaml"), str(d)], [str(d), str(d)], [str(d / "site")]]
     for paths in cases:
         assert rule_mtimes(paths) == ref_mtimes(paths), paths
     monkeypatch.chdir(d)
@@ -64,6 +75,9 @@ def test_changes_are_seen_alike(tree: Path) -> None:
     (d / "notes.txt").write_text("")  # not a rule file: only the entry count moves
     assert rule_mtimes(paths) == ref_mtimes(paths)
     assert rule_mtimes(paths) != after
+    after = rule_mtimes(paths)
+    (d / "site" / "new.yaml").write_text("rules: []\n")  # a new file in a subdirectory
+    assert rule_mtimes(paths) == ref_mtimes(paths) and rule_mtimes(paths) != after
 
 
 def test_agent_uses_it(tree: Path) -> None:
@@ -73,3 +87,14 @@ def test_agent_uses_it(tree: Path) -> None:
     cfg = load_config(None, env={}, overrides={"rules": [str(tree / "rules")], "node": "n1"})
     a = Agent(cfg, slots=[])
     assert a._mtimes() == ref_mtimes([str(tree / "rules")])
+
+
+def test_rule_files_recurse_in_path_order_and_name_the_shipped_packs(tree: Path) -> None:
+    from skewd.rules.paths import PACKS
+
+    d = tree / "rules"
+    names = [str(f.relative_to(d)) for f in rule_files([str(d)])]
+    assert names == ["..yaml", ".hidden.yaml", "a.yaml", "b.yml", "h.j.yaml", "link.yaml",
+                     "site/zz.yaml"]
+    assert rule_files(["shipped"]) == rule_files([PACKS]) and len(rule_files(["shipped"])) >= 4
+    assert rule_files(["shipped", str(tree / "single.yaml")])[-1] == tree / "single.yaml"

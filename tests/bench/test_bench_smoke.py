@@ -62,7 +62,7 @@ def test_controller_ingest_reports_controller_and_bare_transport() -> None:
         assert f[f"{side}_latency"]["handled"] > 0
     # 16 agents in TP groups of 8, learned from their labels; counters reported per phase
     assert f["skewd"]["steady"]["tp_groups"] == 2 and f["skewd"]["warm"]["tp_groups"] in (0, 1, 2)
-    assert f["skewd"]["steady"]["cpu_us_per_summary"] >= 0 and f["skewd"]["warm"]["handled"] >= 0
+    assert f["skewd"]["steady"]["cpu_us_per_summary"] > 0
     assert any("goal >= 50,000 summaries/s" in line and "ratio to the bare transport" in line for line in lines)
 
 
@@ -70,16 +70,21 @@ def test_agent_footprint_runs_the_real_agent() -> None:
     lines, f = run("agent_footprint.py", "--minutes", "0.1", "--warmup", "5", "--pkt-interface", "none", "--json")
     assert f is not None
     assert "host" in f["collectors"] and "pkt" not in f["collectors"]
-    assert f["peak_rss_mib"] > 10 and f["cpu_pct"] >= 0
+    assert f["peak_rss_mib"] > 10 and f["cpu_pct"] > 0
     assert f["summaries"] > 0  # the agent published to the benchmark's nats-server
     assert any("dcgm-exporter" in line and "less memory" in line for line in lines)
 
 
-def test_e2e_latency_runs_controller_and_agents() -> None:
-    lines, f = run("e2e_latency.py", "--groups", "1", "--first-onset", "2", "--spread", "0", "--tail", "2", "--json")
+def test_e2e_latency_measures_a_straggler_found_and_remapped() -> None:
+    """The real controller finds the straggler the benchmark's agents report and publishes a
+    remap for it: both latencies are measured (after the rule's own delays), not assumed."""
+    lines, f = run("e2e_latency.py", "--groups", "1", "--first-onset", "3", "--spread", "0", "--tail", "120",
+                   "--json")
     assert f is not None and len(f["groups"]) == 1
     g = f["groups"][0]
-    assert g["culprit"] == "g0n1" and g["onset"] is not None  # the fault was injected
+    assert g["culprit"] == "g0n1" and g["onset"] is not None
+    # EW-1 averages 30 s and holds 15 s (for:), the correlator group_wait 30 s before a remap
+    assert 15 < g["finding_s"] < 90 and g["finding_s"] < g["suggestion_s"] < 120
     assert any("onset -> remap suggestion published" in line for line in lines)
 
 

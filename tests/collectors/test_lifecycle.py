@@ -52,3 +52,34 @@ def test_collector_catalogue_is_its_own_and_well_formed(name):
 def test_all_catalogues_merge_without_conflicts():
     cat = catalogue()
     assert isinstance(cat, Catalogue) and len(cat) > 200
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_probe_holds_nothing(name):
+    """An inactive collector is probed again and again for the agent's life: a probe that kept
+    a socket or file open would leak one per retry."""
+    import os
+
+    cls = collector_class(name)
+    cls("warm-up", CONFIG.get(name, {})).probe()  # first use may import modules, look up libraries
+    c = cls("lifecycle-node", CONFIG.get(name, {}))
+    before = sorted(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        c.probe()
+        after = sorted(os.listdir("/proc/self/fd"))
+        assert after == before, f"{name}.probe() left {len(after) - len(before)} descriptor(s) open"
+    c.stop()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_config_problems_name_the_key(name):
+    """Each collector validates its own settings at config load; a bad value is reported with
+    the collector's key, a good (empty) config has no problem."""
+    cls = collector_class(name)
+    assert cls.config_problems(CONFIG.get(name, {})) == []
+    bad = {"vllm": {"endpoints": ["ftp://x"]}, "exporter": {"targets": [{"url": "http://h:1/m", "mapping": "nope"}]},
+           "host": {"user_hz": 0}, "pkt": {"interface": "lo", "snaplen": 10}, "netdev": {"interfaces": "eth0"},
+           "rdma": {"devices": "mlx5_0"}, "pcie": {"classes": "0x0302"}, "gpu": {"xid_events": "yes"},
+           "nccl": {"dump_dir": "relative/dir"}}[name]
+    problems = cls.config_problems(bad)
+    assert problems and all(p.startswith(f"collectors.{name}") for p in problems), problems

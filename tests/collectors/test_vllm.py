@@ -194,11 +194,37 @@ def test_restart_seen_through_created_even_when_counters_grew():
 
 def test_phase_thresholds_are_configurable():
     th = parse.PhaseThresholds(idle_tokens_per_second=10, prefill_share=0.5)
-    assert parse.phase(4, 5, th) == parse.PHASE_IDLE
-    assert parse.phase(4000, 1500, th) == parse.PHASE_PREFILL
-    assert parse.phase(600, 900, th) == parse.PHASE_DECODE
+    assert parse.phase(4, 5, th, 1.0, 0.0) == parse.PHASE_IDLE
+    # time decides: 0.75 s of prefill, 60 s of decode (busy pages) is decode-heavy whatever the tokens
+    assert parse.phase(4000, 1500, th, 0.75, 60.0) == parse.PHASE_DECODE
+    assert parse.phase(600, 900, th, 9.0, 3.6) == parse.PHASE_PREFILL
+    assert parse.phase(4000, 1500, th, 0.0, 0.0) is None  # working, nothing finished: unknown
     strict = parse.PhaseThresholds(prefill_share=0.8)
+    assert parse.phase(600, 900, strict, 9.0, 3.6) == parse.PHASE_DECODE  # 71 % of the time < 80 %
+    # a release without the time histograms: the token mix, as before
+    assert parse.phase(4000, 1500, th) == parse.PHASE_PREFILL
     assert parse.phase(4000, 1500, strict) == parse.PHASE_DECODE  # 73 % prompt < 80 %
+
+
+def test_two_scrapes_of_a_two_engine_front_end_give_each_engine_its_own_phase_by_time():
+    """Genuine 0.33 pages (make_dp2_pages.py): engine 0 chat-like (prompts 5x the answers),
+    engine 1 summarising (8000-token prompts, 20-token answers)."""
+    one, two = (parse.parse_page(page(V033 / f"dp2-chat-summarize-{i}.prom")) for i in (1, 2))
+    chat, summ = ("llama-3-70b", "0"), ("llama-3-70b", "1")
+    a = parse.derive(one[chat], two[chat], 3.0)
+    b = parse.derive(one[summ], two[summ], 3.0)
+    assert a["vllm_prompt_tokens_per_second"] == pytest.approx(5000)  # 5/6 of its tokens are prompt tokens ...
+    assert a["vllm_phase"] == parse.PHASE_DECODE  # ... yet 0.12 s prefill vs 12 s decode per request
+    assert b["vllm_phase"] == parse.PHASE_PREFILL  # 1.5 s prefill vs 0.6 s decode
+    assert (a["vllm_kv_cache_usage_ratio"], b["vllm_kv_cache_usage_ratio"]) == (0.55, 0.93)
+    assert a["vllm_ttft_p50_seconds"] < 0.25 < 1.0 < b["vllm_ttft_p50_seconds"]
+    # the same page twice: tokens flowed before but nothing now - idle; and a working interval
+    # in which no request finished holds the phase last measured
+    assert parse.derive(two[chat], two[chat], 1.0)["vllm_phase"] == parse.PHASE_IDLE
+    working = parse.Engine(**{**two[chat].__dict__, "counters": {**two[chat].counters,
+                                                                 "generation_tokens": two[chat].counters["generation_tokens"] + 500}})
+    assert parse.derive(two[chat], working, 1.0, last_phase=parse.PHASE_DECODE)["vllm_phase"] == parse.PHASE_DECODE
+    assert "vllm_phase" not in parse.derive(two[chat], working, 1.0)
 
 
 # -- catalogue -----------------------------------------------------------------------------------
@@ -242,7 +268,8 @@ def test_scrapes_idle_busy_saturated_in_sequence(server):
     assert ("engine0", "vllm_phase") not in first  # no rate on the first scrape
     assert busy[("engine0", "vllm_prompt_tokens_per_second")] == pytest.approx(12000 / 2)
     assert busy[("engine0", "vllm_generation_tokens_per_second")] == pytest.approx(4500 / 2)
-    assert busy[("engine0", "vllm_phase")] == parse.PHASE_PREFILL
+    # prompts 2.7x the answers, but 0.05 s prefill against 4 s decode per request: decode by time
+    assert busy[("engine0", "vllm_phase")] == parse.PHASE_DECODE
     assert sat[("engine0", "vllm_prompt_tokens_per_second")] == pytest.approx(1800 / 2)
     assert sat[("engine0", "vllm_phase")] == parse.PHASE_DECODE
     assert sat[("engine0", "vllm_requests_waiting")] == 40

@@ -22,9 +22,10 @@ def page(path: Path) -> str:
 
 class PageServer:
     """Serve one settable Prometheus text page at ``/metrics``; ``status`` other than 200
-    answers with that HTTP error; ``delay`` sleeps before answering (timeouts)."""
+    answers with that HTTP error; ``delay`` sleeps before answering (timeouts). ``port``: listen
+    on that port (an endpoint that starts answering later, as vLLM does once its model loaded)."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self.body = ""
         self.status = 200
         self.delay = 0.0
@@ -57,7 +58,7 @@ class PageServer:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}/metrics"

@@ -39,6 +39,7 @@ class GroupReport:
     last_share: dict[str, float] = field(default_factory=dict)
     missing_share: dict[str, float] = field(default_factory=dict)
     period_s: float = float("nan")
+    unaligned: str = ""
 
 
 def estimate_period(events: Mapping[str, np.ndarray]) -> float:
@@ -232,14 +233,6 @@ class Aligner:
                 ev[n], by[n] = log.window(settled - self.window, settled) if log else (np.empty(0), np.empty(0))
             period = estimate_period(ev)
             w = self.max_skew if period != period else min(self.max_skew, 0.5 * period)
-            steps = align(ev, by, w)
-            vals, rep = group_metrics(steps, live, {n: self.clocks[n].clock_error for n in live}, self.min_fraction)
-            rep.group, rep.watermark, rep.period_s = name, settled, period
-            self.reports[name] = rep
-            for n, v in vals.items():
-                out.setdefault(n, {}).update(v)
-            if steps:
-                stage_steps[name] = np.array([s.first for s in steps if len(s.members) >= max(1, len(live) // 2)])
             rates = {}
             for n in live:
                 if not len(by[n]) or not np.isfinite(by[n]).any():
@@ -248,6 +241,25 @@ class Aligner:
                 rates[n] = float(np.nansum(by[n])) / self.window
             if rates:
                 group_rates[name] = (len(nodes), rates)
+            # two members' clocks may disagree by more than the matching window: no alignment
+            errs = sorted((self.clocks[n].clock_error for n in live), reverse=True)
+            pair_err = errs[0] + (errs[1] if len(errs) > 1 else 0.0)
+            if len(live) >= 2 and pair_err >= w:
+                self.reports[name] = GroupReport(
+                    group=name, watermark=settled, steps=0, spread_median_s=float("nan"), period_s=period,
+                    unaligned=(f"clock error up to {pair_err * 1e3:.1f} ms between two members is not "
+                               f"below the step matching window {w * 1e3:.1f} ms"))
+                for n in live:
+                    out.setdefault(n, {}).update(ctl_aligned_steps=0.0, ctl_clock_error_seconds=self.clocks[n].clock_error)
+                continue
+            steps = align(ev, by, w)
+            vals, rep = group_metrics(steps, live, {n: self.clocks[n].clock_error for n in live}, self.min_fraction)
+            rep.group, rep.watermark, rep.period_s = name, settled, period
+            self.reports[name] = rep
+            for n, v in vals.items():
+                out.setdefault(n, {}).update(v)
+            if steps:
+                stage_steps[name] = np.array([s.first for s in steps if len(s.members) >= max(1, len(live) // 2)])
         for name, (size, rates) in group_rates.items():
             others = [r for g, (sz, rs) in group_rates.items() if g != name and sz == size for r in rs.values()]
             ref = float(np.median(others)) if others else float("nan")

@@ -17,13 +17,20 @@ from skewd.model import Layer
 from .sim import ScriptedGroup, finding, publish_finding
 
 RULES = str(Path(__file__).parent / "rules")
+#: where the test rules' findings hold their culprit measurement (controller/culprit.py)
+CULPRIT_EVIDENCE = {
+    "EW-1-tp-straggler-test": {"measure": "ctl_arrival_lag_excess_seconds", "above": "lag",
+                               "steps": "ctl_aligned_steps", "min_steps": "min_steps"},
+    "EW-9-early-stop-test": {"measure": "ctl_step_missing_ratio", "above": "share"},
+    "EW-3-bytes-skew-test": {"measure": "ctl_collective_bytes_dev_ratio", "above": "dev", "abs": True},
+}
 
 
 def config(url: str, cluster: str, **over: Any) -> ControllerConfig:
     base: dict[str, Any] = {
         "cluster": cluster, "nats": {"servers": url, "reconnect_time_wait": 0.2}, "rules": [RULES],
         "warmup": "3s", "alignment": {"window": "4s"},
-        "correlation": {"group_wait": "8s", "effect_window": "10s"},
+        "correlation": {"group_wait": "8s", "effect_window": "10s", "culprit_evidence": CULPRIT_EVIDENCE},
         "consumer": {"ack_wait": "2s"},
         "topology": {"tp_groups": {"tp0": {"nodes": ["n0", "n1", "n2", "n3"], "model": "m1", "engine": "n0/engine0"}},
                      "models": {"m1": {"max_num_seqs": 256, "max_model_len": 8192}}},
@@ -111,3 +118,45 @@ async def wait_for(pred, timeout: float, what: str, every: float = 0.1):
 
 def dumps(x: Any) -> str:
     return json.dumps(x, indent=1, default=str)[:4000]
+
+
+class Heartbeats:
+    """Scripted agents' summaries at the wall clock's pace (what live agents send every
+    interval, stamped with the real time: the controller checks it against its own clock).
+    ``live`` is the set of nodes that keep talking; remove one to make it fall silent."""
+
+    def __init__(self, nc: Any, cluster: str, nodes: tuple[str, ...] = ("n0", "n1", "n2", "n3"),
+                 every: float = 0.25) -> None:
+        self.nc, self.every = nc, every
+        self.group = ScriptedGroup(nodes=nodes, cluster=cluster, late_s=0.0, t0=float(int(time.time())) - 1)
+        self.live = set(nodes)
+        self.sent: dict[str, int] = {}
+        self._task: asyncio.Task | None = None
+
+    async def beat(self) -> None:
+        """Publish every live node's summaries up to the current second, once each."""
+        g = self.group
+        now_i = int(time.time() - g.t0)
+        for n in sorted(self.live):
+            for i in range(self.sent.get(n, now_i - 1) + 1, now_i + 1):
+                await self.nc.publish(wire.summary_subject(g.cluster, n), g.summary(i, n))
+                self.sent[n] = i
+        await self.nc.flush()
+
+    async def _run(self) -> None:
+        while True:
+            await self.beat()
+            await asyncio.sleep(self.every)
+
+    def start(self) -> "Heartbeats":
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - the connection may be closed
+                pass
+            self._task = None

@@ -1,6 +1,8 @@
 """Scripted agents for controller tests: one TP group whose nodes publish real wire summaries
 (with ``collective_burst_starts``) and findings, and a vLLM front end publishing phase records.
 
+Time starts at the test's own start (``t0``, whole seconds): the controller refuses summaries
+further than ``ingest.max_clock_skew`` from its clock, as it would a node with a broken clock.
 All values are invented for tests (NOTE: not measured on hardware): a 10 Hz collective step,
 ±0.3 ms jitter, one node starting its bursts 8 ms late from ``late_from`` on, per-node summary
 ticks at different phases of the second, and PCIe/NIC rates in a plausible range.
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 import zlib
 from dataclasses import dataclass, field
 
@@ -30,8 +33,12 @@ class ScriptedGroup:
     jitter: float = 0.0003
     clock_error: float = 0.0005
     seed: int = 7
-    t0: float = T0
+    t0: float = field(default_factory=lambda: float(int(time.time())))
     labels: bool = False  # put topology labels in the summaries (agent-declared topology)
+    # a node whose capture lists its bursts in only this share of the steps (it sends every one:
+    # what an agent's burst list looks like when ACKs and control traffic split its steps)
+    sparse_node: str = ""
+    sparse_keep: float = 0.3
     tick_phase: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -51,6 +58,8 @@ class ScriptedGroup:
             lag = self.late_s if node == self.late_node and idx >= self.late_from else 0.0
             r = random.Random(zlib.crc32(f"{self.seed}:{node}:{k}".encode()))
             t = step + lag + r.uniform(-self.jitter, self.jitter)
+            if node == self.sparse_node and r.random() > self.sparse_keep:
+                continue
             if lo < t <= hi:
                 out.append(t)
         return sorted(out)
@@ -95,11 +104,14 @@ class ScriptedGroup:
 
 
 def finding(node: str, rule_id: str, pathology: str, layer: Layer, t: float, cluster: str = "simc",
-            entity: str = "", scope: Scope = Scope.NODE, state: State = State.FIRING) -> Finding:
+            entity: str = "", scope: Scope = Scope.NODE, state: State = State.FIRING,
+            maturity: str = "stable", evidence: dict[str, float | None] | None = None) -> Finding:
+    """A finding as an agent (or the controller) would send it; of a stable rule unless said."""
     return Finding(rule_id=rule_id, pathology=pathology, severity=Severity.WARNING, layer=layer, scope=scope,
                    node=node, entity=entity, state=state, active_at=t - 1.0, evaluated_at=t,
-                   fired_at=t if state is State.FIRING else None, evidence={"v": 1.0},
-                   summary=f"{pathology} on {node}", cluster=cluster)
+                   fired_at=t if state is State.FIRING else None,
+                   evidence={"v": 1.0} if evidence is None else dict(evidence),
+                   summary=f"{pathology} on {node}", cluster=cluster, maturity=maturity)
 
 
 async def publish_finding(js, f: Finding) -> None:

@@ -70,12 +70,27 @@ def test_clock_error_widens_the_tolerance() -> None:
     assert out["c"]["ctl_clock_error_seconds"] == 0.010
 
 
-def test_unsynced_clock_assumes_the_configured_worst_case() -> None:
+def test_unsynced_clocks_are_not_aligned_at_all_and_the_group_says_why() -> None:
+    """Unsynced nodes are assumed off by the configured worst case (50 ms): more than the step
+    matching window, so steps would land in the wrong step on a peer and every member would look
+    late, early or missing. Nothing is measured; the report says why."""
     al = _aligner(unsynced_clock_error=0.05)
     _feed(al, NODES, 12, {"c": 0.030}, synced=False)
     out = al.derive(T0 + 12, {"g": NODES}, {})
-    assert out["c"]["ctl_clock_error_seconds"] == 0.05
-    assert out["c"]["ctl_arrival_lag_excess_seconds"] == 0.0
+    assert out["c"]["ctl_clock_error_seconds"] == 0.05 and out["c"]["ctl_aligned_steps"] == 0.0
+    for n in NODES:
+        assert not {"ctl_arrival_lag_excess_seconds", "ctl_step_missing_ratio",
+                    "ctl_collective_bytes_dev_ratio"} & set(out[n])
+    assert "clock error" in al.reports["g"].unaligned
+
+
+def test_one_unsynced_member_stops_its_groups_alignment_but_not_anothers() -> None:
+    al = _aligner(unsynced_clock_error=0.05)
+    _feed(al, NODES, 12, {"c": 0.030}, synced=True)
+    _feed(al, ("e", "f"), 12, {}, synced=False)
+    out = al.derive(T0 + 12, {"g": NODES, "h": ("e", "f")}, {})
+    assert out["c"]["ctl_arrival_lag_excess_seconds"] > 0.02 and not al.reports["g"].unaligned
+    assert "ctl_arrival_lag_seconds" not in out["e"] and al.reports["h"].unaligned
 
 
 def test_early_stop_node_misses_steps() -> None:

@@ -17,8 +17,10 @@ from skewd.controller.planner import suggestion_key
 from skewd.controller.service import Controller
 from skewd.controller.state import StateStore
 
+from skewd.model import Layer
+
 from .helpers import config, incidents, play, remaps, stored
-from .sim import ScriptedGroup
+from .sim import ScriptedGroup, finding, publish_finding
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -205,3 +207,69 @@ async def test_two_replicas_share_the_work_and_publish_once(nats_server) -> None
         await nc.close()
         await a.stop()
         await b.stop()
+
+
+_EW9_RULES = """required_engine_version: 1
+rules:
+  - id: EW-9-missing-steps-test
+    pathology: EW-9
+    desc: A node sends no burst in most of its TP group's steps (test rule; its threshold is a test choice).
+    scope: tp_group
+    layer: network
+    requires: [ctl_step_missing_ratio]
+    params: {missing: 0.5}
+    expr: ctl_step_missing_ratio > missing
+    for: 3s
+    tags: [MATURITY]
+"""
+
+
+@pytest.mark.parametrize("maturity", ["incubating", "stable"])
+async def test_drops_on_the_faulty_node_stay_its_incident_under_a_missing_steps_claim_on_a_healthy_one(
+        nats_server, tmp_path, maturity) -> None:
+    """Issue 19's real-lab case through the service: qdisc drops on n3 (NS-7, an agent finding)
+    while the controller's own EW-9 rule reads a healthy n1 as missing steps (its capture lists
+    bursts in 30 % of them). Incubating, the claim names nobody (nothing else points at n1) and
+    is listed as refused; even a stable claim that names n1 never takes n3's drops in as a
+    victim's: the NS-7 incident is published on n3 and never inhibited."""
+    url, cluster = nats_server.url, f"direct-{maturity}"
+    rules = tmp_path / "ew9.yaml"
+    rules.write_text(_EW9_RULES.replace("MATURITY", maturity))
+    ctl = Controller(config(url, cluster, rules=[str(rules)], correlation={
+        "group_wait": "4s", "effect_window": "10s",
+        "culprit_evidence": {"EW-9-missing-steps-test": {"measure": "ctl_step_missing_ratio", "above": "missing"}}}))
+    await asyncio.wait_for(ctl.start(), 30)
+    nc = await nats.connect(url)
+    try:
+        g = ScriptedGroup(cluster=cluster, late_s=0.0, sparse_node="n1")
+        js = nc.jetstream()
+        for i in range(30):
+            for n in g.nodes:
+                await nc.publish(wire.summary_subject(cluster, n), g.summary(i, n))
+            if i == 6:  # the drops start before the controller could say anything about steps
+                await publish_finding(js, finding("n3", "NS-7-egress-drops", "NS-7", Layer.NETWORK, g.t0 + i,
+                                                  cluster=cluster, entity="eth0"))
+            await nc.flush()
+            await asyncio.sleep(0.03)
+        await asyncio.sleep(1.5)
+        claims = [f for f in ctl.correlator.findings.values() if f.rule_id == "EW-9-missing-steps-test"
+                  and f.state.value == "firing"]
+        assert [f.node for f in claims] == ["n1"], ctl.status()
+        assert claims[0].evidence["culprit_measure"] > 0.5 and claims[0].evidence["culprit_bar"] == 0.5
+        shown = await incidents(url, cluster)
+        ns7 = [i for i in shown if i.pathology == "NS-7"]
+        assert ns7 and {i.culprit.node for i in ns7} == {"n3"}, [i.summary for i in shown]
+        assert all(i.state == "open" for i in ns7), [(i.state, i.inhibited_by) for i in ns7]
+        ew9 = [i for i in shown if i.pathology == "EW-9"]
+        refused = ctl.status()["correlation"]["culprit_claims_refused"]
+        if maturity == "incubating":
+            assert not ew9 and [r["node"] for r in refused] == ["n1"]
+            assert "nothing else points at n1" in refused[0]["reason"]
+            assert not [s for s in await remaps(url, cluster) if s.culprit and s.culprit.node == "n1"]
+        else:
+            assert ew9 and {i.culprit.node for i in ew9} == {"n1"} and not refused
+            assert all(f.id not in i.inhibited for i in ew9 for f in ctl.correlator.findings.values()
+                       if f.pathology == "NS-7")
+    finally:
+        await nc.close()
+        await ctl.stop()

@@ -31,8 +31,15 @@ def _corr(values: dict[tuple[str, str], float] | None = None, cfg=None) -> Corre
                       inhibit_rules=cfg.inhibit_rules)
 
 
-def _straggler(t: float = 100.0):
-    f = finding("n2", "EW-1-x", "EW-1", Layer.NETWORK, t, cluster="c", scope=Scope.TP_GROUP)
+#: a straggler claim whose own evidence singles its node out (controller/culprit.py): 8 ms late
+#: beyond the clocks' error against a 2 ms bar, over 300 aligned steps (invented test values)
+NAMES_N2 = {"culprit_measure": 0.008, "culprit_bar": 0.002, "culprit_steps": 300.0, "culprit_min_steps": 20.0}
+
+
+def _straggler(t: float = 100.0, node: str = "n2", maturity: str = "stable", evidence=None, rule: str = "EW-1-x",
+               pathology: str = "EW-1"):
+    f = finding(node, rule, pathology, Layer.NETWORK, t, cluster="c", scope=Scope.TP_GROUP, maturity=maturity,
+                evidence=NAMES_N2 if evidence is None else evidence)
     f.labels = {"tp_group": "tp0"}
     return f
 
@@ -118,8 +125,7 @@ def test_planner_host_cause_gives_the_concrete_command_and_skew_gives_rebalance(
     (inc,) = c.correlate(101.0)
     s = Planner(cfg).plan(inc, 200.0)
     assert s.actions[0].type is M.ActionType.HOST_TUNING and s.actions[0].command == "tuned-adm profile network-latency"
-    skew = finding("n2", "EW-3-x", "EW-3", Layer.NETWORK, 100.0, cluster="c", scope=Scope.TP_GROUP)
-    skew.labels = {"tp_group": "tp0"}
+    skew = _straggler(rule="EW-3-x", pathology="EW-3")
     c2 = _corr(cfg=cfg)
     c2.observe(skew)
     (inc2,) = c2.correlate(101.0)
@@ -340,8 +346,7 @@ def test_a_lossy_or_congested_port_explains_the_straggler_and_missing_steps_it_n
     c = _corr()
     for n in ("n0", "n1", "n3"):
         c.observe(finding(n, "EW-4-x", "EW-4", Layer.NETWORK, 100.0, cluster="c", scope=Scope.CLUSTER))
-    gone = finding("n3", "EW-9-x", "EW-9", Layer.NETWORK, 101.0, cluster="c", scope=Scope.TP_GROUP)
-    gone.labels = {"tp_group": "tp0"}
+    gone = _straggler(101.0, node="n3", rule="EW-9-x", pathology="EW-9")
     c.observe(gone)
     incs = {i.pathology: i for i in c.correlate(102.0) if i.state == "open"}
     assert set(incs) == {"EW-4"} and incs["EW-4"].inhibited == [gone.id]

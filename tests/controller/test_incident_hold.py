@@ -141,6 +141,8 @@ def test_a_restart_during_the_hold_resumes_it_with_the_same_id_and_deadline() ->
     loop = asyncio.new_event_loop()
     loop.run_until_complete(ctl2._restore())
     loop.close()
+    assert ctl2.status()["nodes"]["not_heard_since_restart"] == ["n0"]
+    assert ctl2._heard("n0")  # n0's agent is alive: its next summary (a dead one's: see test_silent_nodes)
     _run(ctl2, 105.0, 100.0 + WAIT - 1)
     assert _shown(ctl2) == []  # still held: the hold counts from the original opening
     _run(ctl2, 100.0 + WAIT, 110.0)
@@ -154,6 +156,7 @@ def test_a_restart_during_the_hold_resumes_it_with_the_same_id_and_deadline() ->
     loop = asyncio.new_event_loop()
     loop.run_until_complete(ctl4._restore())
     loop.close()
+    ctl4._heard("n0")
     _run(ctl4, 204.0, 230.0, {204.0: [_stall(204.0)]})
     assert [i.pathology for i in _shown(ctl4)] == ["GPU-3"]
 
@@ -167,10 +170,13 @@ def test_a_restart_after_publication_keeps_it_published() -> None:
     loop.run_until_complete(ctl2._restore())
     loop.close()
     assert not ctl2.correlator.is_held(M.incident_from_dict(json.loads(M.encode(inc))))
-    # the restarted controller publishes the incident again at once (same id and digest: the
-    # stream's Nats-Msg-Id drops the copy), then its resolution
-    _run(ctl2, 111.0, 112.0, {112.0: [_resolved(_erosion(100.0), 112.0)]})
-    assert [(i.id, i.state) for i in _shown(ctl2)] == [(inc.id, "open"), (inc.id, "resolved")]
+    # the restarted controller does not announce it again before it has heard from its node
+    # (a dead node's trouble must not be re-announced: test_silent_nodes); then its resolution
+    _run(ctl2, 111.0, 111.0)
+    assert _shown(ctl2) == []
+    ctl2._heard("n0")  # what taking in its next summary or finding does
+    _run(ctl2, 112.0, 112.0, {112.0: [_resolved(_erosion(100.0), 112.0)]})
+    assert [(i.id, i.state) for i in _shown(ctl2)] == [(inc.id, "resolved")]
 
 
 def _stall_resolved(t: float) -> Finding:

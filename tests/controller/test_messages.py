@@ -63,8 +63,8 @@ def test_incident_digest_ignores_drifting_numbers_but_not_membership() -> None:
 @pytest.mark.parametrize("mutate,error", [
     (lambda d: d.pop("key"), "remap: missing field 'key'"),
     (lambda d: d["actions"][0].update(type="teleport"), "field 'type' is 'teleport', not one of"),
-    (lambda d: d["actions"][0].update(confidence="high"), "field 'confidence' must be a number"),
-    (lambda d: d["actions"][0]["params"].update(x=[1]), "must be a number or a string"),
+    (lambda d: d["actions"][0].update(confidence="high"), "field 'confidence' must be a finite number"),
+    (lambda d: d["actions"][0]["params"].update(x=[1]), "must be a finite number or a string"),
     (lambda d: d.update(evidence="f1"), "field 'evidence' must be a list"),
     (lambda d: d.update(kind="incident"), "expected a remap message"),
 ])
@@ -91,7 +91,17 @@ def test_subjects_and_phase_classification() -> None:
     assert M.reply_subject("prod.eu") == "skewd.v1.remap_reply.prod%2Eeu"
     assert M.incident_subject("c") == "skewd.v1.incident.c"
     assert not M.INCIDENTS_STREAM.subjects[0].startswith("skewd.v1.remap.")
-    assert M.classify_steps(0, 0) is M.Phase.IDLE
-    assert M.classify_steps(2048, 16) is M.Phase.PREFILL
-    assert M.classify_steps(0, 16) is M.Phase.DECODE
+    def step(ctx_reqs: int, ctx: int, gen_reqs: int, gen: int, elapsed: float | None = 0.03) -> M.StepStat:
+        return M.StepStat(t=0.0, index=0, ctx_reqs=ctx_reqs, ctx_tokens=ctx, gen_reqs=gen_reqs, gen_tokens=gen,
+                          elapsed_s=elapsed, running=ctx_reqs + gen_reqs, waiting=0, kv_usage_ratio=0.5)
+
+    assert M.classify_steps([]) is M.Phase.IDLE and M.classify_steps([step(0, 0, 0, 0)]) is M.Phase.IDLE
+    assert M.classify_steps([step(4, 2048, 0, 0, 0.04)]) is M.Phase.PREFILL
+    assert M.classify_steps([step(0, 0, 16, 16)]) is M.Phase.DECODE
+    # chat-like: a 2048-token prompt chunk beside 31 decoding requests, then pure decode steps - the
+    # token mix is mostly prompt (2048 vs 31 + 5 x 32) but the requests spend their time decoding
+    chat = [step(1, 2048, 31, 31, 0.05)] + [step(0, 0, 32, 32) for _ in range(5)]
+    assert M.classify_steps(chat) is M.Phase.DECODE
+    # summarising: most running requests are still in (chunked) prefill
+    assert M.classify_steps([step(6, 4096, 2, 2, 0.2), step(6, 4096, 2, 2, None)]) is M.Phase.PREFILL
     assert [p.code for p in M.Phase] == [0, 1, 2] and M.Phase.from_code(2.0) is M.Phase.PREFILL

@@ -17,7 +17,7 @@ from skewd.controller import client
 from skewd.controller import messages as M
 from skewd.controller.state import StateStore
 
-from .helpers import RULES, incidents, play, remaps, wait_for
+from .helpers import CULPRIT_EVIDENCE, RULES, incidents, play, remaps, wait_for
 from .sim import ScriptedGroup
 
 pytestmark = pytest.mark.timeout(240)
@@ -27,7 +27,8 @@ def _config_file(tmp: Path, url: str, cluster: str) -> Path:
     doc = {
         "cluster": cluster, "controller_id": f"{cluster}-proc", "nats": {"servers": url, "reconnect_time_wait": 0.2},
         "rules": [RULES], "warmup": "3s", "alignment": {"window": "4s"},
-        "correlation": {"group_wait": "8s", "effect_window": "10s"}, "consumer": {"ack_wait": "2s"},
+        "correlation": {"group_wait": "8s", "effect_window": "10s", "culprit_evidence": CULPRIT_EVIDENCE},
+        "consumer": {"ack_wait": "2s"},
         "topology": {"tp_groups": {"tp0": {"nodes": ["n0", "n1", "n2", "n3"], "model": "m1", "engine": "n0/engine0"}},
                      "models": {"m1": {"max_num_seqs": 256}}},
     }

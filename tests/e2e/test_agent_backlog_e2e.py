@@ -3,12 +3,18 @@ collector, the shipped rule packs (tuned by a site override), the agent's evalua
 a real nats-server. The egress-backlog rule (NS-5) must fire and reach a NATS subscriber with
 its evidence; a broken rule file dropped in while running must be rejected with its position
 while the previous rules keep firing.
+
+The sender sends a burst every half second that the shaper drains in about 0.3 s: a queue that
+fills and drains, on a port sending at ~60 % of its shaping rate (a port sending at its shaping
+rate with a full queue is NS-9's). ``SKEWD_TEST_NETNS_PREFIX`` / ``SKEWD_TEST_NET`` (three
+octets) move the namespaces' names and subnet on a shared host.
 """
 from __future__ import annotations
 
 import asyncio
 import os
 import shutil
+import socket
 import threading
 import time
 
@@ -32,6 +38,9 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="creating network namespaces needs root"),
 ]
 
+NS_PREFIX = os.environ.get("SKEWD_TEST_NETNS_PREFIX", "skwe2e-")
+NET = os.environ.get("SKEWD_TEST_NET", "10.213.9")
+
 SITE = """\
 required_engine_version: 1
 rules:
@@ -47,7 +56,7 @@ BAD = "required_engine_version: 1\nrules:\n  - id: BROKEN\n    pathology: NS-5\n
 @pytest.fixture
 def veth():
     tag = f"{os.getpid() % 100000}"
-    ns_a, ns_b = f"skwe2e-{tag}-a", f"skwe2e-{tag}-b"
+    ns_a, ns_b = f"{NS_PREFIX}{tag}-a", f"{NS_PREFIX}{tag}-b"
     if_a, if_b = f"skwea{tag}", f"skweb{tag}"
     netns.create(ns_a)
     netns.create(ns_b)
@@ -56,11 +65,11 @@ def veth():
             ia.link("add", ifname=if_a, kind="veth", peer={"ifname": if_b, "net_ns_fd": ns_b})
             a = ia.link_lookup(ifname=if_a)[0]
             b = ib.link_lookup(ifname=if_b)[0]
-            ia.addr("add", index=a, address="10.213.9.1", prefixlen=24)
-            ib.addr("add", index=b, address="10.213.9.2", prefixlen=24)
+            ia.addr("add", index=a, address=f"{NET}.1", prefixlen=24)
+            ib.addr("add", index=b, address=f"{NET}.2", prefixlen=24)
             ia.link("set", index=a, state="up")
             ib.link("set", index=b, state="up")
-            # 2 mbit/s with a second of queue: a faster sender keeps ~100 kB waiting
+            # 2 mbit/s (250 kB/s) with a second of queue
             ia.tc("add", "tbf", a, 0x10000, rate="2mbit", burst=3000, latency="1s")
         yield ns_a, ns_b, if_a
     finally:
@@ -72,17 +81,19 @@ def veth():
 
 
 def blast(ns: str, stop: threading.Event) -> None:
-    """~8 Mbit/s of 1000-byte UDP datagrams from inside ``ns`` until stopped."""
+    """75 datagrams of 1000 bytes at once every 0.5 s from inside ``ns`` until stopped: ~78 kB
+    that the 250 kB/s shaper drains in ~0.3 s, ~60 % of its rate."""
     s = socket_in_netns(ns)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)  # the whole burst reaches the qdisc
     payload = b"x" * 1000
     try:
         while not stop.is_set():
-            for _ in range(10):
+            for _ in range(75):
                 try:
-                    s.sendto(payload, ("10.213.9.2", 9))
+                    s.sendto(payload, (f"{NET}.2", 9))
                 except OSError:
-                    pass  # ENOBUFS when the qdisc is full: that is the fault we want
-            time.sleep(0.01)
+                    pass
+            time.sleep(0.5)
     finally:
         s.close()
 
@@ -134,7 +145,7 @@ async def test_tbf_backlog_fires_ns5_over_nats_and_bad_reload_keeps_old_rules(ve
         assert got, f"NS-5 never fired; received {[(f.rule_id, f.state.value) for f in received]}"
         f = got[0]
         assert f.node == "e2e-node" and f.entity == if_a and f.cluster == "e2e" and f.layer.value == "network"
-        backlog = f.evidence["p50(netdev_qdisc_backlog_bytes, window)"]
+        backlog = f.evidence["p50(netdev_qdisc_backlog_max_bytes, window)"]
         assert backlog is not None and backlog > 8000 and f.params["backlog_bytes"] == 8000
         assert "tc -s qdisc" in f.mitigation
 

@@ -122,3 +122,17 @@ faults:
     assert stalls[0]["published_at"] >= stalls[0]["opened_at"] + 30.0
     # every incident counted was published; none was counted twice
     assert len({i["id"] for i in r.opened}) == len(r.opened)
+
+
+def test_a_table_on_tuning_seeds_is_refused_and_the_default_seeds_were_never_tuned_on(tmp_path):
+    """Honest evaluation: the table is written from seeds no rule tuning looked at."""
+    det = _bench()
+    ledger = det.seed_ledger()
+    assert set(ledger["tuning"]).isdisjoint(ledger["evaluation"])
+    a = det.parse_args([])
+    assert a.seed_base == min(ledger["evaluation"]) and not det.tuned_seeds_used(range(a.seed_base, a.seed_base + 3))
+    out = tmp_path / "d.md"
+    rc = det.main(["--scenario", "healthy-dp", "--seeds", "1", "--healthy-seeds", "1", "--seed-base",
+                   str(ledger["tuning"][0]), "--out", str(out)])
+    assert rc == 2 and not out.exists()
+    assert det.main(["--tuning", "--scenario", "healthy-dp", "--out", str(out)]) == 2 and not out.exists()

@@ -47,7 +47,7 @@ def _during(arr, a, b):
 
 
 @pytest.mark.parametrize("pid,shape,signal,counter", [
-    ("NS-5", "dp", "netdev_qdisc_backlog_bytes", False),
+    ("NS-5", "dp", "netdev_qdisc_backlog_max_bytes", False),
     ("GPU-5", "dp", "gpu_clocks_event_reasons", False),
     ("EW-6", "tp", "rdma_port_out_of_sequence_total", True),
     ("GPU-6", "dp", "pcie_gpu_replays_total", True),

@@ -132,3 +132,51 @@ def test_unreadable_path_is_reported(cat, tmp_path):
     res = load_rules([tmp_path / "missing.yaml"], cat)
     [i] = res.issues
     assert i.code is Code.IO and "missing.yaml" in str(i)
+
+
+STRING_PARAMS = """\
+required_engine_version: 1
+rules:
+  - id: PORT-RX
+    pathology: custom-port-rx
+    scope: rdma_port
+    layer: network
+    params: {{port: {port}, window: {window}, limit: 0}}
+    expr: entity == port and rate(rdma_port_xmit_bytes_total, window) > limit
+"""
+
+
+def test_string_params_are_strings_and_durations_where_used_as_one(cat, tmp_path):
+    from skewd.model import BatchBuilder
+    from skewd.rules.engine import Engine
+    from skewd.rules.store import WindowStore
+
+    f = tmp_path / "r.yaml"
+    f.write_text(STRING_PARAMS.format(port="mlx5_1/1", window="30s"))
+    res = load_rules([f], cat)
+    assert res.ok, [str(i) for i in res.issues]
+    # the string picks its port: only mlx5_1/1 fires, mlx5_0/1 carries the same traffic
+    eng = Engine(res.ruleset, WindowStore(cat))
+    b = BatchBuilder("n1")
+    for i in range(10):
+        for port in ("mlx5_0/1", "mlx5_1/1"):
+            b.add(100.0 + i, port, "rdma_port_xmit_bytes_total", 1000.0 * i)
+    eng.store.ingest(b.build())
+    fired = {x.entity for x in eng.evaluate(109.0)}
+    assert fired == {"mlx5_1/1"}
+    # a bare number string is a duration in seconds, as everywhere else
+    f.write_text(STRING_PARAMS.format(port="mlx5_1/1", window="'30'"))
+    assert load_rules([f], cat).ok
+
+
+def test_a_string_param_used_as_a_duration_must_parse(cat, tmp_path):
+    f = tmp_path / "r.yaml"
+    f.write_text(STRING_PARAMS.format(port="mlx5_1/1", window="5 minutes"))
+    res = load_rules([f], cat)
+    assert [i.code for i in res.issues] == [Code.BAD_DURATION]
+    assert "param window: bad duration '5 minutes'" in str(res.issues[0])
+    # used as a number, a string says so
+    f.write_text(STRING_PARAMS.format(port="mlx5_1/1", window="1m").replace("limit: 0", "limit: lots"))
+    res = load_rules([f], cat)
+    assert [i.code for i in res.issues] == [Code.WRONG_TYPE]
+    assert "param limit is the string 'lots'" in str(res.issues[0])
