@@ -123,19 +123,27 @@ DEFAULT_LIMITS = BundleLimits()
 
 def _depth_ok(doc: Any, limit: int) -> bool:
     """True when ``doc`` nests at most ``limit`` containers deep (iterative: the point is to
-    refuse what recursive walks, json.dumps and deepcopy among them, would choke on)."""
-    stack = [(doc, 1)]
-    while stack:
-        node, d = stack.pop()
-        if isinstance(node, dict):
-            if d > limit:
-                return False
-            stack.extend((v, d + 1) for v in node.values())
-        elif isinstance(node, list):
-            if d > limit:
-                return False
-            stack.extend((v, d + 1) for v in node)
+    refuse what recursive walks, json.dumps and deepcopy among them, would choke on). Walks
+    level by level and only through containers: every index line passes through here."""
+    level = [doc] if isinstance(doc, (dict, list)) else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return False
+        nxt: list[Any] = []
+        for node in level:
+            nxt.extend(v for v in (node.values() if isinstance(node, dict) else node) if isinstance(v, (dict, list)))
+        level = nxt
     return True
+
+
+def _few_brackets(raw: bytes | str, limit: int) -> bool:
+    """True when ``raw`` holds at most ``limit`` opening brackets: then its JSON cannot nest
+    deeper than ``limit`` (a cheap exit before :func:`_depth_ok` walks the document)."""
+    if isinstance(raw, str):
+        return raw.count("[") + raw.count("{") <= limit
+    return raw.count(b"[") + raw.count(b"{") <= limit
 
 
 def loads_bounded(raw: bytes | str, depth: int) -> Any:
@@ -145,7 +153,7 @@ def loads_bounded(raw: bytes | str, depth: int) -> Any:
         doc = json.loads(raw, parse_constant=_no_constant)
     except RecursionError:
         raise ValueError(f"JSON nested deeper than {depth} levels") from None
-    if not _depth_ok(doc, depth):
+    if not _few_brackets(raw, depth) and not _depth_ok(doc, depth):
         raise ValueError(f"JSON nested deeper than {depth} levels")
     return doc
 
@@ -156,7 +164,7 @@ def loads_bounded_lenient(raw: bytes | str, depth: int) -> Any:
         doc = json.loads(raw)
     except RecursionError:
         raise ValueError(f"JSON nested deeper than {depth} levels") from None
-    if not _depth_ok(doc, depth):
+    if not _few_brackets(raw, depth) and not _depth_ok(doc, depth):
         raise ValueError(f"JSON nested deeper than {depth} levels")
     return doc
 
