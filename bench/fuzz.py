@@ -17,8 +17,9 @@ CRCs so the content, not the checksum, is what is wrong).
 Every input is derived from (target, --seed, its index) alone, so a finding reproduces from its
 index. Per target the harness counts inputs, exceptions of the parser's *documented* error
 type (handled), anything else (unhandled: a bug; the input is saved under ``--out/crashes``),
-hangs (an input running longer than ``--timeout``: interrupted by SIGALRM, or killed by the
-watchdog when stuck in C code), and the worker's peak RSS. Workers run under an address-space
+hangs (an input using more than ``--timeout`` seconds of CPU: interrupted by SIGPROF, or killed
+by the watchdog when stuck in C code), and the worker's peak RSS. Hangs are measured in CPU
+time, not wall time, so a worker starved by a busy machine is not mistaken for one. Workers run under an address-space
 cap (``--memory``) so a memory bomb shows up as a MemoryError instead of taking the machine.
 
 Exit status: 0 when no target had an unhandled exception or a hang, 1 otherwise.
@@ -1150,11 +1151,21 @@ SETUP_FAILED = 3
 
 
 class Hang(BaseException):
-    """Raised by SIGALRM inside an input that ran past the per-input timeout."""
+    """Raised by SIGPROF inside an input that used more CPU time than the per-input timeout."""
 
 
 def _on_alarm(signum: int, frame: Any) -> None:
     raise Hang()
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (0.0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _where(tb: Any) -> str:
@@ -1235,7 +1246,15 @@ def worker(name: str, shard: int, part: int, seed: int, start: int, stop: int, d
         os._exit(SETUP_FAILED)
     st = Stats(name, shard, part, first_index=start, next_index=start,
                baseline_rss_kb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
-    signal.signal(signal.SIGALRM, _on_alarm)
+    # CPU time, not wall time: on a machine shared with other work a starved worker is not a hang
+    signal.signal(signal.SIGPROF, _on_alarm)
+    signal.setitimer(signal.ITIMER_PROF, 10 * timeout)
+    try:  # first use: lazy imports and caches, not counted as an input
+        t.run(ctx, t.make(ctx, random.Random(f"{name}:warm-up")))
+    except BaseException:  # noqa: BLE001 - the input's outcome does not matter here
+        pass
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
     t0 = time.monotonic()
     last_write = t0
     try:
@@ -1245,26 +1264,26 @@ def worker(name: str, shard: int, part: int, seed: int, start: int, stop: int, d
             data = t.make(ctx, random.Random(f"{name}:{seed}:{i}"))
             progress.value = i
             began = time.perf_counter()
-            signal.setitimer(signal.ITIMER_REAL, timeout)
+            signal.setitimer(signal.ITIMER_PROF, timeout)
             try:
                 t.run(ctx, data)
             except expected:
                 st.handled += 1
             except Hang:
                 st.hangs += 1
-                _record(st, outp, f"hang: > {timeout:g}s", {"type": "Hang", "message": f"input ran > {timeout:g}s",
+                _record(st, outp, f"hang: > {timeout:g}s CPU", {"type": "Hang", "message": f"input used > {timeout:g}s of CPU",
                                                             "where": "", "index": i}, data)
             except (KeyboardInterrupt, SystemExit):
                 raise
             except BaseException as e:  # noqa: BLE001 - every other exception is what we are looking for
-                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.setitimer(signal.ITIMER_PROF, 0)
                 where = _where(e.__traceback__)
                 st.unhandled += 1
                 _record(st, outp, f"{type(e).__name__} at {where}",
                         {"type": type(e).__name__, "message": str(e)[:300], "where": where, "index": i,
                          "traceback": "".join(traceback.format_exception(e))[-6000:]}, data)
             finally:
-                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.setitimer(signal.ITIMER_PROF, 0)
             st.slowest_s = max(st.slowest_s, time.perf_counter() - began)
             st.inputs += 1
             st.next_index = i + 1
@@ -1295,8 +1314,9 @@ class Job:
 
 def run_jobs(jobs: list[Job], procs: int, seed: int, timeout: float, out: Path, memory: int,
              log: Callable[[str], None]) -> None:
-    """Run jobs ``procs`` at a time, each in its own process. A worker stuck (in C code, where
-    SIGALRM cannot interrupt) for 5x the timeout is killed and its input recorded as a hang; a
+    """Run jobs ``procs`` at a time, each in its own process. A worker stuck on one input (in C
+    code, where SIGPROF cannot interrupt) for 5x the timeout of CPU time, or 60x of wall time,
+    is killed and its input recorded as a hang; a
     worker that dies (a crash in C, the kernel's OOM killer) has its input recorded as
     unhandled. Either way the job continues after that input in a new process."""
     ctx = mp.get_context("fork")
@@ -1310,7 +1330,7 @@ def run_jobs(jobs: list[Job], procs: int, seed: int, timeout: float, out: Path, 
             p = ctx.Process(target=worker, args=(j.target, j.shard, j.part, seed, j.start, j.stop, j.deadline,
                                                  timeout, str(out), memory, progress), daemon=True)
             p.start()
-            running.append([j, p, progress, -1, time.monotonic()])
+            running.append([j, p, progress, -1, (time.monotonic(), _cpu_seconds(p.pid))])
         time.sleep(0.2)
         still = []
         for item in running:
@@ -1328,14 +1348,15 @@ def run_jobs(jobs: list[Job], procs: int, seed: int, timeout: float, out: Path, 
                         pending.insert(0, Job(j.target, j.shard, j.part + 1, cur + 1, j.stop, j.deadline))
                 continue
             if cur != last:
-                item[3], item[4] = cur, time.monotonic()
+                item[3], item[4] = cur, (time.monotonic(), _cpu_seconds(p.pid))
                 still.append(item)
                 continue
-            if time.monotonic() - since > grace:
+            cpu = _cpu_seconds(p.pid) - since[1]
+            if cpu > grace or time.monotonic() - since[0] > 12 * grace:
                 p.kill()
                 p.join()
-                _killed(out, j, cur, f"hang: stuck > {grace:g}s in native code (killed by the watchdog)", hang=True)
-                log(f"  {j.target}#{j.shard}: input {cur} stuck > {grace:g}s: killed, recorded as a hang")
+                _killed(out, j, cur, f"hang: stuck > {grace:g}s CPU in native code (killed by the watchdog)", hang=True)
+                log(f"  {j.target}#{j.shard}: input {cur} stuck ({cpu:.0f}s CPU): killed, recorded as a hang")
                 if cur + 1 < j.stop and time.time() < j.deadline:
                     pending.insert(0, Job(j.target, j.shard, j.part + 1, cur + 1, j.stop, j.deadline))
                 continue
