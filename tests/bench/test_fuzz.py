@@ -17,19 +17,7 @@ import fuzz  # noqa: E402
 pytestmark = pytest.mark.timeout(180)
 SECONDS = 4
 
-#: a target whose fixes belong to another part of issue 21 (skewd/wire.py's decoders): the run
-#: still happens and must fail until those land, then this mark must go (strict)
-OTHERS = {"wire": "skewd/wire.py decoders raise RecursionError/OverflowError/AttributeError on hostile "
-                  "messages; fixed with the controller's ingestion work of issue 21"}
-
-
-def _param(name: str):
-    if name in OTHERS:
-        return pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=OTHERS[name]))
-    return name
-
-
-@pytest.mark.parametrize("target", [_param(t) for t in fuzz.TARGETS])
+@pytest.mark.parametrize("target", list(fuzz.TARGETS))
 def test_short_fuzz_run_finds_no_unhandled_exception(target: str, tmp_path: Path) -> None:
     p = subprocess.run([sys.executable, str(BENCH / "fuzz.py"), "--targets", target, "--seconds", str(SECONDS),
                         "--procs", "1", "--out", str(tmp_path), "--json"], capture_output=True, text=True, timeout=170)
