@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("skewd.agent.metrics")
 
 #: publisher values that go down as well as up (everything else it reports is a count)
-PUBLISHER_GAUGES = frozenset({"connected", "spool_depth", "spool_bytes"})
+PUBLISHER_GAUGES = frozenset({"connected", "spool_depth", "spool_bytes",
+                              "spool_in_memory", "spool_degraded"})  # held in memory now; 1 while the disk refuses
 
 
 class AgentMetrics:
