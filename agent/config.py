@@ -81,6 +81,11 @@ KEY_DOCS: dict[str, str | tuple[str, str]] = {
     "proc_root": "where the host's `/proc` is mounted (`/host/proc` in a container)",
     "rules": ("`[shipped]`", "rule files and directories, read in order (directories recursively); the word "
               "`shipped` names the packs installed with skewd, e.g. `[shipped, /etc/skewd/site-rules.yaml]`"),
+    "rule_limits": ("each budget's own (docs/reliability.md)",
+                    "budgets for reading rule files, e.g. `{yaml_depth: 64, file_bytes: 262144}`: `file_bytes`, "
+                    "`yaml_depth`, `yaml_alias_ratio`, `yaml_nodes`, `rules`, `expr_chars`, `expr_depth`, "
+                    "`expr_nodes`, `max_integer`, `max_duration`; a file past one is refused with E019/E020 at its "
+                    "line and the old rules keep running"),
     "reload.watch": "re-read the rule files when they change on disk (SIGHUP always does)",
     "reload.poll_interval": "how often the rule files' modification times are compared",
     "reprobe.min_interval": "first wait before an inactive collector (absent, unavailable, needing an operator) "
@@ -95,7 +100,11 @@ KEY_DOCS: dict[str, str | tuple[str, str]] = {
     "spool.max_bytes": "spool size bound; the oldest findings are evicted beyond it (counted in health `drops`)",
     "spool.max_messages": ("`100000`", "spool bound in findings"),
     "spool.fsync": ("`interval`", "`always` (every append survives power loss), `interval` (at most every "
-                    "second), `never` (left to the OS); a crashed process loses nothing either way"),
+                    "`fsync_interval`), `never` (left to the OS); a crashed process loses nothing either way"),
+    "spool.fsync_interval": ("`1s`", "with `fsync: interval`, the most a power loss can take; also how often a "
+                             "spool whose disk refused writes retries it"),
+    "spool.memory_bytes": ("`4194304`", "findings held in memory, in order, while the disk refuses writes (full, "
+                           "I/O error); beyond it a finding is refused and counted (`drops.spool_error`)"),
     "metrics.listen": "the agent's own Prometheus `/metrics`; empty turns it off (binds localhost unless told)",
     "record.dir": "record capture bundles here continuously (`<dir>/<node>/seg-NNNNNN`); empty: off",
     "record.max_bytes": "the whole recording stays within this size (each of `rotate` segments gets its share)",
