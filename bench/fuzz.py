@@ -1064,7 +1064,7 @@ def make_bundle(ctx: dict, rng: random.Random) -> bytes:
 
 def run_bundle(ctx: dict, data: bytes) -> None:
     from skewd.agent import bundle as B
-    from skewd.agent.replay import ReplayError, Replayer
+    from skewd.agent.replay import ClusterReplay, ReplayError, Replayer
 
     d: Path = ctx["dir"]
     shutil.rmtree(d, ignore_errors=True)
@@ -1091,8 +1091,8 @@ def run_bundle(ctx: dict, data: bytes) -> None:
             seg.readable_until(name)
         (seg.start, seg.end, seg.nodes, seg.node_labels, seg.settings, seg.cluster, seg.catalogue())
         try:
-            rep = Replayer([seg], ctx["cat"])
-            rep.run()
+            # as `skewd replay` runs by default: the nodes and the controller fed with what they sent
+            ClusterReplay(Replayer([seg], ctx["cat"])).run()
         except (ReplayError, B.BundleError):
             pass
     finally:
@@ -1117,7 +1117,7 @@ TARGETS: dict[str, Target] = {t.name: t for t in [
     Target("nvml", "collectors/nvml_backend.py + gpu/pcie parse: NVML answers through the pynvml double",
            (), load_nvml, make_nvml, run_nvml),
     Target("wire", "skewd/wire.py: decode of findings, summaries, health", (), load_wire, make_wire, run_wire),
-    Target("bundle", "agent/bundle.py + replay.py: capture segments with CRC-consistent tampering",
+    Target("bundle", "agent/bundle.py + agent/replay (nodes and controller): segments with CRC-consistent tampering",
            (), load_bundle, make_bundle, run_bundle),
 ]}
 
