@@ -119,12 +119,7 @@ def make_replay(args: argparse.Namespace, segments: list[bundle.Segment], damage
                    open_damage=damage, range_eval=range_eval, max_nodes=limits.nodes)
     if args.no_controller:
         return rep
-    try:
-        return ClusterReplay(rep, controller_config=args.controller_config)
-    except Exception as e:  # the controller's ConfigError, RuleLoadError: an operator's file
-        problems = getattr(e, "problems", None) or getattr(e, "issues", None)
-        raise ReplayError(f"controller config: {e}" + ("".join(f"\n  {p}" for p in problems) if problems else "")
-                          ) from None
+    return ClusterReplay(rep, controller_config=args.controller_config)  # ReplayError on a bad controller config
 
 
 def _nodes_of(run: Replayer | ClusterReplay) -> Replayer:

@@ -83,6 +83,10 @@ def test_replay_into_a_closed_pipe_exits_quietly(seg: Path) -> None:
     ("a stored rule outside the segment", lambda m: m["rules"]["files"][0].update(stored="../../../etc/passwd"),
      "rules.files[0]"),
     ("a time of the wrong type", lambda m: m.update(time_range={"start": {"a": 1}}), "time_range.start"),
+    # found by bench/fuzz.py (bundle input 2881): the replayed controller refused the cluster with
+    # its own ConfigError
+    ("an empty cluster", lambda m: m.update(cluster=""), "cluster: '' is not a cluster name"),
+    ("a cluster with a dot", lambda m: m.update(cluster="a.b"), "cluster: 'a.b' is not a cluster name"),
 ])
 def test_tampered_meta_is_a_clean_damage_report(seg: Path, what: str, change, field: str) -> None:
     if change == "deep":  # more than json.loads can nest: written as text
@@ -175,3 +179,15 @@ def test_nodes_in_the_data_beyond_the_limit_are_not_replayed(tmp_path: Path) -> 
     assert rep._pipeline("n1", rep._seg_rules[0], segs[0]) is not None
     assert rep._pipeline("n2", rep._seg_rules[0], segs[0]) is None  # the second node is refused
     assert any("more than 1 nodes" in s for s in rep.stopped_early)
+
+
+def test_a_bundle_without_a_cluster_is_a_replay_error_not_the_controllers(seg: Path) -> None:
+    """The controller replay needs a cluster; a bundle that names none is the replay's error
+    (exit 2, said on stderr), from the library as from the command line."""
+    edit_meta(seg, lambda m: m.pop("cluster"))
+    segs, damage = R.open_segments([seg])
+    assert segs and not damage
+    with pytest.raises(R.ReplayError, match="cluster"):
+        R.ClusterReplay(R.Replayer(segs, R.replay_catalogue(segs)))
+    rc, _, err = cli(seg)
+    assert rc == R.EXIT_USAGE and "cluster" in err and "Traceback" not in err, err
