@@ -15,11 +15,22 @@ first chunk that is missing, short or fails its CRC, reporting the file and byte
 earlier chunks stay usable, because every file is append-only.
 
 Nothing is pickled: the formats are Arrow, JSON and pcapng, readable without skewd.
+
+Bundles are shared (an operator attaches one to a ticket, a colleague replays it), so a reader
+trusts nothing in them beyond what it checks. ``meta.json`` is validated field by field
+against what the recorder writes (types, finite numbers, a bounded node count, stored rule
+paths that stay inside the segment) and read under :class:`BundleLimits` (size, JSON depth):
+a bad one is a :class:`BundleError` naming the file and the field. The index and the data are
+checked as they are read - index entries of the wrong shape, Arrow streams whose schema or
+dictionary codes are not the recorder's, JSON lines that are not objects - and each problem
+is a :class:`Damage` with file and byte offset, never an exception: CRCs that match prove only
+that nothing changed since the writer, not that the writer was skewd.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import mmap
 import os
 import shutil
@@ -48,6 +59,14 @@ PACKETS = "packets.pcapng"
 RULES_DIR = "rules"
 CAPTURES_DIR = "captures"
 
+
+def _indexed_name(name: str) -> bool:
+    """A file an index entry may name: the data files, or a copied capture under captures/."""
+    if name in (SAMPLES, TICKS, FINDINGS, SUMMARIES, PACKETS):
+        return True
+    parts = Path(name).parts
+    return len(parts) == 2 and parts[0] == CAPTURES_DIR and parts[1] not in ("..", ".") and "\0" not in name
+
 _DICT = pa.dictionary(pa.int32(), pa.string())
 #: One row per sample. ``batch`` numbers the SampleBatches in arrival order within the segment,
 #: so replay can re-create the exact ingest boundaries the live agent saw.
@@ -60,6 +79,223 @@ SAMPLES_SCHEMA = pa.schema([
 TICKS_SCHEMA = pa.schema([("t", pa.float64()), ("batches", pa.int64()), ("findings", pa.int32())])
 
 _COPY_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class BundleLimits:
+    """What a reader accepts before it calls a segment unusable (``skewd replay --limit``).
+
+    The recorder writes one node per agent (a fault-lab bundle: one per simulated node, tens);
+    meta.json is a few hundred KB with a full catalogue. The bounds sit far above that and
+    below what costs an operator's laptop its memory (each node replays in its own pipeline)."""
+
+    meta_bytes: int = 64 << 20
+    json_depth: int = 32
+    nodes: int = 1024
+    signals: int = 100_000
+    labels: int = 256  # labels per node
+    text: int = 4096  # characters of a node name, label, signal name
+    index_bytes: int = 1 << 30
+    line_bytes: int = 16 << 20  # one index or JSON line
+
+    @classmethod
+    def from_items(cls, items: Sequence[str]) -> "BundleLimits":
+        """``KEY=VALUE`` strings (positive integers); raises ValueError naming a bad one."""
+        known = {f for f in cls.__dataclass_fields__}
+        out: dict[str, int] = {}
+        for item in items:
+            k, sep, v = item.partition("=")
+            k = k.strip()
+            if not sep or k not in known:
+                raise ValueError(f"bundle limit {item!r}: write KEY=VALUE with KEY one of {', '.join(sorted(known))}")
+            try:
+                n = int(v)
+            except ValueError:
+                raise ValueError(f"bundle limit {k}: {v!r} is not an integer") from None
+            if n < 1:
+                raise ValueError(f"bundle limit {k} must be at least 1")
+            out[k] = n
+        return cls(**out)
+
+
+DEFAULT_LIMITS = BundleLimits()
+
+
+def _depth_ok(doc: Any, limit: int) -> bool:
+    """True when ``doc`` nests at most ``limit`` containers deep (iterative: the point is to
+    refuse what recursive walks, json.dumps and deepcopy among them, would choke on). Walks
+    level by level and only through containers: every index line passes through here."""
+    level = [doc] if isinstance(doc, (dict, list)) else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return False
+        nxt: list[Any] = []
+        for node in level:
+            nxt.extend(v for v in (node.values() if isinstance(node, dict) else node) if isinstance(v, (dict, list)))
+        level = nxt
+    return True
+
+
+def _few_brackets(raw: bytes | str, limit: int) -> bool:
+    """True when ``raw`` holds at most ``limit`` opening brackets: then its JSON cannot nest
+    deeper than ``limit`` (a cheap exit before :func:`_depth_ok` walks the document)."""
+    if isinstance(raw, str):
+        return raw.count("[") + raw.count("{") <= limit
+    return raw.count(b"[") + raw.count(b"{") <= limit
+
+
+def loads_bounded(raw: bytes | str, depth: int) -> Any:
+    """``json.loads`` that raises ValueError (never RecursionError) for input nested deeper than
+    ``depth``, or for the non-standard NaN/Infinity tokens (the writers never emit them)."""
+    try:
+        doc = json.loads(raw, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError(f"JSON nested deeper than {depth} levels") from None
+    if not _few_brackets(raw, depth) and not _depth_ok(doc, depth):
+        raise ValueError(f"JSON nested deeper than {depth} levels")
+    return doc
+
+
+def loads_bounded_lenient(raw: bytes | str, depth: int) -> Any:
+    """:func:`loads_bounded` accepting NaN/Infinity (finding evidence may carry them)."""
+    try:
+        doc = json.loads(raw)
+    except RecursionError:
+        raise ValueError(f"JSON nested deeper than {depth} levels") from None
+    if not _few_brackets(raw, depth) and not _depth_ok(doc, depth):
+        raise ValueError(f"JSON nested deeper than {depth} levels")
+    return doc
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _is_num(v: Any) -> bool:
+    """A finite JSON number that is also a finite float (10**400 is an int but no time)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    return abs(v) < 1 << 1000 if isinstance(v, int) else math.isfinite(v)
+
+
+def _is_int(v: Any, lo: int = 0) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and lo <= v < 1 << 63
+
+
+class _MetaCheck:
+    """Collects what is wrong with a meta.json document (see module doc)."""
+
+    #: settings replay steps by: positive, finite, and not so small that stepping never ends
+    SETTINGS = {"evaluation_interval": (1e-3, 86400.0), "summary_interval": (1e-3, 86400.0),
+                "lookback": (1e-3, 30 * 86400.0), "horizon": (1e-3, 30 * 86400.0)}
+
+    def __init__(self, limits: BundleLimits) -> None:
+        self.limits = limits
+        self.problems: list[str] = []
+
+    def bad(self, field_: str, why: str) -> None:
+        self.problems.append(f"{field_}: {why}")
+
+    def text(self, v: Any, field_: str, optional: bool = True) -> None:
+        if v is None and optional:
+            return
+        if not isinstance(v, str) or len(v) > self.limits.text:
+            self.bad(field_, f"expected text of at most {self.limits.text} characters, got {_kind(v)}")
+
+    def texts(self, v: Any, field_: str, most: int) -> None:
+        if v is None:
+            return
+        if not isinstance(v, list):
+            self.bad(field_, f"expected a list of names, got {_kind(v)}")
+        elif len(v) > most:
+            self.bad(field_, f"{len(v)} entries; the limit is {most} (skewd replay --limit)")
+        elif not all(isinstance(x, str) and len(x) <= self.limits.text for x in v):
+            self.bad(field_, "expected names (text)")
+
+    def check(self, m: dict[str, Any]) -> list[str]:
+        lim = self.limits
+        self.texts(m.get("nodes"), "nodes", lim.nodes)
+        for k in ("cluster", "recorder_node", "skewd_version"):
+            self.text(m.get(k), k)
+        cl = m.get("cluster")
+        if isinstance(cl, str) and (not cl or any(c in cl for c in " .*>\t")):
+            # what the agent and controller configs accept: the replayed controller runs in it
+            self.bad("cluster", f"{cl[:40]!r} is not a cluster name (non-empty, no spaces, dots, '*' or '>')")
+        labels = m.get("node_labels")
+        if labels is not None:
+            if not isinstance(labels, dict) or len(labels) > lim.nodes:
+                self.bad("node_labels", f"expected a mapping of at most {lim.nodes} nodes, got {_kind(labels)}")
+            else:
+                for n, lab in labels.items():
+                    if not isinstance(lab, dict) or len(lab) > lim.labels or not all(
+                            isinstance(k, str) and isinstance(v, str) and len(k) <= lim.text and len(v) <= lim.text
+                            for k, v in lab.items()) or len(n) > lim.text:
+                        self.bad(f"node_labels.{n[:40]}", f"expected at most {lim.labels} text labels")
+                        break
+        st = m.get("settings")
+        if st is not None:
+            if not isinstance(st, dict):
+                self.bad("settings", f"expected a mapping, got {_kind(st)}")
+            else:
+                for k, (lo, hi) in self.SETTINGS.items():
+                    if k in st and not (_is_num(st[k]) and lo <= st[k] <= hi):
+                        self.bad(f"settings.{k}", f"expected seconds in {lo:g}..{hi:g}, got {_kind(st[k])}")
+        tr = m.get("time_range")
+        if tr is not None:
+            if not isinstance(tr, dict):
+                self.bad("time_range", f"expected a mapping, got {_kind(tr)}")
+            else:
+                for k in ("start", "end"):
+                    if tr.get(k) is not None and not _is_num(tr[k]):
+                        self.bad(f"time_range.{k}", f"expected a finite time, got {_kind(tr[k])}")
+        cat = m.get("catalogue")
+        if cat is not None:
+            if not isinstance(cat, list) or len(cat) > lim.signals:
+                self.bad("catalogue", f"expected a list of at most {lim.signals} signals, got {_kind(cat)}")
+            else:
+                for i, d in enumerate(cat):
+                    try:
+                        if not isinstance(d, dict) or any(not isinstance(d.get(k), str) or len(d[k]) > lim.text
+                                                          for k in ("name", "kind", "unit", "scope")):
+                            raise ValueError("expected name, kind, unit and scope as text")
+                        if d.get("wrap_bits") is not None and not (_is_int(d["wrap_bits"]) and d["wrap_bits"] <= 64):
+                            raise ValueError("wrap_bits must be an integer up to 64")
+                        spec_from_dict(d)
+                    except (ValueError, TypeError, KeyError) as e:
+                        self.bad(f"catalogue[{i}]", str(e)[:200])
+                        break
+        self.texts(m.get("signals"), "signals", lim.signals)
+        self.texts(m.get("available_signals"), "available_signals", lim.signals)
+        rules = m.get("rules")
+        if rules is not None:
+            if not isinstance(rules, dict):
+                self.bad("rules", f"expected a mapping, got {_kind(rules)}")
+            else:
+                self.text(rules.get("version"), "rules.version")
+                files = rules.get("files")
+                if files is not None and (not isinstance(files, list) or len(files) > 10_000):
+                    self.bad("rules.files", f"expected a list of stored rule files, got {_kind(files)}")
+                elif files:
+                    for i, f in enumerate(files):
+                        stored = f.get("stored") if isinstance(f, dict) else None
+                        if not (isinstance(stored, str) and isinstance(f.get("sha256"), str)
+                                and stored.startswith(RULES_DIR + "/") and ".." not in Path(stored).parts
+                                and "\0" not in stored and len(stored) <= lim.text):
+                            self.bad(f"rules.files[{i}]", "expected {stored: rules/<name>, sha256: <hex>}")
+                            break
+                if rules.get("rules") is not None and not isinstance(rules.get("rules"), list):
+                    self.bad("rules.rules", f"expected a list, got {_kind(rules.get('rules'))}")
+        return self.problems
+
+
+def _kind(v: Any) -> str:
+    """A short description of a value for an error message."""
+    if isinstance(v, (dict, list)):
+        return f"a {type(v).__name__} of {len(v)}"
+    r = repr(v)
+    return r if len(r) <= 40 else r[:37] + "..."
 
 
 class BundleError(Exception):
@@ -436,6 +672,46 @@ class FileView:
     damage: Damage | None
 
 
+def _entry_problem(e: dict[str, Any]) -> str:
+    """What is wrong with the shape of an index entry ("" when nothing): a matching line CRC
+    proves only that the line was not changed after it was written."""
+    if not isinstance(e.get("file"), str) or not _indexed_name(e["file"]):
+        return f"file {_kind(e.get('file'))} is not a data file of a segment"
+    for k in ("chunk", "offset", "length", "crc32"):
+        if not _is_int(e.get(k)):
+            return f"{k} {_kind(e.get(k))} is not a non-negative integer"
+    if e["crc32"] >= 1 << 32:
+        return "crc32 is not a 32-bit value"
+    for k in ("t_min", "t_max"):
+        if e.get(k) is not None and not _is_num(e[k]):
+            return f"{k} {_kind(e[k])} is not a finite time"
+    for k in ("batches", "ticks"):
+        v = e.get(k)
+        if v is not None and not (isinstance(v, list) and len(v) == 2 and all(_is_int(x) for x in v)):
+            return f"{k} {_kind(v)} is not a [first, end] pair of integers"
+    if e.get("rows") is not None and not _is_int(e["rows"]):
+        return f"rows {_kind(e['rows'])} is not a non-negative integer"
+    return ""
+
+
+def _schema_problem(got: pa.Schema, want: pa.Schema) -> str:
+    """Why a stream's schema cannot be read as ``want`` ("" when it can): the same columns, of
+    the same kinds (numbers as numbers, names as strings or dictionaries of strings)."""
+    for f in want:
+        i = got.get_field_index(f.name)
+        if i < 0:
+            return f"no column {f.name!r}"
+        t = got.field(i).type
+        if pa.types.is_dictionary(f.type) or pa.types.is_string(f.type):
+            ok = pa.types.is_string(t) or (pa.types.is_dictionary(t) and pa.types.is_string(t.value_type)
+                                           and pa.types.is_integer(t.index_type))
+        else:
+            ok = pa.types.is_integer(t) or pa.types.is_floating(t)
+        if not ok:
+            return f"column {f.name!r} is {t}, expected {f.type}"
+    return ""
+
+
 def _str_column(arr: pa.Array) -> np.ndarray:
     return _str_codes(arr)[0]
 
@@ -445,7 +721,7 @@ def _str_codes(arr: pa.Array) -> tuple[np.ndarray, np.ndarray | None, int]:
     one column are equal strings, and the decoded strings are then the same objects."""
     if pa.types.is_dictionary(arr.type):
         n = len(arr.dictionary)
-        d = np.array(arr.dictionary.to_pylist() + [""], dtype=object)
+        d = np.array([("" if v is None else v) for v in arr.dictionary.to_pylist()] + [""], dtype=object)
         idx = arr.indices
         if idx.null_count:
             idx = idx.fill_null(n)
@@ -454,6 +730,15 @@ def _str_codes(arr: pa.Array) -> tuple[np.ndarray, np.ndarray | None, int]:
     out = np.empty(len(arr), dtype=object)
     out[:] = [("" if v is None else v) for v in arr.to_pylist()]
     return out, None, 0
+
+
+def _int_column(arr: pa.Array) -> np.ndarray:
+    """An integer column as int64 (a missing or non-integer value reads as -1: never a batch)."""
+    if pa.types.is_floating(arr.type) or arr.null_count:
+        x = _num_column(arr)
+        ok = np.isfinite(x) & (np.abs(x) < 2.0 ** 62)
+        return np.where(ok, x, -1).astype(np.int64)
+    return arr.to_numpy(zero_copy_only=False).astype(np.int64)
 
 
 def _num_column(arr: pa.Array) -> np.ndarray:
@@ -467,23 +752,33 @@ class Segment:
     every problem found is appended to :attr:`damage`, never raised, except when ``meta.json``
     itself is unusable (:class:`BundleError`)."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, limits: BundleLimits = DEFAULT_LIMITS) -> None:
         self.path = Path(path)
+        self.limits = limits
         mp = self.path / META
         try:
-            raw = mp.read_bytes()
+            with open(mp, "rb") as f:
+                raw = f.read(limits.meta_bytes + 1)
         except OSError as e:
             raise BundleError(mp, None, f"cannot read segment metadata: {e.strerror or e}") from None
+        if len(raw) > limits.meta_bytes:
+            raise BundleError(mp, limits.meta_bytes, f"larger than {limits.meta_bytes} bytes (skewd replay --limit "
+                                                     "meta_bytes=...)")
         try:
-            meta = json.loads(raw)
+            meta = loads_bounded(raw, limits.json_depth)
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise BundleError(mp, getattr(e, "pos", getattr(e, "start", 0)), f"not valid JSON: {e}") from None
+        except ValueError as e:
+            raise BundleError(mp, 0, f"not usable JSON: {e}") from None
         if not isinstance(meta, dict) or meta.get("format") != FORMAT:
             raise BundleError(mp, 0, f"not a skewd capture segment (format is {meta.get('format') if isinstance(meta, dict) else None!r}, "
                                      f"expected {FORMAT!r})")
         if meta.get("format_version") != FORMAT_VERSION:
-            raise BundleError(mp, 0, f"capture format version {meta.get('format_version')!r}; this skewd reads "
+            raise BundleError(mp, 0, f"capture format version {_kind(meta.get('format_version'))}; this skewd reads "
                                      f"version {FORMAT_VERSION} (use the skewd release that recorded it)")
+        problems = _MetaCheck(limits).check(meta)
+        if problems:
+            raise BundleError(mp, 0, "not what a skewd recorder writes: " + "; ".join(problems[:5]))
         self.meta: dict[str, Any] = meta
         self.damage: list[Damage] = []
         self._index: dict[str, list[Chunk]] | None = None
@@ -531,11 +826,16 @@ class Segment:
         """The rule files the agent ran, as stored in the segment (checked against their sha256)."""
         out = []
         for f in (self.meta.get("rules") or {}).get("files") or []:
-            p = self.path / f["stored"]
+            p = self.path / f["stored"]  # validated: rules/<name>, no "..", so inside the segment
+            if p.is_symlink():
+                raise BundleError(p, None, "stored rule file is a symbolic link (a bundle holds files)")
             try:
-                data = p.read_bytes()
+                with open(p, "rb") as fh:
+                    data = fh.read(self.limits.line_bytes + 1)
             except OSError as e:
                 raise BundleError(p, None, f"stored rule file unreadable: {e.strerror or e}") from None
+            if len(data) > self.limits.line_bytes:
+                raise BundleError(p, self.limits.line_bytes, "stored rule file larger than any rule file can be")
             if hashlib.sha256(data).hexdigest() != f.get("sha256"):
                 raise BundleError(p, 0, "stored rule file does not match the sha256 in meta.json (corrupted)")
             out.append(p)
@@ -553,7 +853,13 @@ class Segment:
         out: dict[str, list[Chunk]] = {}
         p = self.path / INDEX
         try:
-            raw = p.read_bytes()
+            with open(p, "rb") as f:
+                raw = f.read(self.limits.index_bytes + 1)
+            if len(raw) > self.limits.index_bytes:
+                raw = raw[: self.limits.index_bytes]
+                self._note(Damage(str(p), self.limits.index_bytes, f"index larger than {self.limits.index_bytes} bytes "
+                                                                   "(skewd replay --limit index_bytes=...); the rest "
+                                                                   "is ignored"))
         except OSError as e:
             self._index_damage = self._note(Damage(str(p), 0, f"index unreadable: {e.strerror or e}; "
                                                               "no data in this segment can be verified"))
@@ -567,14 +873,21 @@ class Segment:
                     str(p), pos, f"index ends in a partial line ({len(raw) - pos} bytes; recording interrupted?); "
                                  "data after the last complete entry is ignored"))
                 break
+            why = ""
             try:
-                entry = json.loads(raw[pos:nl])
+                if nl - pos > self.limits.line_bytes:
+                    raise ValueError(f"line longer than {self.limits.line_bytes} bytes")
+                entry = loads_bounded(raw[pos:nl], self.limits.json_depth)
                 ok = isinstance(entry, dict) and entry.get("line_crc32") == _line_crc(entry)
-            except (UnicodeDecodeError, json.JSONDecodeError, ValueError, TypeError):
+                if ok:
+                    why = _entry_problem(entry)
+                    ok = not why
+            except (UnicodeDecodeError, ValueError, TypeError) as e:
                 ok = False
+                why = str(e)[:120]
             if not ok:
                 self._index_damage = self._note(Damage(
-                    str(p), pos, "index entry corrupted (bad JSON or line CRC32 mismatch); "
+                    str(p), pos, "index entry corrupted (" + (why or "bad JSON or line CRC32 mismatch") + "); "
                                  "data after the last good entry is ignored"))
                 break
             extra = {k: v for k, v in entry.items()
@@ -595,11 +908,18 @@ class Segment:
         data: Any = b""
         size = 0
         if p.exists():
-            size = p.stat().st_size
-            if size:
-                with open(p, "rb") as f:
-                    data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-                self._maps.append(data)
+            try:
+                if not p.is_file() or p.is_symlink():
+                    raise OSError(f"{name} is not a regular file")
+                size = p.stat().st_size
+                if size:
+                    with open(p, "rb") as f:
+                        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                    self._maps.append(data)
+            except (OSError, ValueError) as e:
+                d = self._note(Damage(str(p), 0, f"unreadable: {getattr(e, 'strerror', None) or e}"))
+                v = self._views[name] = FileView(name, b"", [], 0, d)
+                return v
         elif chunks:
             d = self._note(Damage(str(p), 0, f"file missing but {len(chunks)} chunks are indexed"))
             v = self._views[name] = FileView(name, b"", [], 0, d)
@@ -652,16 +972,33 @@ class Segment:
 
     # -- data ----------------------------------------------------------------------------------
     def _record_batches(self, name: str) -> Iterator[pa.RecordBatch]:
+        """The intact prefix's record batches. A stream Arrow cannot read, or whose schema is not
+        the recorder's, is damage at the offset where reading stopped (CRCs that match prove
+        only that nothing changed after the writer)."""
         v = self.view(name)
         if not v.good:
             return
+        path = str(self.path / name)
+        want = SAMPLES_SCHEMA if name == SAMPLES else TICKS_SCHEMA
         buf = pa.py_buffer(v.data)[: v.end]
+        stream = pa.BufferReader(buf)
         try:
-            reader = ipc.open_stream(buf)
-            for rb in reader:
+            reader = ipc.open_stream(stream)
+            why = _schema_problem(reader.schema, want)
+            if why:
+                self._note(Damage(path, 0, f"Arrow schema is not a skewd {name}: {why}"))
+                return
+            while True:
+                at = stream.tell()
+                try:
+                    rb = reader.read_next_batch()
+                except StopIteration:
+                    return
+                rb.validate(full=True)  # dictionary codes in range, offsets inside the buffers
                 yield rb
-        except pa.ArrowInvalid as e:  # CRC passed but Arrow disagrees: written by a buggy writer
-            self._note(Damage(str(self.path / name), 0, f"Arrow stream unreadable despite valid CRCs: {e}"))
+        except (pa.ArrowException, OSError, ValueError, IndexError, KeyError, TypeError, MemoryError) as e:
+            self._note(Damage(path, locals().get("at", 0), f"Arrow stream unreadable despite valid CRCs: "
+                                                           f"{type(e).__name__}: {str(e)[:200]}"))
 
     def readable_batches(self) -> int | None:
         """How many sample batches are intact (None: all of them). Chunks hold whole batches in
@@ -688,7 +1025,7 @@ class Segment:
             ent, ec, en = _str_codes(rb.column(names.index("entity")))
             sig, sc, sn = _str_codes(rb.column(names.index("signal")))
             val = _num_column(rb.column(names.index("value")))
-            seq = (rb.column(names.index("batch")).to_numpy(zero_copy_only=False).astype(np.int64)
+            seq = (_int_column(rb.column(names.index("batch")))
                    if "batch" in names else np.zeros(len(t), dtype=np.int64))
             codes = None
             if nc is not None and ec is not None and sc is not None and nn * en * sn < 1 << 62:
@@ -716,9 +1053,16 @@ class Segment:
         """(t, batches ingested before, findings raised) per evaluation, over the intact prefix."""
         ts, bs, fs = [], [], []
         for rb in self._record_batches(TICKS):
-            ts.append(_num_column(rb.column(0)))
-            bs.append(rb.column(1).to_numpy(zero_copy_only=False).astype(np.int64))
-            fs.append(rb.column(2).to_numpy(zero_copy_only=False).astype(np.int64))
+            names = rb.schema.names
+            t = _num_column(rb.column(names.index("t")))
+            b = _int_column(rb.column(names.index("batches")))
+            ok = np.isfinite(t) & (b >= 0)  # a tick without a time or a batch count never ran
+            if not ok.all():
+                self._note(Damage(str(self.path / TICKS), 0, f"{int((~ok).sum())} tick row(s) without a finite time "
+                                                              "or batch count; skipped"))
+            ts.append(t[ok])
+            bs.append(b[ok])
+            fs.append(_int_column(rb.column(names.index("findings")))[ok])
         if not ts:
             return np.empty(0), np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
         return np.concatenate(ts), np.concatenate(bs), np.concatenate(fs)
@@ -730,12 +1074,18 @@ class Segment:
             return out
         raw = bytes(memoryview(v.data)[: v.end])
         pos = 0
+        path = str(self.path / name)
         for line in raw.split(b"\n"):
             if line.strip():
                 try:
-                    out.append(json.loads(line))
-                except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                    self._note(Damage(str(self.path / name), pos, f"line is not JSON despite a valid CRC: {e}"))
+                    if len(line) > self.limits.line_bytes:
+                        raise ValueError(f"line longer than {self.limits.line_bytes} bytes")
+                    d = loads_bounded_lenient(line, self.limits.json_depth)
+                    if not isinstance(d, dict):
+                        raise ValueError(f"a JSON {type(d).__name__}, not an object")
+                    out.append(d)
+                except (UnicodeDecodeError, ValueError) as e:
+                    self._note(Damage(path, pos, f"line is not a JSON object despite a valid CRC: {str(e)[:200]}"))
                     break
             pos += len(line) + 1
         return out
@@ -745,8 +1095,15 @@ class Segment:
         return self._lines(FINDINGS)
 
     def summaries(self) -> list[dict[str, Any]]:
-        """The node summaries the live agent reported (``skewd.wire.to_dict`` form)."""
-        return self._lines(SUMMARIES)
+        """The node summaries the live agent reported (``skewd.wire.to_dict`` form); a line
+        without a finite time and a node name is damage, and reading stops there."""
+        out = self._lines(SUMMARIES)
+        for i, d in enumerate(out):
+            if not (_is_num(d.get("t")) and isinstance(d.get("node"), str) and len(d["node"]) <= self.limits.text):
+                self._note(Damage(str(self.path / SUMMARIES), 0, f"summary line {i + 1} has no finite t or no node "
+                                                                  "name; summaries after it are ignored"))
+                return out[:i]
+        return out
 
     def readable_until(self, name: str) -> float:
         """Time from which a file's content is lost (inf when intact)."""

@@ -24,6 +24,7 @@ import yaml
 
 from skewd.collectors import registry
 from skewd.model import parse_duration
+from skewd.rules.limits import RuleLimits
 from skewd.rules.yamlpos import Pos, SettingsFileError, deep_merge, read_settings
 
 DEFAULTS: dict[str, Any] = {
@@ -33,6 +34,7 @@ DEFAULTS: dict[str, Any] = {
     "sys_root": "/sys",
     "proc_root": "/proc",
     "rules": [],  # default: the shipped packs
+    "rule_limits": {},  # budgets for loading rule files (skewd.rules.limits.RuleLimits)
     "reload": {"watch": True, "poll_interval": "2s"},
     "evaluation_interval": "1s",
     "lookback": "60s",
@@ -49,7 +51,7 @@ DEFAULTS: dict[str, Any] = {
 SECTION_KEYS: dict[str, set[str]] = {
     "reload": {"watch", "poll_interval"},
     "reprobe": {"min_interval", "max_interval"},
-    "spool": {"dir", "max_bytes", "max_messages", "fsync"},
+    "spool": {"dir", "max_bytes", "max_messages", "fsync", "fsync_interval", "memory_bytes"},
     "metrics": {"listen"},
     "record": {"dir", "max_bytes", "max_duration", "rotate"},
     "log": {"level", "format"},
@@ -81,6 +83,11 @@ KEY_DOCS: dict[str, str | tuple[str, str]] = {
     "proc_root": "where the host's `/proc` is mounted (`/host/proc` in a container)",
     "rules": ("`[shipped]`", "rule files and directories, read in order (directories recursively); the word "
               "`shipped` names the packs installed with skewd, e.g. `[shipped, /etc/skewd/site-rules.yaml]`"),
+    "rule_limits": ("each budget's own (docs/reliability.md)",
+                    "budgets for reading rule files, e.g. `{yaml_depth: 64, file_bytes: 262144}`: `file_bytes`, "
+                    "`yaml_depth`, `yaml_alias_ratio`, `yaml_nodes`, `rules`, `expr_chars`, `expr_depth`, "
+                    "`expr_nodes`, `max_integer`, `max_duration`; a file past one is refused with E019/E020 at its "
+                    "line and the old rules keep running"),
     "reload.watch": "re-read the rule files when they change on disk (SIGHUP always does)",
     "reload.poll_interval": "how often the rule files' modification times are compared",
     "reprobe.min_interval": "first wait before an inactive collector (absent, unavailable, needing an operator) "
@@ -95,7 +102,11 @@ KEY_DOCS: dict[str, str | tuple[str, str]] = {
     "spool.max_bytes": "spool size bound; the oldest findings are evicted beyond it (counted in health `drops`)",
     "spool.max_messages": ("`100000`", "spool bound in findings"),
     "spool.fsync": ("`interval`", "`always` (every append survives power loss), `interval` (at most every "
-                    "second), `never` (left to the OS); a crashed process loses nothing either way"),
+                    "`fsync_interval`), `never` (left to the OS); a crashed process loses nothing either way"),
+    "spool.fsync_interval": ("`1s`", "with `fsync: interval`, the most a power loss can take; also how often a "
+                             "spool whose disk refused writes retries it"),
+    "spool.memory_bytes": ("`4194304`", "findings held in memory, in order, while the disk refuses writes (full, "
+                           "I/O error); beyond it a finding is refused and counted (`drops.spool_error`)"),
     "metrics.listen": "the agent's own Prometheus `/metrics`; empty turns it off (binds localhost unless told)",
     "record.dir": "record capture bundles here continuously (`<dir>/<node>/seg-NNNNNN`); empty: off",
     "record.max_bytes": "the whole recording stays within this size (each of `rotate` segments gets its share)",
@@ -131,6 +142,7 @@ class AgentConfig:
     sys_root: Path
     proc_root: Path
     rules: list[str]
+    rule_limits: RuleLimits
     reload_watch: bool
     reload_poll: float
     evaluation_interval: float
@@ -179,6 +191,30 @@ def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
             except yaml.YAMLError:
                 cur[path[-1].lower()] = val
     return over
+
+
+def _spool_problems(spool: dict[str, Any], pos: Any) -> list[str]:
+    """Check the spool settings at load time (the Spool would refuse them only at start), and
+    turn ``fsync_interval`` into seconds."""
+    from .spool import FSYNC_POLICIES
+
+    out = []
+    if "fsync" in spool and spool["fsync"] not in FSYNC_POLICIES:
+        out.append(f"{pos('fsync')}: spool.fsync must be {', '.join(FSYNC_POLICIES[:-1])} or {FSYNC_POLICIES[-1]}, "
+                   f"got {spool['fsync']!r} (always: no loss on power failure; interval: at most fsync_interval "
+                   "lost; never: the OS decides)")
+    for k, lo in (("max_bytes", 1), ("max_messages", 1), ("memory_bytes", 0)):
+        v = spool.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < lo):
+            out.append(f"{pos(k)}: spool.{k} must be an integer >= {lo}, got {v!r}")
+    if "fsync_interval" in spool:
+        try:
+            spool["fsync_interval"] = parse_duration(spool["fsync_interval"])
+            if spool["fsync_interval"] <= 0:
+                raise ValueError("must be longer than 0s")
+        except ValueError as e:
+            out.append(f"{pos('fsync_interval')}: spool.fsync_interval: {e}")
+    return out
 
 
 def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = None,
@@ -306,6 +342,12 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
     if not isinstance(rules, list) or not all(isinstance(r, str) for r in rules):
         problems.append(f"{pos('rules')}: rules must be a list of files or directories")
         rules = []
+    rule_limits = RuleLimits()
+    if not isinstance(merged.get("rule_limits") or {}, dict):
+        problems.append(f"{pos('rule_limits')}: rule_limits must be a mapping")
+    else:
+        rule_limits, bad = RuleLimits.from_mapping(merged.get("rule_limits") or {})
+        problems += [f"{pos('rule_limits')}: rule_limits: {b}" for b in bad]
     labels = merged.get("labels") or {}
     if not isinstance(labels, dict):
         problems.append(f"{pos('labels')}: labels must be a mapping of strings")
@@ -329,8 +371,7 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
     if logc.get("format", "json") not in ("json", "text"):
         problems.append(f"{pos('log', 'format')}: log.format must be json or text")
     spool = merged.get("spool") if isinstance(merged.get("spool"), dict) else {}
-    if spool.get("fsync", "interval") not in ("always", "interval", "never"):
-        problems.append(f"{pos('spool', 'fsync')}: spool.fsync must be always, interval or never")
+    problems += _spool_problems(spool, lambda k: pos("spool", k))
     record = merged.get("record") if isinstance(merged.get("record"), dict) else {}
     if record.get("max_duration"):
         try:
@@ -342,6 +383,7 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
     return AgentConfig(
         node=node, cluster=str(merged["cluster"]), labels={str(k): str(v) for k, v in labels.items()},
         sys_root=Path(merged["sys_root"]), proc_root=Path(merged["proc_root"]), rules=list(rules),
+        rule_limits=rule_limits,
         reload_watch=bool(reload.get("watch", True)), reload_poll=reload_poll,
         evaluation_interval=durations["evaluation_interval"], lookback=durations["lookback"],
         horizon=durations["horizon"], summary_interval=durations["summary_interval"],

@@ -20,7 +20,8 @@ from .scheduler import CollectorSlot
 log = logging.getLogger("skewd.agent.metrics")
 
 #: publisher values that go down as well as up (everything else it reports is a count)
-PUBLISHER_GAUGES = frozenset({"connected", "spool_depth", "spool_bytes"})
+PUBLISHER_GAUGES = frozenset({"connected", "spool_depth", "spool_bytes",
+                              "spool_in_memory", "spool_degraded"})  # held in memory now; 1 while the disk refuses
 
 
 class MeteredAgent(Protocol):
@@ -73,6 +74,8 @@ class AgentMetrics:
             yield CounterMetricFamily("skewd_samples_dropped_out_of_order", "samples older than their series' newest",
                                       value=p.store.dropped_out_of_order)
             yield CounterMetricFamily("skewd_rule_evaluations", "evaluation ticks", value=p.engine.evaluations)
+            yield CounterMetricFamily("skewd_evaluation_tick_errors", "evaluation ticks that failed (logged)",
+                                      value=getattr(a, "tick_errors", 0))
             # the same answer as health and --check (agent/rulestatus.py): the controller's rules are
             # neither active here nor inactive; clock_weakened overlaps the others
             st = a.rule_status(a.clock())

@@ -18,6 +18,13 @@ Connection: unlimited reconnects (``max_reconnect_attempts=-1``); an unreachable
 "needs an operator" (logged as an error naming the config key to fix, counted in
 ``auth_errors``, and raised by :meth:`Publisher.wait_connected`).
 
+Disk trouble: the spool holds what the disk refuses in memory and publishes it from there
+(see :mod:`skewd.agent.spool`); :meth:`Publisher.publish_finding` never raises, whatever the
+spool does, and a background task calls :meth:`Spool.maintain` every ``fsync_interval`` so the
+spool returns to disk once space is back and the ``"interval"`` fsync policy holds when idle.
+The counts (held in memory, lost, disk errors) are on ``/metrics`` and in the health message's
+``drops["spool_error"]``.
+
 Threading: call ``publish_*`` from the event loop's thread; :meth:`Publisher.publish_finding`
 may also be called from another thread (the spool is locked, the wake-up is thread-safe).
 """
@@ -31,7 +38,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
 
 from skewd import wire
-from skewd.agent.spool import RecordTooLarge, Spool, SpoolError
+from skewd.agent.spool import RecordTooLarge, Spool
 from skewd.collectors.base import Connection
 from skewd.model import Finding
 from skewd.natsutil import (NatsConfig, NatsConfigError, NatsError, NatsUnavailableError, connect,
@@ -120,7 +127,8 @@ class Publisher:
         if self.spool.depth:
             self._work.set()
         self._tasks = [asyncio.create_task(self._connect_task(), name="skewd-nats-connect"),
-                       asyncio.create_task(self._drain_task(), name="skewd-nats-drain")]
+                       asyncio.create_task(self._drain_task(), name="skewd-nats-drain"),
+                       asyncio.create_task(self._maintain_task(), name="skewd-spool-maintain")]
 
     async def wait_connected(self, timeout: float) -> None:
         """Wait until connected. Raises :class:`~skewd.natsutil.NatsAuthError` /
@@ -187,7 +195,9 @@ class Publisher:
         """Flat numbers for ``/metrics``: the stats plus spool depth/bytes/dropped."""
         d: dict[str, float] = {k: float(v) for k, v in asdict(self.stats).items() if not isinstance(v, str)}
         d.update({"spool_depth": float(self.spool.depth), "spool_bytes": float(self.spool.bytes),
-                  "spool_dropped": float(self.spool.dropped)})
+                  "spool_dropped": float(self.spool.dropped), "spool_in_memory": float(self.spool.in_memory),
+                  "spool_lost": float(self.spool.lost), "spool_write_errors": float(self.spool.write_errors),
+                  "spool_degraded": float(self.spool.degraded)})
         return d
 
     def drops(self) -> dict[str, int]:
@@ -206,19 +216,20 @@ class Publisher:
         :meth:`reconnected_since`). Its ``Nats-Msg-Id`` carries its evaluation time, or the
         stream would drop it as a copy of the first within its duplicate window; a controller
         that still holds the transition drops it by ``event_id`` instead."""
-        subject = wire.subject_for(finding, self.cluster)
-        headers = wire.headers_for(finding)
-        if again:
-            headers[wire.HDR_MSG_ID] = f"{finding.event_id}@{int(round(finding.evaluated_at * 1000))}"
         try:
+            subject = wire.subject_for(finding, self.cluster)
+            headers = wire.headers_for(finding)
+            if again:
+                headers[wire.HDR_MSG_ID] = f"{finding.event_id}@{int(round(finding.evaluated_at * 1000))}"
             seq = self.spool.append(subject, headers, wire.encode(finding))
         except RecordTooLarge as e:
             self.stats.rejected += 1
             log.error("finding %s not published: %s", finding.event_id, e)
             return None
-        except (SpoolError, OSError) as e:
+        except Exception as e:  # noqa: BLE001 - disk full, I/O error, a bug: count it, keep evaluating
             self.stats.spool_errors += 1
-            log.error("finding %s lost, the spool cannot store it: %s", finding.event_id, e)
+            log.error("finding %s lost, the spool cannot store it: %s: %s", getattr(finding, "event_id", "?"),
+                      type(e).__name__, e)
             return None
         if again:
             self.stats.reannounced += 1
@@ -386,6 +397,22 @@ class Publisher:
             else:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, self.retry_backoff[1])
+
+    async def _maintain_task(self) -> None:
+        """Spool upkeep on a timer (see :meth:`Spool.maintain`), off the event loop's thread:
+        an fsync may take a while on a busy disk."""
+        interval = max(0.05, float(getattr(self.spool, "fsync_interval", 1.0)))
+        while not self._closing:
+            await asyncio.sleep(interval)
+            try:
+                was_degraded = self.spool.degraded
+                await asyncio.to_thread(self.spool.maintain)
+                if was_degraded and self.spool.depth:
+                    self._wake()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - upkeep must not die; the spool logs disk errors itself
+                log.exception("spool upkeep failed; retrying in %.1fs", interval)
 
     async def _ensure_streams(self) -> None:
         try:

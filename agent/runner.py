@@ -63,7 +63,7 @@ class Agent:
         self.catalogue = catalogue or full_catalogue()
         self.clock = clock
         self.rule_paths = cfg.rules or [str(PACKS)]
-        self.rules = RuleManager(self.rule_paths, self.catalogue)
+        self.rules = RuleManager(self.rule_paths, self.catalogue, cfg.rule_limits)
         self.slots = slots if slots is not None else []
         self._given_slots = slots is not None
         self.pipeline: Pipeline | None = None
@@ -78,6 +78,8 @@ class Agent:
         self._rule_mtimes: dict[str, float] = {}
         self._metrics_server = None
         self.summaries_sent = 0
+        self.tick_errors = 0
+        self._last_tick_error_log = float("-inf")
         self.last_summary: dict[str, float] = {}
         self.started = asyncio.Event()
         self._clock: tuple[float, Any] | None = None
@@ -212,7 +214,7 @@ class Agent:
                         pass
                 now = self.clock()
                 next_tick = max(next_tick + interval, now)
-                self.tick(now)
+                self._guarded_tick(now)
                 if now >= next_summary - 1e-3:  # a tick may wake a hair early: do not skip an interval
                     next_summary += self.cfg.summary_interval
                     if next_summary <= now:  # fell behind (suspend, overload): skip ahead, no burst
@@ -228,6 +230,18 @@ class Agent:
                     await self._send_health(now)
         finally:
             await self.stop()
+
+    def _guarded_tick(self, now: float) -> None:
+        """One tick that cannot end the loop: an unexpected error is logged (once a minute with
+        its traceback) and counted, and the next tick runs as planned."""
+        try:
+            self.tick(now)
+        except Exception:  # noqa: BLE001 - the evaluation loop outlives any one bad tick
+            self.tick_errors += 1
+            if now - self._last_tick_error_log >= 60.0:
+                self._last_tick_error_log = now
+                log.exception("evaluation tick at %.3f failed (%d failed ticks so far); continuing", now,
+                              self.tick_errors)
 
     def tick(self, now: float) -> list[Finding]:
         """One evaluation at ``now``: ingest what the collectors produced, evaluate, publish."""
@@ -309,9 +323,10 @@ class Agent:
             from .spool import Spool
 
             spool_dir = Path(self.cfg.spool.get("dir") or "/var/lib/skewd/spool") / self.cfg.node
-            spool = Spool(spool_dir, max_bytes=int(self.cfg.spool.get("max_bytes", 256 << 20)),
-                          max_messages=self.cfg.spool.get("max_messages", 100_000),
-                          fsync=str(self.cfg.spool.get("fsync", "interval")))
+            sc = self.cfg.spool
+            spool = Spool(spool_dir, max_bytes=int(sc.get("max_bytes", 256 << 20)),
+                          max_messages=sc.get("max_messages", 100_000), fsync=str(sc.get("fsync", "interval")),
+                          fsync_interval=sc.get("fsync_interval", 1.0), memory_bytes=sc.get("memory_bytes", 4 << 20))
             # replies under this node's own inbox: what a per-node NATS user may read (docs/security.md)
             ncfg = NatsConfig.from_dict(nats).with_default_inbox(inbox_prefix("agent", self.cfg.cluster, self.cfg.node))
             self.publisher = Publisher(ncfg, spool, cluster=self.cfg.cluster)

@@ -22,6 +22,16 @@ MAX_BYTES = 32 * 1024 * 1024
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
+def sample_value(v: float | int) -> float:
+    """A parsed sample's value as a float. prometheus_client's text parser returns an int for a
+    value written as an integer, and an integer past float range (a 400-digit counter) cannot
+    become a float: it reads as +-inf, which is what Prometheus itself makes of it."""
+    try:
+        return float(v)
+    except OverflowError:
+        return float("inf") if v > 0 else float("-inf")
+
+
 class ScrapeError(Exception):
     """The page could not be fetched; ``str(e)`` is the reason."""
 

@@ -15,6 +15,7 @@ from skewd.cliargs import did_you_mean
 from skewd.model import GROUP_SCOPES, Catalogue, format_duration
 
 from .engine import RuleSet
+from .limits import DEFAULT_LIMITS, RuleLimits
 from .loader import load_rules
 from .lint import lint_warnings  # after the loader: the stage that follows it
 from .paths import PACKS, SHIPPED
@@ -32,6 +33,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     lint.add_argument("paths", nargs="*", help=f"files or directories, read recursively; '{SHIPPED}' names the "
                                                f"shipped packs (default: {SHIPPED}, i.e. {PACKS})")
     lint.add_argument("--json", action="store_true", help="errors as a JSON list")
+    lint.add_argument("--limit", action="append", default=[], metavar="KEY=VALUE",
+                      help="raise or lower a loading budget, as the agent's rule_limits: does "
+                           "(e.g. --limit yaml_depth=128 --limit max_duration=30d)")
     t = rs.add_parser("test", help="run rule unit tests (*.test.yaml)")
     t.add_argument("paths", nargs="*", help=f"test files or directories (default: {PACK_TESTS})")
     t.add_argument("--json", action="store_true")
@@ -51,7 +55,12 @@ def run(args: argparse.Namespace, catalogue: Catalogue,
     out = out or sys.stdout
     cmd = args.rules_cmd
     if cmd == "lint":
-        return lint(args.paths or [PACKS], catalogue, args.json, out)
+        limits, problems = parse_limits(args.limit)
+        if problems:
+            for p in problems:
+                out.write(f"--limit: {p}\n")
+            return 2
+        return lint(args.paths or [PACKS], catalogue, args.json, out, limits)
     if cmd == "test":
         return test(args.paths or [PACK_TESTS], catalogue, args.json, out)
     if cmd == "schema":
@@ -77,8 +86,30 @@ def _load_or_print(paths: Sequence, catalogue: Catalogue, out: TextIO) -> RuleSe
     return res.ruleset
 
 
-def lint(paths: Sequence, catalogue: Catalogue, as_json: bool, out: TextIO) -> int:
-    res = load_rules(paths, catalogue)
+def parse_limits(items: Sequence[str]) -> tuple[RuleLimits, list[str]]:
+    """``KEY=VALUE`` strings → RuleLimits (numbers as numbers, durations as text)."""
+    d: dict[str, object] = {}
+    problems = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            problems.append(f"{item!r}: write KEY=VALUE")
+            continue
+        v: object = value.strip()
+        for conv in (int, float):
+            try:
+                v = conv(value)
+                break
+            except ValueError:
+                pass
+        d[key.strip()] = v
+    limits, bad = RuleLimits.from_mapping(d)
+    return limits, problems + bad
+
+
+def lint(paths: Sequence, catalogue: Catalogue, as_json: bool, out: TextIO,
+         limits: RuleLimits = DEFAULT_LIMITS) -> int:
+    res = load_rules(paths, catalogue, limits=limits)
     if as_json:
         out.write(json.dumps([i.to_dict() for i in res.issues] + [w.to_dict() for w in lint_warnings(paths)],
                              indent=2) + "\n")

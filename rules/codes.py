@@ -29,6 +29,8 @@ class Code(str, Enum):
     SCOPE_MISMATCH = "E016"
     REQUIRES_MISMATCH = "E017"
     IO = "E018"
+    LIMIT = "E019"
+    OUT_OF_RANGE = "E020"
 
     @property
     def slug(self) -> str:

@@ -36,10 +36,9 @@ from .codes import Code, ExprError
 from .lexer import PLACEHOLDER, map_offset, rewrite_durations, split_strings
 from .vocabulary import (CONDITION_WINDOW_FUNCTIONS, ELEMENTWISE_FUNCTIONS, FUNCTION_DOCS, FUNCTIONS,
                          PEER_FUNCTIONS, WINDOW_FUNCTIONS)
+from .limits import DEFAULT_LIMITS, RuleLimits
 from .windows import BATCHED_KINDS, EvalContext, identity, peer_range, window_vec
 
-MAX_EXPR_LEN = 8192
-MAX_DEPTH = 64
 
 
 class T(str, Enum):
@@ -83,6 +82,7 @@ class CompileEnv:
     params: Mapping[str, Any] = field(default_factory=dict)  # name → number or duration string
     macros: Mapping[str, str] = field(default_factory=dict)
     lists: Mapping[str, list] = field(default_factory=dict)
+    limits: RuleLimits = DEFAULT_LIMITS
 
 
 @dataclass
@@ -245,6 +245,7 @@ class Compiler:
         self.uses_horizon = False
         self.windows: list = []
         self._macro_stack: list[str] = []
+        self._nodes = [0]  # syntax nodes compiled, macros included (shared with macro compilers)
         self._durs: list[float] = []
         self._spans: list = []
         self._src = ""
@@ -270,10 +271,12 @@ class Compiler:
     def _parse(self, text: str) -> ast.Expression:
         if not isinstance(text, str) or not text.strip():
             raise ExprError(Code.EXPR_SYNTAX, "empty expression", 0)
-        if len(text) > MAX_EXPR_LEN:
-            raise ExprError(Code.EXPR_SYNTAX, f"expression longer than {MAX_EXPR_LEN} characters", 0)
+        limit = self.env.limits.expr_chars
+        if len(text) > limit:
+            raise ExprError(Code.LIMIT, f"expression of {len(text)} characters; the limit is {limit} "
+                                        "(rule_limits.expr_chars)", 0)
         try:
-            src, durs, spans = rewrite_durations(text)
+            src, durs, spans = rewrite_durations(text, self.env.limits)
         except ValueError as e:
             raise ExprError(Code.BAD_DURATION, str(e), 0) from None
         self._durs, self._spans = durs, spans
@@ -316,8 +319,14 @@ class Compiler:
 
     # -- nodes -------------------------------------------------------------------------------
     def _expr(self, node: ast.AST, depth: int) -> _Node:
-        if depth > MAX_DEPTH:
-            raise self._fix(_err(Code.EXPR_SYNTAX, f"expression nested deeper than {MAX_DEPTH}", node))
+        lim = self.env.limits
+        if depth > lim.expr_depth:
+            raise self._fix(_err(Code.LIMIT, f"expression nested deeper than {lim.expr_depth} "
+                                             "(rule_limits.expr_depth)", node))
+        self._nodes[0] += 1
+        if self._nodes[0] > lim.expr_nodes:
+            raise self._fix(_err(Code.LIMIT, f"expression has more than {lim.expr_nodes} parts with its macros "
+                                             "expanded (rule_limits.expr_nodes)", node))
         try:
             return self._dispatch(node, depth + 1)
         except ExprError:
@@ -388,10 +397,10 @@ class Compiler:
                 raise self._fix(_err(Code.FORBIDDEN_SYNTAX, f"literal {v!r} not allowed; use numbers and strings", node))
             if isinstance(v, str):
                 return _Node(T.STR, lambda ctx, v=v: v, v)
-            try:
-                fv = float(v)
-            except OverflowError:
-                raise self._fix(_err(Code.EXPR_SYNTAX, "number too large", node)) from None
+            why = self.env.limits.number_problem(v)
+            if why:
+                raise self._fix(_err(Code.OUT_OF_RANGE, why, node))
+            fv = float(v)
             return _Node(T.NUM, lambda ctx, fv=fv: fv, fv)
         if isinstance(node, (ast.Tuple, ast.List)):
             items = []
@@ -497,15 +506,22 @@ class Compiler:
             if isinstance(v, bool):
                 raise self._fix(_err(Code.WRONG_TYPE, f"param {name} must be a number or a duration", node))
             if isinstance(v, (int, float)):
+                why = env.limits.number_problem(v)
+                if why:
+                    raise self._fix(_err(Code.OUT_OF_RANGE, f"param {name}: {why}", node))
                 fv = float(v)
                 return _Node(T.NUM, lambda ctx, fv=fv: fv, fv)
             if isinstance(v, list):
+                self._check_items(v, f"param {name}", node)
                 return _Node(T.LIST, lambda ctx, v=v: v, list(v))
             try:  # a string that reads as a duration (30s, 5) is one; any other string is a string
                 d = parse_duration(str(v))
             except ValueError:
                 sv = str(v)
                 return _Node(T.STR, lambda ctx, sv=sv: sv, sv, param=name)
+            why = env.limits.duration_problem(d)
+            if why:
+                raise self._fix(_err(Code.OUT_OF_RANGE, f"param {name}: {why}", node))
             return _Node(T.DUR, lambda ctx, d=d: d, d)
         if name in env.macros:
             if name in self._macro_stack:
@@ -515,6 +531,7 @@ class Compiler:
             try:
                 sub = Compiler(self.env, env.macros[name])
                 sub._macro_stack = list(self._macro_stack)
+                sub._nodes = self._nodes
                 tree = sub._parse(env.macros[name])
                 res = sub._expr(tree.body, depth)
             except ExprError as e:
@@ -529,6 +546,7 @@ class Compiler:
             return res
         if name in env.lists:
             items = list(env.lists[name])
+            self._check_items(items, f"list {name}", node)
             return _Node(T.LIST, lambda ctx, items=items: items, items)
         if name == "entity":
             return _Node(T.STRVEC, lambda ctx: ctx.names)
@@ -549,6 +567,15 @@ class Compiler:
         if name in FUNCTIONS:
             raise self._fix(_err(Code.WRONG_TYPE, f"{name} is a function: call it, e.g. {FUNCTION_DOCS.get(name, name)}", node))
         raise self._fix(self._unknown_name(name, node))
+
+    def _check_items(self, items: list, what: str, node: ast.AST) -> None:
+        """List items are numbers or strings, within the number limits (``in`` holds them as float64)."""
+        for i in items:
+            if isinstance(i, bool) or not isinstance(i, (int, float, str)):
+                raise self._fix(_err(Code.WRONG_TYPE, f"{what}: items must be numbers or strings", node))
+            why = self.env.limits.number_problem(i)
+            if why:
+                raise self._fix(_err(Code.OUT_OF_RANGE, f"{what}: {why}", node))
 
     def _unknown_name(self, name: str, node: ast.AST) -> ExprError:
         collectors = {s.collector for s in self.env.catalogue.values()}
@@ -660,7 +687,11 @@ class Compiler:
         # bitand
         if len(subs) != 2 or subs[1].t is not T.NUM:
             raise self._fix(_err(Code.WRONG_TYPE, "bitand(v, mask) takes a value and an integer mask", node))
-        f, mask = fns[0], int(subs[1].const)
+        mask_v = subs[1].const
+        if not (mask_v == mask_v and 0 <= mask_v < 2.0 ** 62 and float(mask_v).is_integer()):
+            raise self._fix(_err(Code.OUT_OF_RANGE, f"bitand() mask must be an integer in 0..2**62, got {mask_v:g}",
+                                 args[1]))
+        f, mask = fns[0], int(mask_v)
 
         def bitand(ctx):
             x = np.asarray(f(ctx), dtype=float)
@@ -696,8 +727,9 @@ class Compiler:
         return sig, fn, self._label(arg)
 
     def _series_fn(self, node: ast.AST, sig: str, depth: int) -> Callable[[np.ndarray], np.ndarray]:
-        if depth > MAX_DEPTH:
-            raise self._fix(_err(Code.EXPR_SYNTAX, "expression nested too deeply", node))
+        if depth > self.env.limits.expr_depth:
+            raise self._fix(_err(Code.LIMIT, f"expression nested deeper than {self.env.limits.expr_depth} "
+                                             "(rule_limits.expr_depth)", node))
         if isinstance(node, ast.Name) and node.id == sig:
             return lambda W: W
         if isinstance(node, ast.Compare):
@@ -751,8 +783,11 @@ class Compiler:
         if sub.t is not T.DUR:
             raise self._fix(_err(Code.WRONG_TYPE if sub.t is not T.NUM else Code.BAD_DURATION,
                                  f"{fname}() needs a duration here (e.g. 30s, 5m), got a {sub.t.value}", arg))
-        if not sub.const or sub.const <= 0:
+        if not sub.const or not sub.const > 0:
             raise self._fix(_err(Code.BAD_DURATION, f"{fname}() window must be longer than 0s", arg))
+        why = self.env.limits.duration_problem(float(sub.const))
+        if why:
+            raise self._fix(_err(Code.OUT_OF_RANGE, f"{fname}() window: {why}", arg))
         return float(sub.const)
 
     def _window_call(self, node: ast.Call, name: str, args: list, depth: int) -> _Node:

@@ -11,6 +11,9 @@ from typing import Sequence
 
 from skewd.model import parse_duration
 
+from .codes import Code, ExprError
+from .limits import RuleLimits
+
 #: a duration literal outside a name or number: 30s, 250ms, 1h30m, 1.5m
 _DUR_LIT = re.compile(r"(?<![\w.])((?:\d+(?:\.\d+)?(?:ms|s|m|h|d))+)(?![\w.])")
 #: placeholder names: the compiler reads ``_d<i>_`` as the i-th duration
@@ -41,10 +44,12 @@ def split_strings(text: str) -> list[tuple[int, int, bool]]:
     return segs
 
 
-def rewrite_durations(text: str) -> tuple[str, list[float], list[tuple[int, int, int]]]:
+def rewrite_durations(text: str, limits: RuleLimits | None = None
+                      ) -> tuple[str, list[float], list[tuple[int, int, int]]]:
     """Replace duration literals by placeholder names.
 
-    Returns (new text, durations by placeholder index, spans (new_start, new_len, orig_len))."""
+    Returns (new text, durations by placeholder index, spans (new_start, new_len, orig_len)).
+    With ``limits``, a literal outside them raises an :class:`ExprError` at its offset."""
     out: list[str] = []
     durs: list[float] = []
     spans: list[tuple[int, int, int]] = []
@@ -60,7 +65,11 @@ def rewrite_durations(text: str) -> tuple[str, list[float], list[tuple[int, int,
             out.append(seg[last: m.start()])
             pos += m.start() - last
             name = PLACEHOLDER.format(len(durs))
-            durs.append(parse_duration(m.group(1)))
+            d = parse_duration(m.group(1))
+            why = limits.duration_problem(d) if limits is not None else None
+            if why:
+                raise ExprError(Code.OUT_OF_RANGE, f"{m.group(1)}: {why}", a + m.start(1))
+            durs.append(d)
             spans.append((pos, len(name), len(m.group(1))))
             out.append(name)
             pos += len(name)

@@ -28,8 +28,9 @@ from . import paths as _paths
 from .codes import Code, ExprError
 from .engine import ENGINE_VERSION, Rule, RuleSet
 from .expr import CompileEnv, compile_expr
+from .limits import DEFAULT_LIMITS, RuleLimits
 from .pathologies import PATHOLOGIES
-from .yamlpos import PList, PMap, Pos, YamlError, load, scalar_offset_pos
+from .yamlpos import PList, PMap, Pos, YamlError, YamlLimitError, load, scalar_offset_pos
 
 TOP_KEYS = {"required_engine_version", "rules", "macros", "lists"}
 RULE_KEYS = {"id", "pathology", "desc", "scope", "requires", "params", "expr", "for", "keep_firing_for",
@@ -106,8 +107,10 @@ def _suggest(word: str, options: Iterable[str]) -> str:
 
 
 class Loader:
-    def __init__(self, catalogue: Catalogue) -> None:
+    def __init__(self, catalogue: Catalogue, limits: RuleLimits = DEFAULT_LIMITS) -> None:
         self.catalogue = catalogue
+        self.limits = limits
+        self._too_many_rules = False
         self.issues: list[LoadIssue] = []
         self.rules: dict[str, _RuleDef] = {}
         self.order: list[str] = []
@@ -122,22 +125,33 @@ class Loader:
     # -- stage 1: read ------------------------------------------------------------------------
     def read(self, path: Path, text: str | None = None) -> None:
         name = str(path)
+        cap = self.limits.file_bytes
         if text is None:
             try:
-                text = path.read_text()
+                with open(path, "rb") as f:  # never more than the limit into memory
+                    raw = f.read(cap + 1)
+                text = raw.decode("utf-8") if len(raw) <= cap else ""
             except OSError as e:
                 self.issue(Code.IO, f"cannot read rule file: {e.strerror or e}", Pos(name, 1, 1))
                 return
             except UnicodeDecodeError as e:
                 self.issue(Code.IO, f"not UTF-8 text: {e}", Pos(name, 1, 1))
                 return
+            if len(raw) > cap:
+                self.issue(Code.LIMIT, f"rule file larger than {cap} bytes (rule_limits.file_bytes)", Pos(name, 1, 1))
+                return
         self.files.append(name)
-        self._file_lines[name] = text.splitlines()
         try:
-            doc, dupes = load(text, name)
+            doc, dupes = load(text, name, self.limits.yaml())
+        except YamlLimitError as e:
+            key = {"bytes": " (rule_limits.file_bytes)", "depth": " (rule_limits.yaml_depth)",
+                   "nodes": " (rule_limits.yaml_alias_ratio, yaml_nodes)"}.get(e.limit, "")
+            self.issue(Code.LIMIT, e.message + key, e.pos)
+            return
         except YamlError as e:
             self.issue(Code.YAML_SYNTAX, e.message, e.pos)
             return
+        self._file_lines[name] = text.splitlines()
         for d in dupes:
             self.issue(Code.YAML_SYNTAX, d.message, d.pos)
         self.collect(doc, name)
@@ -191,10 +205,17 @@ class Loader:
                        "a list needs name: (lower_snake_case)", item.pos)
             return
         items = item.get("items")
-        if not isinstance(items, list) or any(isinstance(i, (dict, list)) or isinstance(i, bool) for i in items):
+        if not isinstance(items, list) or any(isinstance(i, bool) or not isinstance(i, (int, float, str))
+                                              for i in items):
             self.issue(Code.BAD_VALUE, f"list {name}: items must be a list of numbers or strings",
                        item.val_pos.get("items", item.pos))
             return
+        for i, v in enumerate(items):
+            why = self.limits.number_problem(v)
+            if why:
+                at = items.item_pos[i] if isinstance(items, PList) else item.val_pos.get("items", item.pos)
+                self.issue(Code.OUT_OF_RANGE, f"list {name}: {why}", at)
+                return
         self.lists[name] = list(items)
 
     def _collect_macro(self, item: PMap) -> None:
@@ -234,6 +255,12 @@ class Loader:
         rd = _RuleDef(dict(item), item.pos, dict(item.key_pos), dict(item.val_pos), dict(item.val_style))
         if isinstance(item.get("expr"), str):
             rd.expr_parts = [(item["expr"], item.val_pos["expr"], item.val_style.get("expr"))]
+        if len(self.rules) >= self.limits.rules:
+            if not self._too_many_rules:
+                self._too_many_rules = True
+                self.issue(Code.LIMIT, f"more than {self.limits.rules} rules in this rule set (rule_limits.rules)",
+                           item.pos, rid)
+            return
         self.rules[rid] = rd
         self.order.append(rid)
 
@@ -329,7 +356,10 @@ class Loader:
         layer = enum("layer", Layer)
         severity = enum("severity", Severity, "warning")
         path = d.get("pathology")
-        if path is not None and path not in PATHOLOGIES and not str(path).startswith("custom"):
+        if path is not None and not isinstance(path, str):
+            self.issue(Code.BAD_VALUE, "pathology must be an ID such as GPU-2 (see docs/pathologies.md) or "
+                                       "custom-<name>", vp("pathology"), rid)
+        elif path is not None and path not in PATHOLOGIES and not str(path).startswith("custom"):
             self.issue(Code.BAD_VALUE, f"pathology {path!r} is not in the catalogue{_suggest(path, PATHOLOGIES)} "
                                        "(use an ID from docs/pathologies.md, or custom-<name>)", vp("pathology"), rid)
         durations = {}
@@ -337,20 +367,26 @@ class Loader:
             v = d.get(key, "0s")
             try:
                 durations[key] = parse_duration(v)
-            except ValueError as e:
+            except (ValueError, TypeError) as e:
                 self.issue(Code.BAD_DURATION, f"{key}: {e}", vp(key), rid)
+                continue
+            why = self.limits.duration_problem(durations[key])
+            if why:
+                self.issue(Code.OUT_OF_RANGE, f"{key}: {why}", vp(key), rid)
         params = d.get("params") or {}
         if not isinstance(params, dict):
             self.issue(Code.BAD_VALUE, "params must be a mapping of name: number, duration, string or list", vp("params"), rid)
             params = {}
+        usable: dict[Any, Any] = {}  # what the expression compiles against: a bad param reads as a neutral one
         for pk, pv in params.items():
             ppos = params.val_pos.get(pk, vp("params")) if isinstance(params, PMap) else vp("params")
-            if not isinstance(pk, str) or not _NAME.match(pk):
-                self.issue(Code.BAD_VALUE, f"param name {pk!r} must be lower_snake_case", ppos, rid)
-            elif isinstance(pv, bool) or not isinstance(pv, (int, float, str, list)):
-                self.issue(Code.BAD_VALUE, f"param {pk} must be a number, a duration, a string or a list", ppos, rid)
-            # a string param is checked where the expression uses it: as a duration it must parse
-            # (E009 at that use), compared with entity/node it is a plain string (port: eth1)
+            problem = self._param_problem(pk, pv)
+            if problem is None:
+                usable[pk] = pv
+                continue
+            code, msg = problem
+            self.issue(code, msg, ppos, rid)
+            usable[pk] = "1s" if isinstance(pv, str) else [] if isinstance(pv, list) else 0.0
         for key, typ, what in (("labels", dict, "a mapping of strings"), ("tags", list, "a list of strings"),
                                ("requires", list, "a list of signal names")):
             v = d.get(key)
@@ -377,7 +413,7 @@ class Loader:
                                                      f"{_suggest(s, self.catalogue)}", p or rd.pos, rid)
         compiled = None
         if scope is not None and isinstance(d.get("expr"), str):
-            env = CompileEnv(self.catalogue, scope, params, self.macros, self.lists)
+            env = CompileEnv(self.catalogue, scope, usable, self.macros, self.lists, self.limits)
             try:
                 compiled = compile_expr(d["expr"], env)
             except ExprError as e:
@@ -411,6 +447,30 @@ class Loader:
             tags=tags, enabled=bool(enabled), summary=str(d.get("summary", "")), compiled=compiled, digest=digest,
             source=str(rd.pos), peers_by=peers_by,
         )
+
+    def _param_problem(self, pk: Any, pv: Any) -> tuple[Code, str] | None:
+        """Why a param cannot be used as written (None: it can)."""
+        if not isinstance(pk, str) or not _NAME.match(pk):
+            return Code.BAD_VALUE, f"param name {pk!r} must be lower_snake_case"
+        if isinstance(pv, bool) or not isinstance(pv, (int, float, str, list)):
+            return Code.BAD_VALUE, f"param {pk} must be a number, a duration, a string or a list"
+        if isinstance(pv, str):
+            # a string that reads as a duration is one and must be in range; any other string is
+            # checked where the expression uses it (E009 as a duration, a plain string beside
+            # entity/node: port: eth1)
+            try:
+                d = parse_duration(pv)
+            except ValueError:
+                return None
+            why = self.limits.duration_problem(d)
+            return (Code.OUT_OF_RANGE, f"param {pk}: {why}") if why else None
+        if isinstance(pv, list):
+            if any(isinstance(i, bool) or not isinstance(i, (int, float, str)) for i in pv):
+                return Code.BAD_VALUE, f"param {pk}: a list param holds numbers or strings"
+            why = next((w for w in map(self.limits.number_problem, pv) if w), None)
+            return (Code.OUT_OF_RANGE, f"param {pk}: {why}") if why else None
+        why = self.limits.number_problem(pv)
+        return (Code.OUT_OF_RANGE, f"param {pk}: {why}") if why else None
 
     def _peers_by(self, d: dict, scope: Scope | None, pos: Pos, rid: str) -> tuple[str, ...]:
         """``peers_by``: node labels that split a group scope's peers (like PromQL's ``by``)."""
@@ -447,9 +507,10 @@ class Loader:
 
 
 def load_rules(paths: Sequence[str | Path], catalogue: Catalogue,
-               texts: dict[str, str] | None = None) -> LoadResult:
-    """Load rule files/directories in order (later files may override earlier rules)."""
-    loader = Loader(catalogue)
+               texts: dict[str, str] | None = None, limits: RuleLimits = DEFAULT_LIMITS) -> LoadResult:
+    """Load rule files/directories in order (later files may override earlier rules), within
+    ``limits`` (see :mod:`skewd.rules.limits`)."""
+    loader = Loader(catalogue, limits)
     files = rule_files(paths)
     if not files:
         loader.issue(Code.IO, "no rule files found", Pos(",".join(map(str, paths)) or "-", 1, 1))
@@ -462,8 +523,9 @@ def load_rules(paths: Sequence[str | Path], catalogue: Catalogue,
     return LoadResult(RuleSet(rules, loader.files, version), [])
 
 
-def load_rules_or_raise(paths: Sequence[str | Path], catalogue: Catalogue) -> RuleSet:
-    res = load_rules(paths, catalogue)
+def load_rules_or_raise(paths: Sequence[str | Path], catalogue: Catalogue,
+                        limits: RuleLimits = DEFAULT_LIMITS) -> RuleSet:
+    res = load_rules(paths, catalogue, limits=limits)
     if not res.ok:
         raise RuleLoadError(res.issues)
     return res.ruleset

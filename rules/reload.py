@@ -12,6 +12,7 @@ from typing import Sequence
 from skewd.model import Catalogue
 
 from .engine import Engine, RuleSet
+from .limits import DEFAULT_LIMITS, RuleLimits
 from .loader import LoadIssue, load_rules
 
 
@@ -29,13 +30,20 @@ class ReloadResult:
 
 
 class RuleManager:
-    def __init__(self, paths: Sequence[str | Path], catalogue: Catalogue) -> None:
+    """Owns the rule paths and their budgets; the agent calls :meth:`reload` on SIGHUP or a
+    file change. A reload reads under the same :class:`RuleLimits` as the first load, so a
+    hostile or broken file costs a bounded amount of memory and leaves the running rules as
+    they were."""
+
+    def __init__(self, paths: Sequence[str | Path], catalogue: Catalogue,
+                 limits: RuleLimits = DEFAULT_LIMITS) -> None:
         self.paths = list(paths)
         self.catalogue = catalogue
+        self.limits = limits
         self.last_result: ReloadResult | None = None
 
     def load_initial(self) -> RuleSet:
-        res = load_rules(self.paths, self.catalogue)
+        res = load_rules(self.paths, self.catalogue, limits=self.limits)
         if not res.ok:
             from .loader import RuleLoadError
 
@@ -44,7 +52,7 @@ class RuleManager:
         return res.ruleset
 
     def reload(self, engine: Engine) -> ReloadResult:
-        res = load_rules(self.paths, self.catalogue)
+        res = load_rules(self.paths, self.catalogue, limits=self.limits)
         if not res.ok:
             self.last_result = ReloadResult(False, res.issues, [], engine.rules.version)
             return self.last_result

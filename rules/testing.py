@@ -52,9 +52,15 @@ class SeriesError(ValueError):
     pass
 
 
-def expand_values(text: str) -> list[float]:
+#: values one input series may expand to: a week at one sample a second (``'1x99999999999'``
+#: would otherwise ask for terabytes)
+MAX_SERIES_VALUES = 7 * 86400
+
+
+def expand_values(text: str, limit: int = MAX_SERIES_VALUES) -> list[float]:
     """promtool's expanding notation: ``'1 2 _ 3'``, ``'0+10x30'`` (31 values: 0,10,…,300),
-    ``'5-1x4'``, ``'7x3'`` (7 four times), ``'_x5'`` (five missing). NaN marks a missing sample."""
+    ``'5-1x4'``, ``'7x3'`` (7 four times), ``'_x5'`` (five missing). NaN marks a missing sample.
+    Raises SeriesError past ``limit`` values."""
     out: list[float] = []
     for tok in str(text).split():
         if tok == "_":
@@ -63,6 +69,8 @@ def expand_values(text: str) -> list[float]:
         m = _TERM.match(tok)
         if m:
             n = int(m.group("n"))
+            if len(out) + n + 1 > limit:
+                raise SeriesError(f"'{tok}': the series would hold more than {limit} values")
             if m.group("a") == "_":
                 if m.group("op"):
                     raise SeriesError(f"'{tok}': a missing value cannot step")

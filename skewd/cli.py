@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from typing import Sequence
 
@@ -47,7 +48,36 @@ DELEGATED = (
 )
 
 
+#: exit status of a command whose reader went away (``skewd replay --json | head``): what a
+#: shell reports for a process ended by SIGPIPE, the Unix way of saying "nobody was listening"
+EXIT_BROKEN_PIPE = 128 + 13
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command. Output to a pipe whose reader has gone (``| head``) ends the command
+    quietly with status 141, as ``cat`` or ``grep`` would, instead of a BrokenPipeError
+    traceback."""
+    try:
+        rc = _main(argv)
+        sys.stdout.flush()  # here, not at interpreter exit, where a closed pipe cannot be handled
+        return rc
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not fail again (Python's
+    documented recipe for SIGPIPE)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     delegated = {name: mod for name, mod, _ in DELEGATED}
     if argv and argv[0] in delegated:

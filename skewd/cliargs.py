@@ -28,6 +28,19 @@ def duration(text: str) -> float:
     return v
 
 
+def size(text: str) -> int:
+    """argparse ``type=`` for a positive size in bytes: ``512M``, ``4G``, ``4GiB``, ``1000000``."""
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    t = text.strip().lower().removesuffix("ib").removesuffix("b")
+    try:
+        v = float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: write a size such as 512M or 4G") from None
+    if not v > 0 or v != v or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a positive size")
+    return int(v)
+
+
 def speed(text: str) -> float:
     """argparse ``type=`` for a paced speed (``1x``, ``4x``, ``4``)."""
     try:

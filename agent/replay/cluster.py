@@ -21,12 +21,14 @@ from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
 from skewd.controller import messages as controller_messages
+from skewd.controller.config import ConfigError
 from skewd.controller.offline import OfflineController, offline_config
 from skewd.model import GROUP_SCOPES, Catalogue, Finding
 from skewd.rules.engine import RuleSet
+from skewd.rules.loader import RuleLoadError
 
 from .. import bundle
-from .core import Event, Replayer, ReplayResult
+from .core import Event, ReplayError, Replayer, ReplayResult
 
 
 class ClusterReplay:
@@ -41,8 +43,13 @@ class ClusterReplay:
         ones recorded in the bundle, or ``--rules``."""
         self.replayer = replayer
         rs = self._controller_rules()
-        self.cfg = offline_config(replayer.cluster, controller_config, overrides)
-        self.controller = OfflineController(self.cfg, catalogue=replayer.catalogue, ruleset=rs)
+        try:
+            self.cfg = offline_config(replayer.cluster, controller_config, overrides)
+            self.controller = OfflineController(self.cfg, catalogue=replayer.catalogue, ruleset=rs)
+        except (ConfigError, RuleLoadError) as e:  # an operator's file, or a bundle's cluster no controller takes
+            problems = getattr(e, "problems", None) or getattr(e, "issues", None)
+            raise ReplayError(f"controller config: {e}" + ("".join(f"\n  {p}" for p in problems) if problems else "")
+                              ) from None
         self.incidents: list[controller_messages.Incident] = []
         self.suggestions: list[controller_messages.RemapSuggestion] = []
 

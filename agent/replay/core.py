@@ -43,12 +43,14 @@ class ReplayError(Exception):
 # Inputs
 # ---------------------------------------------------------------------------------------------
 
-def open_segments(paths: Sequence[str | Path]) -> tuple[list[bundle.Segment], list[bundle.Damage]]:
-    """Every segment under ``paths``, oldest first; unusable ones are reported, not fatal."""
+def open_segments(paths: Sequence[str | Path], limits: bundle.BundleLimits = bundle.DEFAULT_LIMITS
+                  ) -> tuple[list[bundle.Segment], list[bundle.Damage]]:
+    """Every segment under ``paths``, oldest first; unusable ones are reported, not fatal.
+    A bundle may come from anyone: each is read within ``limits`` (docs/reliability.md)."""
     segs, damage = [], []
     for p in bundle.find_segments(paths):
         try:
-            segs.append(bundle.Segment(p))
+            segs.append(bundle.Segment(p, limits))
         except bundle.BundleError as e:
             damage.append(bundle.Damage(e.path, e.offset or 0, e.message))
     segs.sort(key=lambda s: (s.start, str(s.path)))
@@ -201,9 +203,11 @@ class Replayer:
     def __init__(self, segments: Sequence[bundle.Segment], catalogue: Catalogue, *,
                  rules: Sequence[str | Path] | None = None, t_from: float | None = None,
                  t_to: float | None = None, nodes: Sequence[str] | None = None,
-                 open_damage: Sequence[bundle.Damage] = (), range_eval: bool = True, max_range: int = 300) -> None:
+                 open_damage: Sequence[bundle.Damage] = (), range_eval: bool = True, max_range: int = 300,
+                 max_nodes: int = bundle.DEFAULT_LIMITS.nodes) -> None:
         """``range_eval``: evaluate each node's ticks in ranges of up to ``max_range`` ticks
         (same findings, see :meth:`events`); False evaluates at every tick as it is reached.
+        ``max_nodes``: at most this many nodes get a pipeline (:meth:`_pipeline`).
         Time slices replayed in parallel processes: :class:`.slices.ParallelReplayer`."""
         if not segments:
             raise ReplayError("no readable capture segment")
@@ -217,6 +221,8 @@ class Replayer:
         self.max_range = max(1, int(max_range))
         self.rule_paths = [str(r) for r in rules] if rules else None
         self.samples_elsewhere = 0  # samples the slice workers ingested (see .slices)
+        self.max_nodes = max(1, int(max_nodes))
+        self._refused_nodes: set[str] = set()
         self._sig_cache: dict[int, tuple] = {}
         self.stopped_early: list[str] = []
         self._fixed = _load(rules, catalogue) if rules else None
@@ -273,9 +279,19 @@ class Replayer:
     def _seg_nodes(seg: bundle.Segment) -> list[str]:
         return seg.nodes or [str(seg.meta.get("recorder_node") or "")]
 
-    def _pipeline(self, node: str, rs: RuleSet, seg: bundle.Segment) -> Pipeline:
+    def _pipeline(self, node: str, rs: RuleSet, seg: bundle.Segment) -> Pipeline | None:
+        """The node's pipeline, created on its first sample; None once ``max_nodes`` pipelines
+        exist (each holds a window store: a bundle naming 100,000 nodes must not take 3 GB)."""
         p = self.pipelines.get(node)
         avail = seg.meta.get("available_signals")
+        if p is None and len(self.pipelines) >= self.max_nodes:
+            if node not in self._refused_nodes:
+                self._refused_nodes.add(node)
+                if len(self._refused_nodes) == 1:
+                    self.stopped_early.append(
+                        f"{seg.path}: more than {self.max_nodes} nodes; the samples of the others are not replayed "
+                        "(skewd replay --limit nodes=N, or --node to pick)")
+            return None
         if p is None:
             lab = {k: v for k, v in self.labels.get(node, {}).items() if k != "cluster"}
             p = self.pipelines[node] = Pipeline(self.catalogue, rs, node=node, cluster=self.cluster, labels=lab,
@@ -387,13 +403,15 @@ class Replayer:
                 if got is None:
                     if waiting.get(node) and self._reconfigures(node, rs, seg):
                         yield from flush()  # a hot reload: the waiting ticks ran with the old rules
-                    self._pipeline(node, rs, seg)  # created in arrival order, as before
+                    if self._pipeline(node, rs, seg) is None:  # created in arrival order, as before
+                        continue  # past max_nodes (noted once)
                     got = due[node] = []
                 got.append(batch)
             evaluate = self.t_from is None or t >= self.t_from
             emit = evaluate and (emit_from is None or t >= emit_from)
             for node, batches in due.items():  # one ingest per node and tick: see WindowStore.ingest_many
                 pipe = self._pipeline(node, rs, seg)
+                assert pipe is not None  # due holds only nodes with a pipeline
                 w = waiting.get(node)
                 if w and not self._may_ingest_ahead(pipe, w, batches):
                     yield from flush()
@@ -408,6 +426,8 @@ class Replayer:
                 if self.range_eval and evaluate and waiting.get(node) and self._reconfigures(node, rs, seg):
                     yield from flush()
                 pipe = self._pipeline(node, rs, seg)
+                if pipe is None:
+                    continue
                 if evaluate:
                     if self.range_eval:
                         w = waiting.setdefault(node, [])

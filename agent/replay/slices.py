@@ -62,7 +62,8 @@ def boundaries(rep: Replayer, jobs: int) -> list[float]:
 def _spec(rep: Replayer) -> dict[str, Any]:
     return {"paths": [str(s.path) for s in rep.segments], "rules": rep.rule_paths, "t_from": rep.t_from,
             "t_to": rep.t_to, "nodes": sorted(rep.only) if rep.only is not None else None,
-            "range_eval": rep.range_eval, "max_range": rep.max_range, "horizon": rep.horizon}
+            "range_eval": rep.range_eval, "max_range": rep.max_range, "horizon": rep.horizon,
+            "max_nodes": rep.max_nodes}
 
 
 def _stats(rep: Replayer, mark: dict) -> dict:
@@ -82,7 +83,8 @@ def _worker(conn: Any, spec: dict, warm_from: float, emit_from: float, checkpoin
 
         segs, _ = open_segments(spec["paths"])
         rep = Replayer(segs, replay_catalogue(segs), rules=spec["rules"], t_from=spec["t_from"], t_to=spec["t_to"],
-                       nodes=spec["nodes"], range_eval=spec["range_eval"], max_range=spec["max_range"])
+                       nodes=spec["nodes"], range_eval=spec["range_eval"], max_range=spec["max_range"],
+                       max_nodes=spec["max_nodes"])
         rep.horizon = spec["horizon"]
         events: list[Event] = []
         mark: dict = {}

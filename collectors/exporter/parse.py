@@ -13,6 +13,8 @@ from typing import Iterable
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from skewd.collectors.promhttp import sample_value
+
 from .mapping import MappingFile, Rule
 
 
@@ -35,7 +37,7 @@ def series(text: str) -> Iterable[tuple[tuple[str, ...], dict[str, str], float]]
             names: tuple[str, ...] = (s.name,)
             if fam.type == "counter" and s.name == fam.name + "_total":
                 names = (s.name, fam.name)
-            yield names, s.labels, float(s.value)
+            yield names, s.labels, sample_value(s.value)
 
 
 def apply(mapping: MappingFile, text: str) -> Applied:

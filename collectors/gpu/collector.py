@@ -157,7 +157,12 @@ class GpuCollector(Collector):
             if count is None:
                 fields = self.query.fields(i, h, [_FI_NVLINK_COUNT])
                 if _FI_NVLINK_COUNT in fields:
-                    count = int(fields[_FI_NVLINK_COUNT])
+                    raw = fields[_FI_NVLINK_COUNT]
+                    if not 0 <= raw <= pynvml.NVML_NVLINK_MAX_LINKS:  # also NaN: the driver answered nonsense
+                        # (a u32 of 4 billion links would be walked one NVML call at a time)
+                        self.stats.error("read")
+                        return None, None
+                    count = int(raw)
                 elif self.query.skipped(i, f"field {_FI_NVLINK_COUNT}"):
                     # older drivers: walk the links until NVML says there is no such link
                     count = 0

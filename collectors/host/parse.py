@@ -87,12 +87,21 @@ def node_cpu_signal(mode: str) -> str:
     return f"host_node_cpu_{mode}_seconds_total"
 
 
+def _ticks(x: str) -> int:
+    """One /proc/stat time column: a u64 count of USER_HZ ticks. Raises ValueError otherwise."""
+    v = int(x)
+    if not 0 <= v < 1 << 64:
+        raise ValueError(f"/proc/stat time {x[:30]!r} is not a 64-bit tick count")
+    return v
+
+
 def parse_stat(text: str, user_hz: int = USER_HZ) -> list[Sample]:
     """Per-CPU (entity ``cpuN``) and node (entity ``""``) CPU seconds, online CPU count,
     and the run-queue gauges ``procs_running``/``procs_blocked``.
 
     The node aggregate comes from the kernel's own ``cpu`` line, which also keeps the time of
-    CPUs that are now offline; per-CPU lines exist only for online CPUs.
+    CPUs that are now offline; per-CPU lines exist only for online CPUs. Raises ValueError on a
+    line that is not /proc/stat's (the collector reports it as a read error).
     """
     # only cpu* and procs_* lines are read: the others (``intr`` holds one number per interrupt
     # source, thousands on a large node) are dropped before they are split
@@ -109,7 +118,7 @@ def _stat_samples(lines: Iterable[str], user_hz: int) -> list[Sample]:
             continue
         key = parts[0]
         if key.startswith("cpu"):
-            ticks = dict(zip(STAT_COLUMNS, (int(x) for x in parts[1:])))
+            ticks = dict(zip(STAT_COLUMNS, (_ticks(x) for x in parts[1:])))
             if key == "cpu":
                 entity, name = "", node_cpu_signal
             elif key[3:].isdigit():

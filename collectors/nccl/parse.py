@@ -193,6 +193,8 @@ class JsonStream:
             obj = json.loads(line)
         except ValueError as e:
             raise RecordError(f"not a JSON object ({e})") from None
+        except RecursionError:
+            raise RecordError("not a JSON object (nested deeper than any Inspector record)") from None
         if not isinstance(obj, dict):
             raise RecordError(f"expected a JSON object, got {type(obj).__name__}")
         if "dump_stats" in obj:

@@ -245,7 +245,7 @@ def speed_mbps(text: str | int | None) -> int | None:
         v = int(str(text).split()[0]) if isinstance(text, str) else int(text)
     except (ValueError, IndexError):
         return None
-    if v in _SPEED_UNKNOWN or v <= 0:
+    if v in _SPEED_UNKNOWN or v <= 0 or v >= 1 << 32:  # the kernel prints a u32 (%d of an int)
         return None
     return v
 

@@ -142,9 +142,11 @@ def parse_aer(text: str | None) -> dict[str, int]:
         if not name:
             continue
         try:
-            out[name] = int(count)
+            v = int(count)
         except ValueError:
             continue
+        if 0 <= v < 1 << 64:  # AER counters are u64; anything else is not a count
+            out[name] = v
     return out
 
 
@@ -200,9 +202,10 @@ def numa_samples(text: str | None) -> list[tuple[str, float]]:
     if text is None:
         return []
     try:
-        return [("pcie_numa_node", float(int(text.strip())))]
+        v = int(text.strip())
     except ValueError:
         return []
+    return [("pcie_numa_node", float(v))] if -1 <= v < 1 << 16 else []  # -1: no NUMA affinity
 
 
 def device_samples(files: Mapping[str, str | None]) -> list[tuple[str, float]]:

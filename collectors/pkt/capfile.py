@@ -12,6 +12,14 @@ what a sequential walk gives (the tests compare both), at a cost of a few hundre
 
 Damaged files never raise from :func:`read_capture` (unless ``strict``): the frames read
 before the damage are kept and ``Capture.problems`` names the file and byte offset.
+
+Budgets (:class:`CaptureLimits`): a ``.gz``/``.zst`` capture is decompressed as a stream and
+stops with a :class:`CaptureError` once it would exceed ``max_ratio`` times its compressed size
+(real captures compress 2-10x, a decompression bomb 1000x) or ``max_decompressed`` bytes; both
+are settable (``skewd pkt --max-decompressed/--max-ratio``). pcapng option values that no
+64-bit timestamp can honour (``if_tsresol`` finer than 10^-19 s or 2^-63 s, an ``if_tsoffset``
+beyond +-2^33 s) make that interface's packets unreadable, reported with the interface block's
+byte offset; the rest of the file is read.
 """
 from __future__ import annotations
 
@@ -19,6 +27,8 @@ import gzip
 import mmap
 import os
 import struct
+import zlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -43,13 +53,37 @@ PCAPNG_RUNS_MIN_BYTES = 1 << 16
 SEGDIV = 4096
 
 
+#: if_tsresol exponents a uint64 tick count can mean (10^-19 s and 2^-63 s are its finest steps)
+MAX_TSRESOL_DEC = 19
+MAX_TSRESOL_BIN = 63
+#: if_tsoffset (seconds) whose nanoseconds fit an int64 with room for the packet times
+MAX_TSOFFSET = 1 << 33
+_READ_CHUNK = 1 << 20
+
+
 class CaptureError(Exception):
     """The file cannot be read at all (or, with ``strict``, not entirely)."""
 
 
+@dataclass(frozen=True)
+class CaptureLimits:
+    """Decompression budget (see module doc). The floor lets a tiny compressed file of a
+    highly regular capture expand more than the ratio says."""
+
+    max_decompressed: int = 4 << 30
+    max_ratio: float = 100.0
+    ratio_floor: int = 64 << 20
+
+    def cap(self, compressed_size: int) -> int:
+        return int(min(self.max_decompressed, max(self.ratio_floor, self.max_ratio * compressed_size)))
+
+
+DEFAULT_LIMITS = CaptureLimits()
+
+
 # -- loading ---------------------------------------------------------------------------------
 
-def _load(path: Path) -> np.ndarray:
+def _load(path: Path, limits: CaptureLimits = DEFAULT_LIMITS) -> np.ndarray:
     """The file's bytes as a uint8 array (memory-mapped when not compressed)."""
     try:
         with open(path, "rb") as f:
@@ -65,14 +99,17 @@ def _load(path: Path) -> np.ndarray:
                         f"{path}: zstd-compressed capture, and the 'zstandard' Python module is not "
                         f"installed: decompress it first (zstd -d '{path}') or pip install 'skewd[zstd]'") from None
                 f.seek(0)
-                with zstandard.ZstdDecompressor().stream_reader(f) as r:
-                    data = r.read()
-                return np.frombuffer(data, np.uint8)
+                try:
+                    with zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True) as r:
+                        return _bounded_read(r, path, "zstd", size, limits)
+                except zstandard.ZstdError as e:
+                    raise CaptureError(f"{path}: damaged zstd stream ({e})") from None
             if head.startswith(GZIP_MAGIC):
                 f.seek(0)
                 try:
-                    return np.frombuffer(gzip.decompress(f.read()), np.uint8)
-                except (OSError, EOFError) as e:
+                    with gzip.GzipFile(fileobj=f, mode="rb") as r:
+                        return _bounded_read(r, path, "gzip", size, limits)
+                except (OSError, EOFError, zlib.error) as e:
                     raise CaptureError(f"{path}: damaged gzip stream ({e})") from None
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
             return np.frombuffer(mm, np.uint8)
@@ -80,11 +117,29 @@ def _load(path: Path) -> np.ndarray:
         raise CaptureError(f"{path}: cannot read ({e.strerror or e})") from None
 
 
-def read_capture(path: str | os.PathLike[str], strict: bool = False) -> Capture:
-    """Read a pcap/pcapng file (``.zst``/``.gz`` too). Problems go to ``Capture.problems``;
-    ``strict`` turns them into a :class:`CaptureError` (whose ``capture`` keeps what was read)."""
+def _bounded_read(r, path: Path, what: str, compressed: int, limits: CaptureLimits) -> np.ndarray:
+    """Decompress a stream into memory, stopping at the budget instead of at the machine's end."""
+    cap = limits.cap(compressed)
+    buf = bytearray()
+    while True:
+        chunk = r.read(min(_READ_CHUNK, cap + 1 - len(buf)))
+        if not chunk:
+            return np.frombuffer(buf, np.uint8)
+        buf += chunk
+        if len(buf) > cap:
+            raise CaptureError(
+                f"{path}: {what} stream expands past {cap} bytes from {compressed} compressed "
+                f"(limits: {limits.max_ratio:g}x its size, at least {limits.ratio_floor} and at most "
+                f"{limits.max_decompressed} bytes): a decompression bomb, or raise --max-decompressed/--max-ratio")
+
+
+def read_capture(path: str | os.PathLike[str], strict: bool = False,
+                 limits: CaptureLimits = DEFAULT_LIMITS) -> Capture:
+    """Read a pcap/pcapng file (``.zst``/``.gz`` too, within ``limits``). Problems go to
+    ``Capture.problems``; ``strict`` turns them into a :class:`CaptureError` (whose
+    ``capture`` keeps what was read)."""
     p = Path(path)
-    cap = parse_capture(_load(p), str(p))
+    cap = parse_capture(_load(p, limits), str(p))
     if strict and cap.problems:
         err = CaptureError("; ".join(cap.problems))
         err.capture = cap  # type: ignore[attr-defined]
@@ -375,6 +430,16 @@ def _tsresol(opt: bytes | None) -> tuple[int, int]:
     return (2, v & 0x7F) if v & 0x80 else (10, v)
 
 
+def _timing_problem(base: int, exp: int, off: int) -> str | None:
+    """Why an interface's timestamps cannot be read (None: they can)."""
+    if (base == 10 and exp > MAX_TSRESOL_DEC) or (base == 2 and exp > MAX_TSRESOL_BIN):
+        return (f"if_tsresol {base}^-{exp} is finer than a 64-bit tick count can mean "
+                f"(at most 10^-{MAX_TSRESOL_DEC} or 2^-{MAX_TSRESOL_BIN})")
+    if abs(off) > MAX_TSOFFSET:
+        return f"if_tsoffset {off} s is beyond +-{MAX_TSOFFSET} s (centuries from 1970)"
+    return None
+
+
 def _ticks_to_ns(t: np.ndarray, base: int, exp: int) -> np.ndarray:
     t = t.astype(np.uint64)
     if base == 10:
@@ -437,6 +502,7 @@ def _read_pcapng(a: np.ndarray, name: str) -> Capture:
     e = "<"
     sec: dict | None = None
     runs: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    untimed: set[int] = set()  # interfaces whose timestamps cannot be read (see _timing_problem)
     while pos < end:
         if sec is not None and end >= PCAPNG_RUNS_MIN_BYTES:
             # runs of enhanced packet blocks are taken in one step (see _epb_runs)
@@ -484,6 +550,11 @@ def _read_pcapng(a: np.ndarray, name: str) -> Capture:
             base, exp = _tsresol(opts.get(9))
             off = struct.unpack(e + "q", opts[14])[0] if len(opts.get(14, b"")) == 8 else 0
             ifname = opts.get(2, b"").split(b"\0")[0].decode("utf-8", "replace")
+            why = _timing_problem(base, exp, off)
+            if why:
+                problems.append(f"{name}: interface {len(ifaces)} (block at byte offset {pos}): {why}; "
+                                "its packets are skipped")
+                untimed.add(len(ifaces))
             ifaces.append(Interface(ifname, lt, snap))
             resol.append((base, exp, off))
         elif btype == 5 and blen >= 24:
@@ -527,10 +598,13 @@ def _read_pcapng(a: np.ndarray, name: str) -> Capture:
                 dstart = bp + 28
                 room = blen - 32
             g = sec["base"] + local
-            bad = (g >= len(ifaces)) | (caplen > room)
+            bad = (g >= len(ifaces)) | (caplen > room) | (caplen < 0)
+            if untimed:
+                bad |= np.isin(g, list(untimed))
             if bad.any():
                 i = int(np.argmax(bad))
-                what = "unknown interface id" if g[i] >= len(ifaces) else "captured length larger than the block"
+                what = ("unknown interface id" if g[i] >= len(ifaces) else "interface with unreadable timestamps"
+                        if int(g[i]) in untimed else "captured length larger than the block")
                 problems.append(f"{name}: {int(bad.sum())} packet block(s) skipped ({what}, first at byte offset {bp[i]})")
                 keep = ~bad
                 bp, g, caplen, wire, dstart, ticks = bp[keep], g[keep], caplen[keep], wire[keep], dstart[keep], ticks[keep]

@@ -18,9 +18,19 @@ import numpy as np
 
 from skewd import cliargs
 
-from .capfile import CaptureError, read_capture
+from .capfile import DEFAULT_LIMITS, CaptureError, CaptureLimits, read_capture
 from .features import IntervalFeatures, analyze
 from .parse import counts, decode
+
+
+def _ratio(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: write a number such as 100") from None
+    if not 1 <= v < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1")
+    return v
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,6 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--burst-gap", type=cliargs.duration, default=0.001,
                    help="idle gap that separates two bursts of a flow (default 1ms)")
     p.add_argument("--top", type=int, default=40, help="table: the N flows with most bytes per interval (0 = all)")
+    p.add_argument("--max-decompressed", type=cliargs.size, default=DEFAULT_LIMITS.max_decompressed, metavar="SIZE",
+                   help="a .gz/.zst capture may expand to at most this much (default 4G)")
+    p.add_argument("--max-ratio", type=_ratio, default=DEFAULT_LIMITS.max_ratio, metavar="N",
+                   help=f"... and to at most N times its compressed size, or {DEFAULT_LIMITS.ratio_floor >> 20}M "
+                        f"if more (default {DEFAULT_LIMITS.max_ratio:g}; decompression bombs reach 1000)")
     return p
 
 
@@ -141,7 +156,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
 
 def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
-        cap = read_capture(args.file)
+        cap = read_capture(args.file, limits=CaptureLimits(max_decompressed=args.max_decompressed,
+                                                           max_ratio=args.max_ratio))
     except CaptureError as e:
         print(f"skewd pkt: {e}", file=err)
         return 2

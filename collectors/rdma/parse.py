@@ -55,8 +55,8 @@ HW_COUNTERS: tuple[str, ...] = (
 #: link_layer text → gauge value (the kernel's enum rdma_link_layer order)
 LINK_LAYERS = {"InfiniBand": 1, "Ethernet": 2}
 
-_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*Gb/sec")
-_STATE = re.compile(r"^\s*(\d+)\s*:")
+_RATE = re.compile(r"^\s*([0-9]{1,12}(?:\.[0-9]{1,12})?)\s*Gb/sec")
+_STATE = re.compile(r"^\s*([0-9]{1,9})\s*:")
 
 
 def hw_signal(name: str) -> str:
@@ -68,7 +68,12 @@ def parse_counter(text: str | None) -> int | None:
     if text is None:
         return None
     s = text.strip()
-    return int(s) if s.isdigit() else None
+    # ASCII digits only (str.isdigit also accepts "²", which int() refuses), and no more than a
+    # 64-bit counter holds: anything else is garbage, not a sample
+    if not (s.isascii() and s.isdigit()) or len(s) > 20:
+        return None
+    v = int(s)
+    return v if v < 1 << 64 else None
 
 
 def parse_state(text: str | None) -> int | None:
@@ -129,7 +134,7 @@ def resource_samples(text: str | None) -> list[Sample]:
         return []
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than the decoder goes
         return []
     out: list[Sample] = []
     for dev in data if isinstance(data, list) else []:
@@ -138,6 +143,6 @@ def resource_samples(text: str | None) -> list[Sample]:
             continue
         for key, sig in (("mr", "rdma_dev_mrs"), ("qp", "rdma_dev_qps")):
             v = dev.get(key)
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 2 ** 64:
                 out.append(Sample(name, sig, float(v)))
     return out

@@ -16,6 +16,8 @@ from typing import Iterable, Mapping
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from skewd.collectors.promhttp import sample_value
+
 #: gauge quantity → page names (newest first)
 GAUGES: dict[str, tuple[str, ...]] = {
     "running": ("vllm:num_requests_running",),
@@ -128,7 +130,7 @@ def parse_page(text: str) -> Page:
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             if s.name.startswith("vllm:"):
-                samples.setdefault(s.name, []).append((s.labels, float(s.value)))
+                samples.setdefault(s.name, []).append((s.labels, sample_value(s.value)))
 
     page: Page = {}
 
@@ -199,10 +201,10 @@ def histogram_quantile(q: float, buckets: Mapping[float, float]) -> float:
     for i in range(1, len(counts)):
         counts[i] = max(counts[i], counts[i - 1])
     total = counts[-1]
-    if total <= 0 or len(bounds) < 2:
+    if not total > 0 or math.isinf(total) or len(bounds) < 2:  # also NaN counts from a broken page
         return math.nan
     rank = q * total
-    i = next(j for j, c in enumerate(counts) if c >= rank)
+    i = next((j for j, c in enumerate(counts) if c >= rank), len(counts) - 1)
     if i == len(bounds) - 1:
         return bounds[-2]
     if i == 0 and bounds[0] <= 0:

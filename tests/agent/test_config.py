@@ -53,3 +53,19 @@ def test_yaml_syntax_error_names_the_line(tmp_path):
     with pytest.raises(ConfigError) as ei:
         load_config(write(tmp_path, "node: n1\ncollectors: [\n"), env={})
     assert str(tmp_path / "agent.yaml") in ei.value.problems[0]
+
+
+def test_spool_and_rule_limit_settings_are_checked_at_load_with_their_position(tmp_path):
+    f = write(tmp_path, "node: n1\nspool:\n  dir: /tmp/x\n  fsync: sometimes\n  memory_bytes: -1\n"
+                        "  fsync_interval: soon\nrule_limits: {yaml_deep: 3, max_duration: forever}\n")
+    with pytest.raises(ConfigError) as ei:
+        load_config(f, env={})
+    msgs = "\n".join(ei.value.problems)
+    assert f"{f}:4:3: spool.fsync must be always, interval or never, got 'sometimes'" in msgs
+    assert f"{f}:5:3: spool.memory_bytes must be an integer >= 0" in msgs
+    assert f"{f}:6:3: spool.fsync_interval" in msgs
+    assert "unknown rule limit 'yaml_deep'" in msgs and "max_duration: bad duration 'forever'" in msgs
+    f = write(tmp_path, "node: n1\nspool: {fsync: always, fsync_interval: 250ms}\nrule_limits: {yaml_depth: 128}\n")
+    cfg = load_config(f, env={})
+    assert cfg.spool["fsync"] == "always" and cfg.spool["fsync_interval"] == 0.25
+    assert cfg.rule_limits.yaml_depth == 128

@@ -53,8 +53,9 @@ async def test_metrics_endpoint_serves_what_the_dashboard_needs(nats_server, tmp
     types = {n.removesuffix("_total"): k for n, k in re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M)}
     publisher = {k: v for k, v in types.items() if k.startswith("skewd_publisher_")}
     assert {k for k, v in publisher.items() if v == "gauge"} == {
-        "skewd_publisher_connected", "skewd_publisher_spool_depth", "skewd_publisher_spool_bytes"}
-    assert len([v for v in publisher.values() if v == "counter"]) == 12, publisher
+        "skewd_publisher_connected", "skewd_publisher_spool_depth", "skewd_publisher_spool_bytes",
+        "skewd_publisher_spool_in_memory", "skewd_publisher_spool_degraded"}
+    assert len([v for v in publisher.values() if v == "counter"]) == 14, publisher
     for name, kind in types.items():
         if kind == "counter":
             assert re.search(rf"^{name}_total(\{{|\s)", text, re.M), name

@@ -55,10 +55,10 @@ def test_an_evaluation_error_fails_the_rule_test(cat, quiet_rule_test, monkeypat
     # engine contains (the agent keeps running) and records in last_eval_errors
     real = Engine._tick_context
 
-    def failing(self, rule, frame, now, memo):
+    def failing(self, rule, frame, now, memo, *rest):
         if rule.id == "EX-2-kv":
             raise FloatingPointError("overflow in a window kernel")
-        return real(self, rule, frame, now, memo)
+        return real(self, rule, frame, now, memo, *rest)
 
     monkeypatch.setattr(Engine, "_tick_context", failing)
     rc, out = call(cat, "test", str(quiet_rule_test))

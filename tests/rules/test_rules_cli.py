@@ -101,3 +101,9 @@ def test_expanding_notation():
         assert "two" in str(e)
     else:
         raise AssertionError("a bad token was accepted")
+    try:
+        expand_values("0+1x99999999999999")  # would be terabytes
+    except SeriesError as e:
+        assert "more than 604800 values" in str(e)
+    else:
+        raise AssertionError("an unbounded series was accepted")

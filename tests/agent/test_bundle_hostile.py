@@ -1,0 +1,193 @@
+"""Shared bundles built to hurt: content tampered with and re-sealed (valid CRCs), metadata of the
+wrong shape, size or depth, rules that explode, output into a closed pipe. Replay reports each
+as damage naming the file (and offset), exits with a status, and never prints a traceback."""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pytest
+
+from skewd.agent import bundle as B
+from skewd.agent import replay as R
+
+from .test_record import run_live, write_rules
+
+DATA = Path(__file__).resolve().parents[1] / "rules" / "data"
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    rc = R.main([str(a) for a in args], out=out, err=err)
+    return rc, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture
+def seg(tmp_path: Path) -> Path:
+    live = run_live(tmp_path / "cap", [write_rules(tmp_path / "rules.yaml")])
+    assert live.findings
+    return B.segment_dirs(live.bundle)[0]
+
+
+def reseal(seg: Path, name: str) -> None:
+    """Make the index agree with a rewritten data file again (one chunk covering it all), as a
+    tamperer who knows the format would: only the content is then wrong."""
+    data = (seg / name).read_bytes()
+    lines = []
+    first = True
+    for line in (seg / B.INDEX).read_text().splitlines():
+        e = json.loads(line)
+        if e["file"] == name:
+            if not first:
+                continue
+            first = False
+            e.update(offset=0, length=len(data), crc32=zlib.crc32(data))
+            e.pop("line_crc32")
+            e["line_crc32"] = B._line_crc(e)
+            line = B._canon(e)
+        lines.append(line)
+    (seg / B.INDEX).write_text("\n".join(lines) + "\n")
+
+
+def edit_meta(seg: Path, change) -> None:
+    meta = json.loads((seg / B.META).read_text())
+    change(meta)
+    (seg / B.META).write_text(json.dumps(meta))
+
+
+def test_replay_into_a_closed_pipe_exits_quietly(seg: Path) -> None:
+    for args in (["--json"], []):
+        p = subprocess.Popen([sys.executable, "-m", "skewd.cli", "replay", str(seg), *args],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert p.stdout is not None and p.stderr is not None
+        p.stdout.close()  # `| head -0`: the reader is gone before the first line
+        err = p.stderr.read().decode()
+        assert p.wait(60) == 141, err
+        assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+@pytest.mark.parametrize("what, change, field", [
+    ("deep JSON", "deep", "nested deeper"),
+    ("100k nodes", lambda m: m.update(nodes=[f"n{i}" for i in range(100_000)]), "nodes: 100000 entries"),
+    ("settings of the wrong type", lambda m: m.update(settings=[1, 2]), "settings: expected a mapping"),
+    ("a zero interval", lambda m: m["settings"].update(evaluation_interval=0), "settings.evaluation_interval"),
+    ("labels not text", lambda m: m.update(node_labels={"n1": [1]}), "node_labels.n1"),
+    ("a catalogue entry without a unit", lambda m: m["catalogue"][0].pop("unit"), "catalogue[0]"),
+    ("a stored rule outside the segment", lambda m: m["rules"]["files"][0].update(stored="../../../etc/passwd"),
+     "rules.files[0]"),
+    ("a time of the wrong type", lambda m: m.update(time_range={"start": {"a": 1}}), "time_range.start"),
+    # found by bench/fuzz.py (bundle input 2881): the replayed controller refused the cluster with
+    # its own ConfigError
+    ("an empty cluster", lambda m: m.update(cluster=""), "cluster: '' is not a cluster name"),
+    ("a cluster with a dot", lambda m: m.update(cluster="a.b"), "cluster: 'a.b' is not a cluster name"),
+])
+def test_tampered_meta_is_a_clean_damage_report(seg: Path, what: str, change, field: str) -> None:
+    if change == "deep":  # more than json.loads can nest: written as text
+        text = (seg / B.META).read_text().rstrip()
+        (seg / B.META).write_text(text[:-1] + ', "x": ' + "[" * 5000 + "]" * 5000 + "}")
+    else:
+        edit_meta(seg, change)
+    rc, _, err = cli(seg)
+    assert rc == R.EXIT_DAMAGED, err
+    assert f"{seg / B.META}: byte offset 0:" in err and field in err, err
+    assert "Traceback" not in err
+
+
+def test_index_entries_of_the_wrong_shape_with_valid_line_crcs_are_damage(seg: Path) -> None:
+    lines = (seg / B.INDEX).read_text().splitlines()
+    k = next(i for i, ln in enumerate(lines) if json.loads(ln)["file"] == B.SAMPLES and i > 2)
+    e = json.loads(lines[k])
+    e["length"] = "12"
+    e.pop("line_crc32")
+    e["line_crc32"] = B._line_crc(e)
+    lines[k] = B._canon(e)
+    (seg / B.INDEX).write_text("\n".join(lines) + "\n")
+    at = sum(len(ln) + 1 for ln in lines[:k])
+    rc, out, err = cli(seg, "--json")
+    assert rc == R.EXIT_DAMAGED and f"{seg / B.INDEX}: byte offset {at}: index entry corrupted (length" in err, err
+    assert "Traceback" not in err
+
+
+def test_an_arrow_stream_of_another_schema_with_valid_crcs_is_damage(seg: Path) -> None:
+    sink = io.BytesIO()
+    schema = pa.schema([("t", pa.string()), ("value", pa.float64())])
+    with ipc.new_stream(sink, schema) as w:
+        w.write_batch(pa.record_batch([pa.array(["x"]), pa.array([1.0])], schema=schema))
+    (seg / B.SAMPLES).write_bytes(sink.getvalue())
+    reseal(seg, B.SAMPLES)
+    rc, _, err = cli(seg)
+    assert rc == R.EXIT_DAMAGED and f"{seg / B.SAMPLES}: byte offset 0: Arrow schema is not a skewd" in err, err
+
+
+def test_dictionary_codes_out_of_range_with_valid_crcs_are_damage(seg: Path) -> None:
+    reader = ipc.open_stream((seg / B.SAMPLES).read_bytes())
+    rb = reader.read_next_batch()
+    node = rb.column(rb.schema.get_field_index("node"))
+    bad = pa.DictionaryArray.from_arrays(pa.array([1_000_000] * len(node), pa.int32()), node.dictionary, safe=False)
+    cols = [bad if f.name == "node" else rb.column(i) for i, f in enumerate(rb.schema)]
+    sink = io.BytesIO()
+    with ipc.new_stream(sink, rb.schema) as w:
+        w.write_batch(pa.record_batch(cols, schema=rb.schema))
+    (seg / B.SAMPLES).write_bytes(sink.getvalue())
+    reseal(seg, B.SAMPLES)
+    rc, _, err = cli(seg)
+    assert rc == R.EXIT_DAMAGED and f"{seg / B.SAMPLES}: byte offset" in err and "Traceback" not in err, err
+
+
+def test_summary_lines_that_are_not_objects_are_damage(seg: Path) -> None:
+    lines = (seg / B.SUMMARIES).read_text().splitlines()
+    lines[3] = "[1, 2, 3]"
+    lines[5] = json.dumps({**json.loads(lines[5]), "t": "soon"})
+    (seg / B.SUMMARIES).write_text("\n".join(lines) + "\n")
+    reseal(seg, B.SUMMARIES)
+    rc, out, err = cli(seg, "--json")
+    assert rc == R.EXIT_DAMAGED and f"{seg / B.SUMMARIES}: byte offset" in err and "not a JSON object" in err, err
+    assert out  # the node findings replay regardless
+
+
+def test_a_shared_bundle_with_a_billion_laughs_rule_file_is_refused_in_bounded_memory(seg: Path) -> None:
+    meta = json.loads((seg / B.META).read_text())
+    stored = seg / meta["rules"]["files"][0]["stored"]
+    stored.write_bytes((DATA / "billion-laughs.bad.yaml").read_bytes())
+    edit_meta(seg, lambda m: m["rules"]["files"][0].update(sha256=hashlib.sha256(stored.read_bytes()).hexdigest()))
+    p = subprocess.run([sys.executable, "-c", "import resource, sys; from skewd.cli import main; rc = main(sys.argv[1:]); "
+                        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr); sys.exit(rc)",
+                        "replay", str(seg)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == R.EXIT_USAGE, p.stderr
+    assert "E019" in p.stderr and str(stored) in p.stderr and "Traceback" not in p.stderr
+    assert int(p.stderr.split()[-1]) < 400_000, "peak RSS of the refusing replay, KiB"
+
+
+def test_nodes_in_the_data_beyond_the_limit_are_not_replayed(tmp_path: Path) -> None:
+    live = run_live(tmp_path / "cap", [write_rules(tmp_path / "rules.yaml")], ticks=12)
+    seg = B.segment_dirs(live.bundle)[0]
+    rc, out, err = cli(seg, "--limit", "nodes=1", "--no-group")
+    assert rc == 0 and out, err  # one node: within the limit
+    rc, _, err = cli(seg, "--limit", "nodes=x")
+    assert rc == R.EXIT_USAGE and "bundle limit nodes" in err
+    segs, _ = R.open_segments([seg])
+    rep = R.Replayer(segs, R.replay_catalogue(segs), max_nodes=1)
+    rep.pipelines["other"] = rep.pipelines.get("other")  # a node already occupying the one slot
+    rep.pipelines.pop("other")
+    assert rep._pipeline("n1", rep._seg_rules[0], segs[0]) is not None
+    assert rep._pipeline("n2", rep._seg_rules[0], segs[0]) is None  # the second node is refused
+    assert any("more than 1 nodes" in s for s in rep.stopped_early)
+
+
+def test_a_bundle_without_a_cluster_is_a_replay_error_not_the_controllers(seg: Path) -> None:
+    """The controller replay needs a cluster; a bundle that names none is the replay's error
+    (exit 2, said on stderr), from the library as from the command line."""
+    edit_meta(seg, lambda m: m.pop("cluster"))
+    segs, damage = R.open_segments([seg])
+    assert segs and not damage
+    with pytest.raises(R.ReplayError, match="cluster"):
+        R.ClusterReplay(R.Replayer(segs, R.replay_catalogue(segs)))
+    rc, _, err = cli(seg)
+    assert rc == R.EXIT_USAGE and "cluster" in err and "Traceback" not in err, err
