@@ -353,7 +353,7 @@ def offline(nodes: int, rate: float, seconds: float, warm: float, profile: str |
 
     from skewd.controller.config import load_config
     from skewd.controller.service import Controller
-    from skewd.lab.harness import CaptureJetStream, MemoryState
+    from skewd.controller.offline import CaptureJetStream, MemoryState
 
     # the summaries' clock runs from 1.7e9 at whatever rate is asked, not this machine's: the
     # clock check against the controller's (ingest.max_clock_skew) is off, as for a replay

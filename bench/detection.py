@@ -585,7 +585,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.no_write or a.quick:
         print(text)
     else:
-        Path(a.out).write_text(text + "\n")
+        from skewd.lab.netlab.report import extract_section
+
+        # the page's Real traffic section is bench/detection_real.py's: kept as it is
+        out = Path(a.out)
+        kept = extract_section(out.read_text()) if out.exists() else ""
+        out.write_text(text + "\n" + (f"\n{kept}\n" if kept else ""))
         print(f"wrote {a.out} ({wall:.0f}s)", file=sys.stderr)
         print(text)
     return 0

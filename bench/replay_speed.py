@@ -206,7 +206,9 @@ class _Split:
 
         if hasattr(Engine, "evaluate_range"):  # range evaluation (the default at --speed max)
             self._wrap(Engine, "evaluate_range", "evaluate")
-        self._wrap(R._SegmentFeed, "until", "read", gen=True)
+        from skewd.agent.replay import core as replay_core
+
+        self._wrap(replay_core._SegmentFeed, "until", "read", gen=True)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -229,7 +231,7 @@ def replay(directory: Path, warm_s: float, per_tick: bool = False) -> dict:
         if not segments or damage:
             raise RuntimeError(f"bundle unreadable: {damage}")
         cat = R.replay_catalogue(segments)
-        rep = R.Replayer(segments, cat, rules=[str(PACKS)], group=True, range_eval=not per_tick)
+        rep = R.Replayer(segments, cat, rules=[str(PACKS)], range_eval=not per_tick)
         first = None
         mark = None
         evals = 0

@@ -4,11 +4,12 @@ group evaluation over their summaries - no NATS, same code paths.
 Per node this does what ``agent/runner.py`` does at each tick (ingest the collectors' batches,
 evaluate node-scope rules at the tick time, every summary interval compute the summary with
 :func:`skewd.agent.summary.make_summary` and feed it back into the node's own store); the
-summaries go to the controller service itself (``Controller.ingest_summary``, then
-``Controller.tick`` at every group interval: topology from labels, the burst aligner's
-``ctl_*`` signals, the group-scope rule engine, the correlator and the planner), with its NATS
-and KV sinks replaced by in-memory ones. Node findings reach its correlator as they would
-through JetStream.
+summaries go to the controller service itself, run in-process by
+:class:`skewd.controller.offline.OfflineController` (its summary intake, then ``Controller.tick``
+at every group interval: topology from labels, the burst aligner's ``ctl_*`` signals, the
+group-scope rule engine, the correlator and the planner), with its NATS and KV sinks in memory -
+the same offline controller cluster replay runs. Node findings reach it through its findings
+consumer's handler, encoded and decoded as they travel through JetStream.
 
 Clocks: summaries report the node's clock error bound (``clock_report="sim"``), as the agent
 does from the kernel (``adjtimex`` maxerror, kept by chrony/ntpd: ``agent/clock.py``);
@@ -25,16 +26,14 @@ starts from its RDMA timeline (``bursts="every"``).
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
-from skewd import wire
 from skewd.agent import steps as steps_mod
 from skewd.agent import summary as summary_mod
-from skewd.controller import messages as M
+from skewd.controller.offline import CaptureJetStream, MemoryState, OfflineController, offline_config
 from skewd.agent.pipeline import Pipeline
 from skewd.model import NODE_SCOPES, Catalogue, Finding
 from skewd.rules.engine import RuleSet
@@ -102,6 +101,10 @@ DPU_SIGNALS = ("dpu_pcie_inbound_bytes_per_second", "dpu_pcie_inbound_tlps_per_s
 
 
 class Harness:
+    """Owns one agent :class:`Pipeline` per simulated node and the :class:`OfflineController`;
+    called by the detection benchmark and the lab's tests: :meth:`run` plays the simulation to
+    its end and returns every transition, incident and suggestion (:class:`HarnessResult`)."""
+
     def __init__(self, sim: Simulation, ruleset: RuleSet, catalogue: Catalogue, *, eval_interval: float = 1.0,
                  summary_interval: float = 1.0, group_interval: float = 1.0, lookback: float = 60.0,
                  horizon: float = 600.0, bursts: str = "every", filter_signals: bool = True,
@@ -126,46 +129,31 @@ class Harness:
             p.engine.scopes = set(NODE_SCOPES)
             p.engine.set_available_signals(node_available(catalogue, sim, n))
             self.pipes[n] = p
-        self.ctl = None
+        self.ctl: OfflineController | None = None
         self._opened_ids: set[str] = set()
         if controller:
             self._make_controller(lookback, horizon)
 
     # -- the controller, offline -------------------------------------------------------------------
     def _make_controller(self, lookback: float, horizon: float) -> None:
-        """The controller service itself, its NATS/KV sinks replaced by in-memory ones: its own
-        ``ingest_summary`` and ``tick`` run unchanged."""
-        import asyncio
-
-        from skewd.controller.config import load_config
-        from skewd.controller.service import Controller
-
-        cfg = load_config(None, env={}, overrides={"cluster": self.cluster, "controller_id": "sim",
-                                                   "evaluation_interval": f"{self.group_interval:g}s"})
-        self.ctl = Controller(cfg, catalogue=self.cat, ruleset=self.ruleset, wall_clock=lambda: self._now)
+        """The controller service itself on simulated time (:class:`OfflineController`: its KV
+        and JetStream in memory); its own intake, ``tick`` and housekeeping run unchanged."""
+        cfg = offline_config(self.cluster, overrides={"controller_id": "sim",
+                                                      "evaluation_interval": f"{self.group_interval:g}s"})
+        self.ctl = OfflineController(cfg, catalogue=self.cat, ruleset=self.ruleset)
         self.cfg = cfg
-        self._mem = MemoryState(cfg.cluster)
-        self.ctl.state = self._mem
-        self.ctl.js = CaptureJetStream()
-        self._loop = asyncio.new_event_loop()
-        self._now = self.sim.start
 
-    def _ctl_tick(self, t: float, sugg: list[Suggestion]) -> list[Finding]:
+    def _ctl_tick(self, t: float, sugg: list[Suggestion], res: HarnessResult) -> list[Finding]:
         """``Controller.tick(t)``; returns the controller's own transitions."""
-        self._now = t
-        n0 = len(self._mem.findings)
-        s0 = len(self._mem.remaps_created)
-        self._loop.run_until_complete(self.ctl.tick(t))
-        for d in self._mem.remaps_created[s0:]:
-            sg = d.get("suggestion") or {}
-            acts = [a for a in sg.get("actions", []) if isinstance(a, dict)]
-            nodes = sorted({str((a.get("target") or {}).get("node", "")) for a in acts} - {""})
-            cul = (sg.get("culprit") or {}).get("node")
+        out = self.ctl.tick(t)
+        for s in out.suggestions:
+            nodes = sorted({a.target.node for a in s.actions} - {""})
+            cul = s.culprit.node if s.culprit is not None else ""
             if cul and cul not in nodes:
-                nodes.insert(0, str(cul))
-            sugg.append(Suggestion(t, str(sg.get("incident", "")), str(sg.get("key", "")), nodes,
-                                   [str(a.get("type", "")) for a in acts], str(sg.get("summary", ""))))
-        return self._mem.findings[n0:]
+                nodes.insert(0, cul)
+            sugg.append(Suggestion(t, s.incident, s.key, nodes, [a.type.value for a in s.actions], s.summary))
+        self._log_opened(res, out.incidents, t)
+        return out.findings
 
     # -- the run ----------------------------------------------------------------------------------
     def run(self, on_step: Callable[[float, list[Finding]], None] | None = None) -> HarnessResult:
@@ -191,8 +179,8 @@ class Harness:
                     res.node_evaluations += 1
                     step_found += f
                     if self.ctl is not None:
-                        for x in f:  # what the controller's findings consumer does with each
-                            self.ctl.correlator.observe(x)
+                        for x in f:  # through the controller's findings consumer, as published
+                            self.ctl.finding(x)
             if t >= next_sum - 1e-9:
                 next_sum += self.summary_interval
                 for node, p in self.pipes.items():
@@ -200,24 +188,20 @@ class Harness:
                     last_sum[node] = t
             if self.ctl is not None and t >= next_group - 1e-9:
                 next_group += self.group_interval
-                step_found += self._ctl_tick(t, res.suggestions)
+                step_found += self._ctl_tick(t, res.suggestions, res)
                 res.group_evaluations += 1
-                self._log_opened(res, t)
             res.findings += step_found
             if on_step is not None:
                 on_step(t, step_found)
         if self.ctl is not None:
-            res.incidents = list(self.ctl.correlator.open_incidents())
-            self._loop.close()
+            res.incidents = self.ctl.open_incidents()
         return res
 
-    def _log_opened(self, res: HarnessResult, t: float) -> None:
-        """The incidents published on the incident subject since the last call (what the
-        controller's JetStream publish was handed), each counted at its first publication."""
+    def _log_opened(self, res: HarnessResult, published: list, t: float) -> None:
+        """The incidents published on the incident subject at this tick, each counted at its
+        first publication."""
         seen = self._opened_ids
-        js = self.ctl.js
-        new, js.incidents = js.incidents, []
-        for inc in new:
+        for inc in published:
             if inc.id in seen or inc.state != "open":
                 continue
             seen.add(inc.id)
@@ -244,86 +228,10 @@ class Harness:
             if bs:
                 msg.signals["collective_burst_starts"] = {str(k): s for k, (s, _) in enumerate(bs)}
                 msg.signals["collective_burst_bytes"] = {str(k): b for k, (_, b) in enumerate(bs)}
-        self.ctl.ingest_summary(msg, self.labels.get(node, {}))
+        self.ctl.summary(msg, self.labels.get(node, {}))
 
 
-class MemoryState:
-    """The controller's KV state (``controller/state.py``) kept in dicts: same methods, same
-    compare-and-set semantics, no NATS. It also records what was stored, in order."""
-
-    def __init__(self, cluster: str) -> None:
-        self.prefix = f"skewd.{cluster}"
-        self.findings: list[Finding] = []
-        self.remaps: dict[str, dict] = {}
-        self.remaps_created: list[dict] = []
-        self.incidents: dict[str, tuple[str, float]] = {}
-        self.published: set[str] = set()  # incident ids stored as published (no longer held)
-        self.held_from: dict[str, float] = {}  # incident id → hold start stored with it
-        self.writes = 0
-
-    async def load(self) -> dict:
-        return {}
-
-    async def put_finding(self, f: Finding) -> None:
-        self.findings.append(f)
-
-    async def delete_finding(self, fingerprint: str) -> None:
-        pass
-
-    async def put_incident_id(self, group_key: str, incident_id: str, opened_at: float, published: bool = True,
-                              held_from: float | None = None) -> None:
-        self.incidents[group_key] = (incident_id, opened_at)
-        self.held_from[incident_id] = opened_at if held_from is None else held_from
-        if published:
-            self.published.add(incident_id)
-
-    async def delete_incident_id(self, group_key: str) -> None:
-        self.incidents.pop(group_key, None)
-
-    async def put_engine(self, engine, t: float) -> None:
-        pass
-
-    async def create_remap(self, key: str, record: dict) -> bool:
-        if key in self.remaps:
-            return False
-        self.remaps[key] = json.loads(json.dumps(record))
-        self.remaps_created.append(self.remaps[key])
-        return True
-
-    async def update_remap(self, key: str, fn, attempts: int = 20) -> dict | None:
-        cur = self.remaps.get(key)
-        if cur is None:
-            return None
-        new = fn(json.loads(json.dumps(cur)))
-        if new is None:
-            return cur
-        self.remaps[key] = new
-        return new
-
-    async def get_remap(self, key: str) -> dict | None:
-        return self.remaps.get(key)
-
-
-class CaptureJetStream:
-    """Stands in for the JetStream publish of controller findings, incidents and suggestions:
-    accepts and counts them (findings' and suggestions' content is captured by
-    :class:`MemoryState`); incidents are decoded and kept, since what was published is what a
-    subscriber saw (held incidents never reach this)."""
-
-    def __init__(self) -> None:
-        self.published: list[str] = []
-        self.incidents: list = []  # decoded Incident messages not yet taken by the harness
-
-    async def publish(self, subject: str, payload: bytes = b"", headers: dict | None = None, timeout: float = 0.0,
-                      **kw) -> "_Ack":
-        self.published.append(subject)
-        if (headers or {}).get(wire.HDR_KIND) == M.Kind.INCIDENT.value:
-            self.incidents.append(M.decode(payload, M.Kind.INCIDENT))
-        return _Ack(len(self.published))
-
-
-@dataclass
-class _Ack:
-    seq: int
-    duplicate: bool = False
-    stream: str = "sim"
+#: the controller's in-memory sinks live with the offline controller; named here for the tests
+#: and benchmarks that plugged them into a Controller through this module
+__all__ = ["CaptureJetStream", "DPU_SIGNALS", "Harness", "HarnessResult", "MemoryState", "SIM_COLLECTORS",
+           "Suggestion", "needed_signals", "node_available"]

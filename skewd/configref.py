@@ -227,6 +227,10 @@ OTHER_ENV: dict[str, tuple[str, str]] = {
     "SKEWD_PHASE_MAX_STEPS": ("vLLM plugin", "engine steps kept per record (default 256; more are counted as `truncated`)"),
     "SKEWD_PHASE_QUEUE": ("vLLM plugin", "records queued for publishing at most; beyond it they are dropped "
                           "and counted (default 8192)"),
+    "SKEWD_NATS_NKEY_SEED_FILE": ("vLLM plugin", "NKey seed file of the plugin's NATS user (`skewd nats-auth`; "
+                                  "[docs/security.md](security.md))"),
+    "SKEWD_NATS_CREDS_FILE": ("vLLM plugin", "decentralised-auth `.creds` file instead of a seed"),
+    "SKEWD_NATS_TLS_CA_FILE": ("vLLM plugin", "CA bundle to verify a TLS NATS server"),
 }
 
 

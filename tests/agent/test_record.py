@@ -42,14 +42,16 @@ rules:
     for: {for_}
     summary: "egress backlog on {{node}}/{{entity}}"
     mitigation: reduce the egress rate or move traffic off {{entity}}
+    tags: [stable]
   - id: LOW-TX-PEER
-    pathology: EW-3
+    pathology: NS-2
     scope: cluster
     layer: network
     params: {{dev: -0.5}}
     expr: peer_dev(summary_net_tx_bytes_per_second) < dev
     for: 2s
     mitigation: check the slow node's NIC
+    tags: [stable]
 """
 
 

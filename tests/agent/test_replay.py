@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import re
 import time
 from pathlib import Path
 
@@ -124,6 +125,48 @@ def test_diff_shows_a_changed_thresholds_effect(live, tmp_path: Path) -> None:
     assert rc == 0 and out.splitlines()[-1].endswith("0 appear, 0 disappear, 0 change timing (1 vs 1 fired occurrences)")
 
 
+def test_diff_at_incident_level_says_what_the_on_call_engineer_would_have_seen(live, tmp_path: Path) -> None:
+    """With the controller's group_wait at 2 s the backlog's incident is published within the
+    recording; a lower threshold opens it 3 s earlier, a higher one not at all."""
+    ctl = tmp_path / "controller.yaml"
+    ctl.write_text("correlation:\n  group_wait: 2s\n")
+    a = write_rules(tmp_path / "a.yaml", limit=100_000)
+    lower = write_rules(tmp_path / "lower.yaml", limit=50_000)
+    higher = write_rules(tmp_path / "higher.yaml", limit=400_000)
+    rc, out, err = cli("--diff", a, lower, live.bundle, "--controller-config", ctl)
+    assert rc == R.EXIT_DIFF, err
+    first = out.splitlines()[0]
+    assert re.match(r"~ incident \w+ NS-5 on n1/eth0 \(opened 2023-11-14T22:13:35.000Z\): would have opened "
+                    r"3.000s earlier \(2023-11-14T22:13:35.000Z → 2023-11-14T22:13:32.000Z\); been published "
+                    r"3.000s earlier", first), first
+    assert "incidents 0 new, 0 gone, 1 changed (1 vs 1 published)" in out.splitlines()[-1]
+    rc, out, _ = cli("--diff", a, higher, live.bundle, "--controller-config", ctl)
+    assert rc == R.EXIT_DIFF
+    assert re.match(r"- incident \w+ NS-5 on n1/eth0 \(opened 2023-11-14T22:13:35.000Z\): would not have opened "
+                    r"at all$", out.splitlines()[0]), out
+    rc, out, _ = cli("--diff", higher, a, live.bundle, "--controller-config", ctl, "--json")
+    inc = [json.loads(x) for x in out.splitlines() if json.loads(x)["level"] == "incident"]
+    assert [(i["change"], i["a"], i["b"]["culprit"]) for i in inc] == [("new", None, {"node": "n1", "entity": "eth0"})]
+    rc, out, _ = cli("--diff", a, a, live.bundle, "--controller-config", ctl)
+    assert rc == 0 and "incidents 0 new, 0 gone, 0 changed (1 vs 1 published)" in out
+
+
+def test_cluster_replay_is_byte_identical_across_processes(tmp_path: Path, rules_file: Path) -> None:
+    """Same bytes from two processes with different hash seeds (set and dict orders differ)."""
+    import os
+    import subprocess
+    import sys
+
+    _three_nodes(tmp_path, rules_file)
+    outs = []
+    for seed in ("1", "4242"):
+        p = subprocess.run([sys.executable, "-m", "skewd.cli", "replay", str(tmp_path / "root"), "--json", "-q"],
+                           capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONHASHSEED": seed})
+        assert p.returncode == 0, p.stderr
+        outs.append(p.stdout)
+    assert outs[0] == outs[1] and '"scope":"cluster"' in outs[0]
+
+
 def test_from_to_limit_the_evaluated_range(live) -> None:
     rc, out, err = cli(live.bundle, "--json", "--from", "14s", "--to", "20s")
     assert rc == 0, err
@@ -229,7 +272,7 @@ def _drop_summaries(seg: Path) -> None:
 
 
 @pytest.mark.parametrize("summaries", [True, False], ids=["recorded-summaries", "recomputed-summaries"])
-def test_multi_node_bundles_run_group_rules_as_the_controller(tmp_path: Path, rules_file: Path, summaries: bool) -> None:
+def test_multi_node_bundles_run_group_rules_in_the_controller(tmp_path: Path, rules_file: Path, summaries: bool) -> None:
     runs = _three_nodes(tmp_path, rules_file, summaries)
     rc, out, err = cli(tmp_path / "root", "--json")
     assert rc == 0, err
@@ -242,14 +285,19 @@ def test_multi_node_bundles_run_group_rules_as_the_controller(tmp_path: Path, ru
     for node, run in runs.items():
         mine = [x for x in out.splitlines() if json.loads(x)["scope"] != "cluster" and json.loads(x)["node"] == node]
         assert mine == [R.finding_json(f) for f in run.findings]
-    assert "group evaluations" in err
-    # deterministic with group rules too
+    assert "controller: " in err and " 0 evaluations" not in err.split("controller:")[1]
+    # the finding's incident is still held at the end (group_wait 30 s): never published
+    assert "1 still held at the end" in err and not [g for g in got if "kind" in g]
+    # deterministic with the controller too
     assert cli(tmp_path / "root", "--json")[1] == out
-    # a single node has no peers: no group evaluation
+    # a single node has no peers: the controller's cluster rule finds nobody to compare with
     rc, out1, err1 = cli(tmp_path / "root", "--json", "--node", "n3")
     assert rc == 0 and all(json.loads(x)["node"] == "n3" and json.loads(x)["scope"] != "cluster"
                            for x in out1.splitlines())
-    assert "0 group evaluations" in err1
+    # and without the controller no group rule runs at all
+    rc, out2, err2 = cli(tmp_path / "root", "--json", "--no-controller")
+    assert rc == 0 and "no controller" in err2
+    assert [x for x in out2.splitlines()] == [x for x in out.splitlines() if json.loads(x)["scope"] != "cluster"]
 
 
 def test_missing_bundle_and_unknown_format(tmp_path: Path) -> None:
@@ -293,16 +341,19 @@ def test_progress_bar_only_on_a_terminal_for_long_replays(tmp_path: Path, rules_
     run = run_live(tmp_path / "cap", [rules_file], ticks=90)
     segs, _ = R.open_segments([run.bundle])
     tty, out = _Tty(), io.StringIO()
-    asyncio.run(R._drive(R.Replayer(segs, catalogue()), None, None, out, True, tty, quiet=False))
-    assert "[" in tty.getvalue() and "%" in tty.getvalue() and tty.getvalue().endswith("\r")
+    asyncio.run(R.drive(R.Replayer(segs, catalogue()), None, None, out, True, tty, quiet=False))
+    shown = tty.getvalue()
+    assert "[" in shown and "%" in shown and shown.endswith("\r")
+    # how much recorded time is covered, of how much, and how fast
+    assert re.search(r"\d+\.\d% +\d+s of 1m\d\ds recorded +(\d+x|…) real time +\d+ transitions", shown), shown
     assert out.getvalue() == cli(run.bundle, "--json")[1]  # stdout unaffected
     plain = io.StringIO()
-    asyncio.run(R._drive(R.Replayer(R.open_segments([run.bundle])[0], catalogue()), None, None, io.StringIO(),
+    asyncio.run(R.drive(R.Replayer(R.open_segments([run.bundle])[0], catalogue()), None, None, io.StringIO(),
                          True, plain, quiet=False))
     assert plain.getvalue() == ""  # not a terminal: no bar
     short = run_live(tmp_path / "short", [rules_file], ticks=20)
     tty2 = _Tty()
-    asyncio.run(R._drive(R.Replayer(R.open_segments([short.bundle])[0], catalogue()), None, None, io.StringIO(),
+    asyncio.run(R.drive(R.Replayer(R.open_segments([short.bundle])[0], catalogue()), None, None, io.StringIO(),
                          True, tty2, quiet=False))
     assert tty2.getvalue() == ""  # 20 s of data: too short to need one
 

@@ -31,20 +31,23 @@ def test_check_puts_group_rules_under_the_controller_and_names_what_an_unsynced_
     text = out.getvalue()
     assert "clock NOT synced (unknown error bound; adjtimex)" in text
     assert "controller EW-1-tp-straggler (EW-1)" in text
-    assert "inactive EW-1-tp-straggler" not in text and "no collector on this host supplies it" not in \
-        text.split("rules the controller evaluates")[1]
+    assert "inactive EW-1-tp-straggler" not in text
+    assert not any("no collector on this host supplies it" in line for line in text.splitlines()
+                   if line.strip().startswith("controller "))
     weak = [line for line in text.splitlines() if line.strip().startswith("weakened ")]
-    assert any("EW-1-tp-straggler" in w and "ctl_arrival_lag_excess_seconds" in w
+    assert any("EW-1-tp-straggler-aligned" in w and "ctl_arrival_lag_excess_seconds" in w
                and "alignment.unsynced_clock_error" in w for w in weak), weak
-    # clock-free rules are not listed: EW-4 compares ECN rates, not timestamps
+    # clock-free rules are not listed: EW-4 compares ECN rates; EW-1-tp-straggler each node's own
+    # durations (summary_collective_*), which no clock offset touches
     assert not any("EW-4-fabric-congestion" in w for w in weak)
+    assert not any("EW-1-tp-straggler " in w for w in weak), weak
 
     js = io.StringIO()
     run_check(_cfg(tmp_path), js, as_json=True, clock=UNSYNCED)
     doc = json.loads(js.getvalue())
     ew1 = next(r for r in doc["rules"] if r["rule"] == "EW-1-tp-straggler")
     assert ew1["controller"] and not ew1["active"] and ew1["reason"] == "evaluated by the controller over node summaries"
-    assert ew1["clock_weakened"] and "EW-1-tp-straggler" in doc["clock"]["weakens"]
+    assert not ew1["clock_weakened"] and "EW-1-tp-straggler-aligned" in doc["clock"]["weakens"]
     assert doc["clock"] == {**doc["clock"], "synced": False, "max_error_s": None}
 
 
@@ -55,8 +58,8 @@ def test_a_synced_clock_with_a_tight_bound_weakens_nothing(tmp_path) -> None:
     assert "clock synced (error bound 0.4 ms; adjtimex)" in text and "weakened" not in text
     coarse = io.StringIO()  # synced, but 20 ms: larger than EW-1's lag bar
     run_check(_cfg(tmp_path), coarse, clock=ClockState(True, 0.02, "adjtimex"))
-    assert "weakened EW-1-tp-straggler" in coarse.getvalue() and "subtracts this node's clock error bound (20 ms)" \
-        in coarse.getvalue()
+    assert "weakened EW-1-tp-straggler-aligned" in coarse.getvalue() \
+        and "subtracts this node's clock error bound (20 ms)" in coarse.getvalue()
 
 
 def test_this_hosts_real_clock_is_read_and_reported(tmp_path) -> None:
@@ -75,7 +78,7 @@ def test_health_metrics_and_check_agree_on_every_rule(tmp_path) -> None:
     h = wire.decode_health(wire.encode(agent.health(T)))  # as the controller receives it
     assert h.clock == wire.ClockHealth(False, None, "adjtimex")
     assert "EW-1-tp-straggler" in h.rules.controller and "EW-1-tp-straggler" not in h.rules.inactive
-    assert "EW-1-tp-straggler" in h.rules.clock_weakened
+    assert "EW-1-tp-straggler-aligned" in h.rules.clock_weakened and "EW-1-tp-straggler" not in h.rules.clock_weakened
     n_rules = len(agent.pipeline.engine.rules.rules)
     assert h.rules.active + len(h.rules.inactive) + len(h.rules.controller) == n_rules
 

@@ -19,6 +19,7 @@ import pytest
 from skewd.controller.service import Controller
 from skewd.natsutil import free_port
 
+from .. import vllm_venv
 from .helpers import config, wait_for
 
 pytestmark = pytest.mark.timeout(1800)
@@ -29,15 +30,13 @@ DRIVER = Path(__file__).parent / "vllm_driver.py"
 
 @pytest.fixture(scope="module")
 def vllm_python() -> str:
-    if os.environ.get("SKEWD_SKIP_VLLM") == "1":
+    if vllm_venv.skip_requested():
         pytest.skip("SKEWD_SKIP_VLLM=1: vLLM venv not built on request")
-    venv = Path(os.environ.get("SKEWD_VLLM_VENV", ROOT / ".venv-vllm"))
-    r = subprocess.run(["bash", str(ROOT / "scripts" / "vllm-cpu-venv.sh"), str(venv)], capture_output=True,
-                       text=True, timeout=1500)
+    python, r = vllm_venv.build()
     if r.returncode != 0:
         pytest.fail(f"could not build the vLLM venv with scripts/vllm-cpu-venv.sh:\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
     assert "vllm 0.33" in r.stdout, r.stdout
-    return str(venv / "bin" / "python")
+    return str(python)
 
 
 def _drive(py: str, url: str, *args: str, **env: str) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from skewd.agent import bundle as B
-from skewd.agent.replay import Replayer, open_segments, replay_catalogue
+from skewd.agent.replay import ClusterReplay, Replayer, open_segments, replay_catalogue
 from skewd.catalogue import full_catalogue
 from skewd.lab.sim import simulate
 from skewd.lab.bundle import write_bundle
@@ -28,7 +28,7 @@ faults:
 """
 
 
-def test_bundle_replays_to_the_same_node_findings(tmp_path):
+def test_bundle_replays_to_the_same_node_findings_and_incidents(tmp_path):
     sc = scenario(tmp_path, BODY)
     seg = write_bundle(simulate(sc, 3), tmp_path / "bundle")
     s = B.Segment(seg)
@@ -39,17 +39,22 @@ def test_bundle_replays_to_the_same_node_findings(tmp_path):
 
     segs, damage = open_segments([tmp_path / "bundle"])
     assert not damage
-    rep = Replayer(segs, replay_catalogue(segs), group=False)
+    rep = Replayer(segs, replay_catalogue(segs))
     replayed = {(f.rule_id, f.node, f.entity, f.state.value, round(f.evaluated_at, 3))
                 for f in rep.run().findings}
 
     cat = full_catalogue()
     rs = load_rules([PACKS], cat).ruleset
-    h = Harness(simulate(sc, 3), rs, cat, eval_interval=1, summary_interval=1, filter_signals=False,
-                controller=False)
+    h = Harness(simulate(sc, 3), rs, cat, eval_interval=1, summary_interval=1, filter_signals=False)
     for p in h.pipes.values():  # replay evaluates every node rule; the agent the ones it can feed
         p.engine.set_available_signals(None)
         p.engine.scopes = set(NODE_SCOPES)
-    live = {(f.rule_id, f.node, f.entity, f.state.value, round(f.evaluated_at, 3)) for f in h.run().findings}
+    run = h.run()
+    live = {(f.rule_id, f.node, f.entity, f.state.value, round(f.evaluated_at, 3)) for f in run.findings
+            if f.scope in NODE_SCOPES}
     assert replayed == live
+    # the controller the harness runs and the one cluster replay runs are one: same incidents
+    rep = ClusterReplay(Replayer(segs, replay_catalogue(segs))).run()
+    shown = list(dict.fromkeys(i.id for i in rep.incidents if i.state == "open"))
+    assert shown and shown == [o["id"] for o in run.opened]
     assert any(r[0].startswith("NS-7") and r[1] == meta["fault_lab"]["truth"][0]["nodes"][0] for r in live)

@@ -118,8 +118,8 @@ def test_installed_wheel_runs_the_cli(venv, tmp_path):
 
     r = _skewd(venv, "agent", "--check", tmp=tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr
-    m = re.search(r"rules on this node: (\d+) active, (\d+) inactive", r.stdout)
-    assert m and int(m.group(1)) + int(m.group(2)) > 0, r.stdout[-2000:]
+    m = re.search(r"rules: (\d+) active, (\d+) inactive, (\d+) controller-evaluated", r.stdout)
+    assert m and int(m.group(1)) + int(m.group(2)) > 0 and int(m.group(3)) > 0, r.stdout[-2000:]
 
     # the local broker `skewd up` / `skewd demo` start comes with the wheel's dependencies
     assert (venv / "bin" / "nats-server").exists()

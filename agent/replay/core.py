@@ -1,0 +1,505 @@
+"""Replay's core: capture bundles back through the agents' pipelines, deterministically.
+
+The bundle is the Source: each node's samples are ingested in the recorded SampleBatch
+boundaries and evaluated at the recorded tick times by the same :class:`Pipeline` the live
+agent runs (node-local scopes), so a bundle replays to the findings the agent raised. Each step
+also carries the node summaries of that tick (the recorded ones, or recomputed with
+:func:`skewd.agent.summary.make_summary` when a bundle has none): what
+:mod:`skewd.agent.replay.cluster` hands the controller.
+
+Nothing here reads the clock: the output depends only on the bundle and the rules, so two
+replays give byte-identical results.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Sequence, TextIO
+
+import numpy as np
+
+from skewd import wire
+from skewd.controller import messages as controller_messages
+from skewd.model import NODE_SCOPES, Catalogue, Finding, SampleBatch
+from skewd.rules.engine import RuleSet
+from skewd.rules.loader import LoadIssue, load_rules
+
+from .. import bundle
+from .. import summary as node_summary
+from ..pipeline import Pipeline
+from .output import fmt_t
+
+
+class ReplayError(Exception):
+    """Replay cannot start (no rules, rules do not load, no readable segment)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs
+# ---------------------------------------------------------------------------------------------
+
+def open_segments(paths: Sequence[str | Path]) -> tuple[list[bundle.Segment], list[bundle.Damage]]:
+    """Every segment under ``paths``, oldest first; unusable ones are reported, not fatal."""
+    segs, damage = [], []
+    for p in bundle.find_segments(paths):
+        try:
+            segs.append(bundle.Segment(p))
+        except bundle.BundleError as e:
+            damage.append(bundle.Damage(e.path, e.offset or 0, e.message))
+    segs.sort(key=lambda s: (s.start, str(s.path)))
+    return segs, damage
+
+
+def replay_catalogue(segments: Sequence[bundle.Segment], warn: TextIO | None = None) -> Catalogue:
+    """This skewd's full catalogue plus any signal the bundles recorded that it does not know
+    (a bundle from a host with another collector set still replays)."""
+    try:
+        from skewd.catalogue import full_catalogue
+
+        cat = full_catalogue()
+    except Exception as e:  # a broken collector package must not make a bundle unreadable
+        if warn is not None:
+            print(f"skewd replay: full signal catalogue unavailable ({type(e).__name__}: {e}); "
+                  "using the bundle's catalogue snapshot", file=warn)
+        cat = Catalogue(node_summary.CATALOGUE)
+    for seg in segments:
+        for spec in seg.catalogue():
+            if spec.name not in cat:
+                cat.add(spec)
+    return cat
+
+
+def _load(paths: Sequence[str | Path], catalogue: Catalogue) -> RuleSet:
+    res = load_rules(paths, catalogue)
+    if not res.ok:
+        raise RuleLoadFailed(res.issues)
+    return res.ruleset
+
+
+class RuleLoadFailed(ReplayError):
+    def __init__(self, issues: list[LoadIssue]) -> None:
+        super().__init__("rules do not load:\n" + "\n".join(f"  {i}" for i in issues))
+        self.issues = issues
+
+
+# ---------------------------------------------------------------------------------------------
+# The replay loop
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Event:
+    """One step of the replay: an evaluation time and what it produced - the node findings (and,
+    in a cluster replay, the controller's), the node summaries made or recorded at it, and what
+    the controller published: incident messages and remap suggestions."""
+
+    t: float
+    findings: list[Finding]
+    summaries: list[wire.Summary] = field(default_factory=list)
+    incidents: list[controller_messages.Incident] = field(default_factory=list)
+    suggestions: list[controller_messages.RemapSuggestion] = field(default_factory=list)
+
+
+@dataclass
+class ReplayResult:
+    """Everything a replay produced, for the CLI's summary line, the diff and the report."""
+
+    findings: list[Finding]  # every transition, node and controller, in replay order
+    damage: list[bundle.Damage]
+    segments: list[bundle.Segment]
+    rulesets: dict[str, RuleSet]  # version → rules used
+    nodes: list[str]
+    evaluations: int  # node evaluations
+    controller_evaluations: int
+    start: float
+    end: float
+    stopped_early: list[str] = field(default_factory=list)
+    summaries: list[wire.Summary] = field(default_factory=list)
+    #: incident messages the controller published (first publications and updates), in order
+    incidents: list[controller_messages.Incident] = field(default_factory=list)
+    suggestions: list[controller_messages.RemapSuggestion] = field(default_factory=list)
+    #: incidents that were open when the replay ended but never published (still held)
+    held: list[controller_messages.Incident] = field(default_factory=list)
+    controller: bool = False  # whether the controller ran (cluster replay)
+    controller_status: dict = field(default_factory=dict)
+
+    @property
+    def ruleset(self) -> RuleSet:
+        return next(iter(self.rulesets.values())) if self.rulesets else RuleSet([], [], "")
+
+
+class _SegmentFeed:
+    """Pulls one segment's batches in order up to a batch number and routes them per node.
+
+    It reads whole stored chunks: a chunk's node column is checked once, not per batch, and the
+    batches of a chunk with the same (node, entity, signal) codes share one set of those column
+    arrays, so the store recognises a collector's layout by identity instead of comparing
+    strings (see ``WindowStore.ingest_many``'s ``shared_columns``)."""
+
+    def __init__(self, seg: bundle.Segment, nodes: set[str] | None) -> None:
+        self.seg = seg
+        self.chunks = seg.iter_sample_chunks()
+        self.nodes = nodes
+        self.done = 0
+        self._chunk: tuple | None = None
+        self._pos = 0
+
+    def _load(self) -> bool:
+        for seq, c, codes in self.chunks:
+            if not len(seq):
+                continue
+            cuts = np.flatnonzero(seq[1:] != seq[:-1]) + 1
+            node = c.node
+            one = str(node[0]) if bool((node == node[0]).all()) else None
+            self._chunk = (seq, c, codes, [0] + cuts.tolist(), cuts.tolist() + [len(seq)], one, {})
+            self._pos = 0
+            return True
+        self._chunk = None
+        return False
+
+    def until(self, n: int) -> Iterator[tuple[str, SampleBatch]]:
+        while True:
+            if self._chunk is None or self._pos == len(self._chunk[3]):
+                if not self._load():
+                    return
+            seq, c, codes, starts, ends, one, shapes = self._chunk
+            a, b = starts[self._pos], ends[self._pos]
+            num = int(seq[a])
+            if num >= n:
+                return
+            self._pos += 1
+            self.done = num + 1
+            cols = None
+            if codes is not None:
+                key = codes[a:b].tobytes()
+                cols = shapes.get(key)
+                if cols is None:
+                    # copies: the store may keep them, and must not keep the whole chunk alive
+                    cols = shapes[key] = (c.node[a:b].copy(), c.entity[a:b].copy(), c.signal[a:b].copy())
+            else:
+                cols = (c.node[a:b], c.entity[a:b], c.signal[a:b])
+            batch = SampleBatch(c.t[a:b], cols[0], cols[1], cols[2], c.value[a:b])
+            if one is not None:
+                if self.nodes is None or one in self.nodes:
+                    yield one, batch
+                continue
+            nodes = batch.node
+            first = nodes[0]
+            if (nodes == first).all():
+                if self.nodes is None or first in self.nodes:
+                    yield str(first), batch
+                continue
+            for n_ in dict.fromkeys(nodes.tolist()):
+                if self.nodes is None or n_ in self.nodes:
+                    yield str(n_), batch.select(nodes == n_)
+
+
+class Replayer:
+    """Owns one agent pipeline per recorded node and drives them from the segments at the
+    recorded tick times. Called by :class:`~skewd.agent.replay.cluster.ClusterReplay` (which
+    adds the controller) and the CLI: iterate :meth:`events`, or :meth:`run` for the result."""
+
+    def __init__(self, segments: Sequence[bundle.Segment], catalogue: Catalogue, *,
+                 rules: Sequence[str | Path] | None = None, t_from: float | None = None,
+                 t_to: float | None = None, nodes: Sequence[str] | None = None,
+                 open_damage: Sequence[bundle.Damage] = (), range_eval: bool = True, max_range: int = 300) -> None:
+        """``range_eval``: evaluate each node's ticks in ranges of up to ``max_range`` ticks
+        (same findings, see :meth:`events`); False evaluates at every tick as it is reached."""
+        if not segments:
+            raise ReplayError("no readable capture segment")
+        self.segments = list(segments)
+        self.catalogue = catalogue
+        self.t_from = t_from
+        self.t_to = t_to
+        self.only = set(nodes) if nodes else None
+        self.open_damage = list(open_damage)
+        self.range_eval = bool(range_eval)
+        self.max_range = max(1, int(max_range))
+        self._sig_cache: dict[int, tuple] = {}
+        self.stopped_early: list[str] = []
+        self._fixed = _load(rules, catalogue) if rules else None
+        self._by_version: dict[str, RuleSet] = {}
+        self._seg_rules: dict[int, RuleSet] = {}
+        for i, seg in enumerate(self.segments):
+            self._seg_rules[i] = self._fixed or self._recorded_rules(seg)
+        self.rulesets: dict[str, RuleSet] = {}
+        first = self.segments[0]
+        st = first.settings
+        self.lookback = float(st.get("lookback", 60.0))
+        self.horizon = float(st.get("horizon", 600.0))
+        self.interval = float(st.get("evaluation_interval", 1.0))
+        self.summary_interval = float(st.get("summary_interval", 1.0))
+        self.cluster = first.cluster
+        self.labels: dict[str, dict[str, str]] = {}
+        for seg in self.segments:
+            for n, lab in seg.node_labels.items():
+                self.labels.setdefault(n, lab)
+        self.nodes = sorted({n for seg in self.segments for n in self._seg_nodes(seg)
+                             if self.only is None or n in self.only})
+        self.pipelines: dict[str, Pipeline] = {}
+        self._avail: dict[str, list[str] | None] = {}
+        self.evaluations = 0
+        self.summaries: list[wire.Summary] = []  # the node summaries used (recorded or recomputed)
+        self.start = math.inf
+        self.end = -math.inf
+
+    @property
+    def fixed_rules(self) -> RuleSet | None:
+        """The ``rules=`` given instead of the recorded ones (None: each segment's own)."""
+        return self._fixed
+
+    def segment_rules(self) -> list[RuleSet]:
+        """The rule set each segment replays with, in segment order."""
+        return [self._seg_rules[i] for i in sorted(self._seg_rules)]
+
+    def _recorded_rules(self, seg: bundle.Segment) -> RuleSet:
+        files = seg.rule_files()
+        if not files:
+            if (seg.meta.get("rules") or {}).get("rules") == []:  # recorded without any rule
+                self.stopped_early.append(f"{seg.path}: recorded without rules; pass --rules to evaluate some")
+                return RuleSet([], [], "")
+            raise ReplayError(f"{seg.path}: the bundle holds no rule files; pass --rules")
+        version = (seg.meta.get("rules") or {}).get("version") or str(seg.path)
+        rs = self._by_version.get(version)
+        if rs is None:
+            rs = self._by_version[version] = _load(files, self.catalogue)
+        return rs
+
+    @staticmethod
+    def _seg_nodes(seg: bundle.Segment) -> list[str]:
+        return seg.nodes or [str(seg.meta.get("recorder_node") or "")]
+
+    def _pipeline(self, node: str, rs: RuleSet, seg: bundle.Segment) -> Pipeline:
+        p = self.pipelines.get(node)
+        avail = seg.meta.get("available_signals")
+        if p is None:
+            lab = {k: v for k, v in self.labels.get(node, {}).items() if k != "cluster"}
+            p = self.pipelines[node] = Pipeline(self.catalogue, rs, node=node, cluster=self.cluster, labels=lab,
+                                                lookback=self.lookback, horizon=self.horizon)
+            p.engine.scopes = set(NODE_SCOPES)
+            self._avail[node] = None
+        elif p.engine.rules is not rs and p.engine.rules.version != rs.version:
+            p.engine.replace_rules(rs)  # a hot reload happened between these segments
+            self._avail[node] = None
+        if avail is not None and self._avail[node] != avail:
+            # the rules the live agent had inactive (their signals' collectors were absent) stay so
+            p.engine.set_available_signals(avail, {s: "not available on the recorded host" for s in self.catalogue})
+            self._avail[node] = avail
+        self.rulesets.setdefault(rs.version, rs)
+        return p
+
+    def _ticks(self, seg: bundle.Segment) -> tuple[np.ndarray, np.ndarray]:
+        t, batches, _ = seg.ticks()
+        limit = seg.readable_batches()
+        if limit is not None:
+            ok = batches <= limit
+            if not ok.all():
+                k = int(np.argmin(ok))
+                t, batches = t[:k], batches[:k]
+                self.stopped_early.append(f"{seg.path}: samples damaged; replay of this segment stops at "
+                                          f"t={fmt_t(float(t[-1])) if len(t) else 'start'}")
+        s_end = seg.readable_until(bundle.SUMMARIES)
+        if s_end < math.inf:
+            self.stopped_early.append(f"{seg.path}: summaries damaged from t={fmt_t(s_end)}; "
+                                      "the controller sees no summaries of this segment after it")
+        return t, batches
+
+    def events(self) -> Iterator[Event]:
+        """Events in tick order. With ``range_eval`` (the default) each node's ticks are
+        evaluated in ranges (``Engine.evaluate_range``): batches are still ingested tick by tick
+        (summaries are made from the store as at each tick), evaluation waits until a
+        range must end, and the events are yielded then, in the same order and with the same
+        findings as evaluating at every tick."""
+        heap: list[tuple[float, int, int]] = []
+        ticks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        feeds: dict[int, _SegmentFeed] = {}
+        summaries: dict[int, list[dict[str, Any]]] = {}
+        for i, seg in enumerate(self.segments):
+            nodes = [n for n in self._seg_nodes(seg) if self.only is None or n in self.only]
+            if not nodes:
+                continue
+            t, b = ticks[i] = self._ticks(seg)
+            feeds[i] = _SegmentFeed(seg, self.only)
+            rec = [s for s in seg.summaries() if self.only is None or s.get("node") in self.only]
+            summaries[i] = sorted(rec, key=lambda s: (float(s.get("t", 0.0)), str(s.get("node"))))
+            for k in range(len(t)):
+                heapq.heappush(heap, (float(t[k]), i, k))
+        next_summary: dict[str, float] = {}
+        sum_pos = {i: 0 for i in summaries}
+        # range evaluation: ticks waiting per node, and the events waiting for their findings
+        waiting: dict[str, list[float]] = {}
+        seen: dict[str, list[float]] = {}  # the store's latest sample time at each waiting tick
+        queue: list[tuple] = []  # (t, [(node, index in its range)], made) waiting for their findings
+
+        def flush() -> Iterator[Event]:
+            found = {node: self.pipelines[node].evaluate_range(ts, seen[node])
+                     for node, ts in waiting.items() if ts}
+            waiting.clear()
+            seen.clear()
+            for t_, where, made_ in queue:
+                fs: list[Finding] = []
+                for node, j in where:
+                    fs += found[node][j]
+                yield Event(t_, fs, made_)
+            queue.clear()
+
+        while heap:
+            t, i, k = heapq.heappop(heap)
+            if self.t_to is not None and t > self.t_to:
+                break
+            seg = self.segments[i]
+            rs = self._seg_rules[i]
+            _, nb = ticks[i]
+            due: dict[str, list[SampleBatch]] = {}
+            for node, batch in feeds[i].until(int(nb[k])):
+                got = due.get(node)
+                if got is None:
+                    if waiting.get(node) and self._reconfigures(node, rs, seg):
+                        yield from flush()  # a hot reload: the waiting ticks ran with the old rules
+                    self._pipeline(node, rs, seg)  # created in arrival order, as before
+                    got = due[node] = []
+                got.append(batch)
+            evaluate = self.t_from is None or t >= self.t_from
+            for node, batches in due.items():  # one ingest per node and tick: see WindowStore.ingest_many
+                pipe = self._pipeline(node, rs, seg)
+                w = waiting.get(node)
+                if w and not self._may_ingest_ahead(pipe, w, batches):
+                    yield from flush()
+                    w = None
+                if self.range_eval and evaluate:
+                    pipe.store.track_births(len(w) if w else 0)
+                pipe.ingest_many(batches, shared_columns=True)
+            found: list[Finding] = []
+            where: list[tuple[str, int]] = []
+            made: list[wire.Summary] = []
+            for node in [n for n in self._seg_nodes(seg) if self.only is None or n in self.only]:
+                if self.range_eval and evaluate and waiting.get(node) and self._reconfigures(node, rs, seg):
+                    yield from flush()
+                pipe = self._pipeline(node, rs, seg)
+                if evaluate:
+                    if self.range_eval:
+                        w = waiting.setdefault(node, [])
+                        where.append((node, len(w)))
+                        w.append(t)
+                        seen.setdefault(node, []).append(pipe.store.latest_t)
+                    else:
+                        found += pipe.evaluate(t)
+                    self.evaluations += 1
+                    self.start = min(self.start, t)
+                    self.end = max(self.end, t)
+                # summaries: the recorded ones when this segment has them, else recompute
+                if summaries[i]:
+                    continue
+                if t >= next_summary.get(node, -math.inf):
+                    next_summary[node] = t + self.summary_interval
+                    made.append(node_summary.make_summary(pipe.store, node, self.cluster, t, self.summary_interval))
+            rec = summaries[i]
+            while sum_pos[i] < len(rec) and float(rec[sum_pos[i]]["t"]) <= t:
+                try:
+                    made.append(wire.summary_from_dict(rec[sum_pos[i]]))
+                except wire.WireError as e:
+                    self.stopped_early.append(f"{seg.path}/{bundle.SUMMARIES}: summary skipped: {e}")
+                sum_pos[i] += 1
+            if evaluate:
+                self.summaries += made
+                if self.range_eval:
+                    queue.append((t, where, made))
+                    if any(self._range_ends(self.pipelines[n], w) for n, w in waiting.items() if w):
+                        yield from flush()
+                else:
+                    yield Event(t, found, made)
+        yield from flush()
+
+    # -- range evaluation ------------------------------------------------------------------------
+    def _reconfigures(self, node: str, rs: RuleSet, seg: bundle.Segment) -> bool:
+        """Whether ``_pipeline`` would change this node's rules or available signals now."""
+        p = self.pipelines.get(node)
+        if p is None:
+            return False
+        if p.engine.rules is not rs and p.engine.rules.version != rs.version:
+            return True
+        avail = seg.meta.get("available_signals")
+        return avail is not None and self._avail.get(node) != avail
+
+    def _may_ingest_ahead(self, pipe: Pipeline, waiting: list[float], batches: list[SampleBatch]) -> bool:
+        """Whether these batches can be ingested before the node's waiting ticks are evaluated
+        without changing what those ticks see: every sample newer than any in the store (so each
+        is a new column after those the ticks saw, and the store's latest time at each tick
+        bounds its windows: see ``Engine.evaluate_range``), and no block filling up (making room
+        is the only time the store drops columns, and windows longer than the horizon see what
+        it keeps)."""
+        batches = [b for b in batches if len(b)]
+        if not batches:
+            return True
+        allt = np.concatenate([b.t for b in batches]) if len(batches) > 1 else batches[0].t
+        at = np.cumsum([0] + [len(b) for b in batches[:-1]])
+        mins = np.minimum.reduceat(allt, at)
+        maxs = np.maximum.reduceat(allt, at)
+        lo = float(mins.min())
+        if lo <= pipe.store.latest_t:
+            return False
+        by_layout: dict[int, list] = {}  # id(signal column) → [array, new columns]
+        for b, one in zip(batches, (mins == maxs).tolist()):
+            cols = 1 if one else len(np.unique(b.t))
+            got = by_layout.get(id(b.signal))
+            if got is None:
+                by_layout[id(b.signal)] = [b.signal, cols]
+            else:
+                got[1] += cols
+        per_sig: dict[str, int] = {}
+        for arr, cols in by_layout.values():
+            for name in self._signal_names(arr):
+                per_sig[name] = per_sig.get(name, 0) + cols
+        if lo <= pipe.store.latest_t:
+            return False
+        cols = max(per_sig.values())  # the most new columns any one block can get
+        # the fewest free columns of any block, counted down as ticks are ingested ahead, and
+        # recomputed when the store has changed shape (a new block or row)
+        st = pipe.store
+        budget = pipe.__dict__.get("_range_budget")
+        if budget is None or budget[0] != (st.version, waiting[0]):
+            budget = [(st.version, waiting[0]), st.min_free_columns()]
+        if cols >= budget[1]:
+            return False
+        budget[1] -= cols
+        pipe.__dict__["_range_budget"] = budget
+        return True
+
+    def _signal_names(self, arr: np.ndarray) -> tuple:
+        """The distinct signal names of a batch's signal column; replay's batches of one layout
+        share that array, so it is worked out once per array (kept alive with its entry)."""
+        hit = self._sig_cache.get(id(arr))
+        if hit is not None and hit[0] is arr:
+            return hit[1]
+        if len(self._sig_cache) > 4096:
+            self._sig_cache.clear()
+        names = tuple(dict.fromkeys(arr.tolist()))
+        self._sig_cache[id(arr)] = (arr, names)
+        return names
+
+    def _range_ends(self, pipe: Pipeline, waiting: list[float]) -> bool:
+        """After adding a tick: a range ends at the length limit, or where the pipeline's store
+        gc (due after this tick) would forget an entity (later ticks must not see it)."""
+        if len(waiting) >= self.max_range:
+            return True
+        t = waiting[-1]
+        last = pipe._last_gc if pipe._last_gc is not None else waiting[0]
+        for tt in waiting[:-1]:  # the gc times of the ticks before (each checked a no-op when added)
+            if tt - last >= pipe.gc_every:
+                last = tt
+        return t - last >= pipe.gc_every and pipe.store.gc_would_remove(t)
+
+    def run(self) -> ReplayResult:
+        findings: list[Finding] = []
+        for ev in self.events():
+            findings += ev.findings
+        return self.result(findings)
+
+    def result(self, findings: list[Finding]) -> ReplayResult:
+        damage = list(self.open_damage)
+        for seg in self.segments:
+            seg.verify()
+            damage += [d for d in seg.damage if d not in damage]
+        return ReplayResult(findings, damage, self.segments, dict(self.rulesets), self.nodes, self.evaluations,
+                            0, self.start, self.end, list(dict.fromkeys(self.stopped_early)), list(self.summaries))
