@@ -2,8 +2,7 @@
 
 A parameter's line carries a comment that starts with one or more source tags (docs/rules.md,
 "Where a parameter's value comes from"): ``lag: 5ms  # [real-lab] compute gap ...``. The tags
-are checked here rather than by the loader because only the raw text keeps comments; the
-loader's positions (rules/yamlpos.py) say which line holds each parameter.
+are read by rules/provenance.py (only the raw text keeps comments, so not by the loader).
 
 The parameters whose only source is the simulator are listed in docs/rules.md. The test fails
 when the packs and that list differ, so a new simulator-only value (or one that found a real
@@ -11,98 +10,19 @@ source) is an edit of the docs that a reviewer sees.
 """
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from skewd.model import parse_duration
-from skewd.rules import yamlpos
-from skewd.rules.paths import PACKS
+from skewd.rules.provenance import ParamSource, pack_sources, param_sources
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "rules.md"
 SIM_SECTION = "### Simulator-only parameters"
 
-#: the sources a parameter may name (docs/rules.md); ``choice`` only for durations
-TAGS = frozenset({"runbook", "vendor", "physics", "real-lab", "sim", "choice"})
-_TAGS_AT_START = re.compile(r"((?:\[[^\]\s]*\]\s*)+)(.*)")
-_TAG = re.compile(r"\[([^\]\s]*)\]")
-
-
-@dataclass(frozen=True)
-class ParamSource:
-    """One rule parameter and what its comment says about where its value comes from."""
-
-    rule: str
-    param: str
-    where: str  # file:line
-    tags: tuple[str, ...]
-    why: str
-
-
-def trailing_comment(line: str) -> str | None:
-    """The text after the ``#`` that starts the line's trailing comment (outside quotes)."""
-    quote = None
-    for i, ch in enumerate(line):
-        if quote:
-            if ch == quote:
-                quote = None
-        elif ch in "'\"":
-            quote = ch
-        elif ch == "#" and i > 0 and line[i - 1] in " \t":
-            return line[i + 1:].strip()
-    return None
-
-
-def is_duration(value: object) -> bool:
-    if not isinstance(value, str):
-        return False
-    try:
-        parse_duration(value)
-    except ValueError:
-        return False
-    return True
-
-
-def param_sources(text: str, file: str) -> tuple[list[ParamSource], list[str]]:
-    """Every rule parameter of one rule file with its source tags, and what is wrong with them."""
-    data, errors = yamlpos.load(text, file)
-    assert not errors, [f"{e.pos}: {e.message}" for e in errors]
-    lines = text.splitlines()
-    found: list[ParamSource] = []
-    problems: list[str] = []
-    for rule in (data or {}).get("rules") or []:
-        params = rule.get("params") or {}
-        for name, value in params.items():
-            pos = params.key_pos[name]
-            where = f"{pos.file}:{pos.line}"
-            label = f"{where}: {rule.get('id')} param {name}"
-            comment = trailing_comment(lines[pos.line - 1])
-            m = _TAGS_AT_START.match(comment or "")
-            if not m:
-                problems.append(f"{label}: no source tag - end its line with '# [tag] why' "
-                                f"(tags: {', '.join(sorted(TAGS))}; docs/rules.md)")
-                continue
-            tags = tuple(_TAG.findall(m.group(1)))
-            why = m.group(2).strip()
-            unknown = [t for t in tags if t not in TAGS]
-            if unknown:
-                problems.append(f"{label}: unknown source tag {', '.join(f'[{t}]' for t in unknown)} "
-                                f"(tags: {', '.join(sorted(TAGS))})")
-            if len(set(tags)) != len(tags):
-                problems.append(f"{label}: a tag given twice")
-            if not why:
-                problems.append(f"{label}: the tags need a why after them")
-            if "choice" in tags and not is_duration(value):
-                problems.append(f"{label}: [choice] is for window lengths only; a threshold names its source")
-            found.append(ParamSource(str(rule.get("id")), str(name), where, tags, why))
-    return found, problems
-
 
 def simulator_only(sources: list[ParamSource]) -> set[tuple[str, str]]:
     """Parameters whose only source is the simulator (a window length chosen with it counts too)."""
-    return {(s.rule, s.param) for s in sources if "sim" in s.tags and set(s.tags) <= {"sim", "choice"}}
+    return {(s.rule, s.param) for s in sources if s.simulator_only}
 
 
 def documented_simulator_only(text: str) -> set[tuple[str, str]]:
@@ -122,13 +42,7 @@ def documented_simulator_only(text: str) -> set[tuple[str, str]]:
 
 
 def shipped() -> tuple[list[ParamSource], list[str]]:
-    sources: list[ParamSource] = []
-    problems: list[str] = []
-    for f in sorted(PACKS.glob("*.yaml")):
-        s, p = param_sources(f.read_text(), str(f.relative_to(PACKS.parent.parent)))
-        sources += s
-        problems += p
-    return sources, problems
+    return pack_sources()
 
 
 def test_every_shipped_parameter_names_its_source():
