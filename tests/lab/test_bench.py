@@ -136,3 +136,25 @@ def test_a_table_on_tuning_seeds_is_refused_and_the_default_seeds_were_never_tun
                    str(ledger["tuning"][0]), "--out", str(out)])
     assert rc == 2 and not out.exists()
     assert det.main(["--tuning", "--scenario", "healthy-dp", "--out", str(out)]) == 2 and not out.exists()
+
+
+def test_the_honest_section_counts_the_sources_and_lists_only_simulator_bound_params():
+    """Every parameter the detection page says still sits on a simulator constant is [sim]-only in
+    the shipped packs (one that found a real source must leave the list), and the page counts the
+    measured packs' sources from their tags."""
+    from skewd.rules.provenance import pack_sources
+
+    D = _bench()
+    sources, problems = pack_sources()
+    assert not problems
+    sim_only = {(s.rule, s.param) for s in sources if s.simulator_only}
+    listed = {(rule, p) for rule, params, _, _ in D.SIM_BOUND for p in params}
+    assert listed and not listed - sim_only, f"no longer [sim]-only, drop from SIM_BOUND: {sorted(listed - sim_only)}"
+    prov = D.provenance([str(PACKS)])
+    assert prov["params"] == len(sources) and prov["sim_only"] == len(sim_only)
+    assert prov["tags"]["sim"] >= prov["sim_only"] > 0
+    text = "\n".join(D.honest_section({"tuning_seeds": [1, 2], "provenance": prov}))
+    assert "## Honest evaluation" in text and f"**{prov['sim_only']}** rest on the simulator alone" in text
+    assert "rules were tuned on seeds 1, 2" in text
+    for rule, params, _, _ in D.SIM_BOUND:
+        assert f"| `{rule}` | " in text
