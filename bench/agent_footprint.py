@@ -203,7 +203,12 @@ def run(minutes: float, warmup: float, pkt: str, py_spy: str | None = None, qdis
                        rss_parts_kib={k: status_kib(proc.pid, k) for k in ("RssAnon", "RssFile", "RssShmem")},
                        rss_sampled_max_kib=rss_max, threads=status_kib(proc.pid, "Threads"),
                        summaries=counts["summaries"] - s0)
-            await asyncio.sleep(1.5)  # a last health message names the active collectors
+            # a health message names the active collectors; the agent sends one every 10 s, so a
+            # short run on a loaded machine may not have seen one yet
+            deadline = time.monotonic() + 12.0
+            await asyncio.sleep(1.5)
+            while not counts["active"] and time.monotonic() < deadline:
+                await asyncio.sleep(0.5)
             out["active"] = counts["active"]
             stop.set()
             await task
@@ -408,8 +413,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gso", choices=("on", "off"), default="on",
                     help="--traffic: off sets gso_max_segs 1 on the collective veths, so TCP hands the capture "
                          "one MSS per packet (many more, smaller packets) instead of GSO super-packets")
-    ap.add_argument("--netns-prefix", default="skfp-", help="--traffic: prefix of the namespaces it creates")
-    ap.add_argument("--subnet", default="10.78.0.0/16", help="--traffic: IPv4 subnet of those namespaces")
+    ap.add_argument("--netns-prefix", default=os.environ.get("SKEWD_BENCH_NETNS_PREFIX", "skwbench-"),
+                    help="--traffic: prefix of the namespaces it creates (<prefix>fp-*; default "
+                         "$SKEWD_BENCH_NETNS_PREFIX or skwbench-)")
+    ap.add_argument("--subnet", default="10.78.0.0/16",
+                    help="--traffic: IPv4 subnet inside those namespaces (a layer-2 island, no route to the host)")
     ap.add_argument("--keep", metavar="DIR", help="--traffic: keep configs, logs and the NATS record in DIR")
     a = ap.parse_args(argv)
     if a.traffic == "gloo":
