@@ -179,59 +179,34 @@ class Ring:
         off = self.block * self.cfg.block_size
         return bool(self._arr[off + 8] & TP_STATUS_USER)
 
-    def drain_raw(self, max_blocks: int | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Copy out every block the kernel has handed over, as (the block's used bytes, its
-        frames' offsets in them), and give the blocks back. Only the frame list is walked here:
-        the numpy work of turning frames into :class:`Frames` is left to :meth:`frames_of`, once
-        for all the blocks of a collect instead of ~20 numpy calls per block (blocks retire every
-        ``block_timeout`` while traffic flows, ~100 a second)."""
-        out: list[tuple[np.ndarray, np.ndarray]] = []
+    def drain(self, max_blocks: int | None = None) -> list[Frames]:
+        """Copy out every block the kernel has handed over, and give the blocks back."""
+        out: list[Frames] = []
         bs = self.cfg.block_size
         n = 0
         while self._ready() and (max_blocks is None or n < max_blocks):
             base = self.block * bs
-            raw = self._block_raw(base)
-            if raw is not None:
-                out.append(raw)
+            fr = self._block_frames(base)
+            if fr is not None:
+                out.append(fr)
             self._arr[base + 8: base + 12] = 0  # TP_STATUS_KERNEL: the kernel may refill it
             self.block = (self.block + 1) % self.cfg.blocks
             n += 1
         return out
 
-    def drain(self, max_blocks: int | None = None) -> list[Frames]:
-        """Like :meth:`drain_raw`, decoded: the retired blocks' frames (one :class:`Frames`)."""
-        fr = self.frames_of(self.drain_raw(max_blocks))
-        return [fr] if fr is not None else []
-
-    def _block_raw(self, base: int) -> tuple[np.ndarray, np.ndarray] | None:
+    def _block_frames(self, base: int) -> Frames | None:
+        a = self._arr
         mv = memoryview(self.mm)
-        num, first, blk_len = struct.unpack_from("<III", mv, base + 12)
+        num, first = struct.unpack_from("<II", mv, base + 12)
         if num == 0:
             return None
-        # walk the block's frame list (next offsets, relative to the block)
+        # walk the block's frame list (next offsets); everything else is vectorised
         offs = np.empty(num, np.int64)
         u32 = struct.Struct("<I").unpack_from
-        o = first
+        o = base + first
         for i in range(num):
             offs[i] = o
-            o += u32(mv, base + o)[0]
-        bs = self.cfg.block_size
-        # blk_len: the bytes the kernel filled; if it looks wrong, copy the whole block
-        end = blk_len if int(offs[-1]) + TPACKET3_HDRLEN + 12 <= blk_len <= bs else bs
-        return self._arr[base: base + end].copy(), offs
-
-    def frames_of(self, parts: list[tuple[np.ndarray, np.ndarray]]) -> Frames | None:
-        """The frames of blocks copied by :meth:`drain_raw` (in order), or None if none."""
-        parts = [p for p in parts if len(p[1])]
-        if not parts:
-            return None
-        if len(parts) == 1:
-            a, offs = parts[0]
-        else:
-            starts = np.cumsum([0] + [len(p[0]) for p in parts[:-1]])
-            a = np.concatenate([p[0] for p in parts])
-            offs = np.concatenate([p[1] + int(s) for p, s in zip(parts, starts)])
-        num = len(offs)
+            o += u32(mv, o)[0]
         h = gather(a, offs, TPACKET3_HDRLEN + 12)
         w = h[:, :28].copy().view("<u4")
         sec, nsec, snap, wire = (w[:, k].astype(np.int64) for k in (1, 2, 3, 4))
@@ -264,7 +239,7 @@ class Capture:
         self.ring = Ring(cfg)
         self.max_pending = max_pending
         self._lock = threading.Lock()
-        self._pending: list[tuple[np.ndarray, np.ndarray]] = []  # copied blocks, decoded at take()
+        self._pending: list[Frames] = []
         self._npending = 0
         self.discarded = 0
         self.error: BaseException | None = None
@@ -292,14 +267,13 @@ class Capture:
             while not self._stop.is_set():
                 if not self.ring.wait(self.POLL_TIMEOUT, poller):
                     continue
-                for raw in self.ring.drain_raw():
-                    k = len(raw[1])  # frames in the block (loopback's doubles are dropped at take())
+                for fr in self.ring.drain():
                     with self._lock:
-                        if self._npending + k > self.max_pending:
-                            self.discarded += k
+                        if self._npending + len(fr) > self.max_pending:
+                            self.discarded += len(fr)
                             continue
-                        self._pending.append(raw)
-                        self._npending += k
+                        self._pending.append(fr)
+                        self._npending += len(fr)
         except BaseException as e:  # surfaced by take()
             self.error = e
 
@@ -308,8 +282,7 @@ class Capture:
         handed over yet (at most ``block_timeout`` old) belong to the next take."""
         with self._lock:
             parts, self._pending, self._npending = self._pending, [], 0
-        fr = self.ring.frames_of(parts)
-        return fr if fr is not None else Frames.empty()
+        return Frames.concat(parts)
 
     def stop(self) -> None:
         self._stop.set()
