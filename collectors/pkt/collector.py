@@ -50,6 +50,10 @@ DEFAULT_BLOCKS = 16
 #: rate at which 256 KiB blocks of header-only frames fill before the 10 ms block timeout,
 #: so traffic that ramps up within a second still finds the small ring at full tolerance
 GROW_PPS = 30_000
+#: shortest span a rate is judged over: the first collect runs right after start() (the kernel
+#: counted frames since the socket opened, often milliseconds earlier), and a few frames in a
+#: millisecond are no rate; a real burst of GROW_PPS still fills 3,000 frames in this span
+MIN_RATE_SPAN_S = 0.1
 #: own connections remembered for leaving out: the current one and a few before it, whose last
 #: packets (FIN, late retransmissions) may still come after a reconnect
 IGNORED_CONNECTIONS = 8
@@ -106,6 +110,7 @@ class PktCollector(Collector):
         self._base_packets = 0  # kernel counters of replaced rings, so ours stay cumulative
         self._base_drops = 0
         self._last_stats = (0, 0)
+        self._last_mono = 0.0  # monotonic time of the last kernel-stats read (rate for the ring)
         self._last_rate = 0
         self._discarded_before = 0
         self._adaptive = False
@@ -255,6 +260,7 @@ class PktCollector(Collector):
         self._carry, self._dedupe_ns = None, None
         self._base_packets = self._base_drops = self._discarded_before = 0
         self._last_stats = (0, 0)
+        self._last_mono = time.monotonic()
         self._adaptive = s["adaptive"]
         self._tracker = FlowTracker(s["burst_gap"], s["flow_timeout"], s["max_flows"], s["max_listed_silences"])
         self._last_t = time.time()
@@ -324,10 +330,15 @@ class PktCollector(Collector):
         if self._carry is not None:
             frames, self._carry = Frames.concat([self._carry, frames]), None
         packets, drops = self.kernel_stats()
+        now = time.monotonic()
         t0 = self._last_t if self._last_t is not None else t
         self._last_t = t
-        # before decoding: the decode of a busy interval is the longest the ring thread waits
-        self._maybe_grow(packets, drops, t - t0)
+        # before decoding: the decode of a busy interval is the longest the ring thread waits.
+        # The rate is over the real time between the kernel-stats reads, not ``t - t0``: the
+        # first ``t`` comes right after start() while the collect itself may run much later (a
+        # loaded machine), which once made 1.9k pkt/s look like 1.9 M and grew the ring for good
+        self._maybe_grow(packets, drops, max(now - self._last_mono, MIN_RATE_SPAN_S))
+        self._last_mono = now
         cap = self._capture or cap
         self.stats.discarded = cap.discarded + self._discarded_before
         pk = self._leave_out_own(decode(frames))

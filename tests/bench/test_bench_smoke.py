@@ -118,6 +118,32 @@ def test_live_capture_both_phases_and_cleans_up() -> None:
     assert "skwbench-" not in after.replace(before, "")
 
 
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and AF_PACKET sockets need root")
+@pytest.mark.skipif(shutil.which("ip") is None, reason="needs iproute2's ip command")
+def test_agent_footprint_under_gloo_traffic_measures_busy_and_idle_port_and_cleans_up() -> None:
+    """The real-traffic run: gloo ranks between namespaces, one agent capturing their port and one
+    an idle port of the same bridge, both measured; every namespace it made is gone after."""
+    from skewd.lab.netlab.torchenv import resolve
+
+    try:
+        resolve("torch")
+    except RuntimeError as e:
+        pytest.skip(f"no interpreter with torch.distributed gloo (set SKEWD_VLLM_VENV): {e}")
+    prefix = os.environ.get("SKEWD_BENCH_NETNS_PREFIX", "skwbench-")
+    lines, f = run("agent_footprint.py", "--traffic", "gloo", "--minutes", "0.1", "--warmup", "5",
+                   "--netns-prefix", prefix, "--json")
+    assert f is not None and f["benchmark"] == "agent_footprint_traffic"
+    busy, idle = f["traffic"], f["idle"]
+    assert busy["port_pps"] > 100 and busy["port_mbps"] > 1  # the collective really crossed the port
+    assert idle["port_pps"] < busy["port_pps"] / 10  # the peer's port is idle
+    for x in (busy, idle):
+        assert x["cpu_s"] > 0 and x["hwm_kib"] > 10_000 and x["summaries"] > 0
+    assert any(line.startswith("  busy / idle:") for line in lines)
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"{prefix}fp-" not in left
+
+
 def test_run_all_runs_the_selection_and_writes_results(tmp_path: Path) -> None:
     out = tmp_path / "results.json"
     p = subprocess.run([sys.executable, str(BENCH / "run_all.py"), "--quick", "--only", "replay_speed",

@@ -82,6 +82,30 @@ def test_ring_starts_small_and_grows_once_under_load_without_loss_or_duplicates(
         assert got == total
 
 
+def test_a_port_busy_at_start_below_the_threshold_keeps_the_small_ring() -> None:
+    """The agent's first collect is stamped right after start() (its scheduler reads the clock,
+    then hands the collect to a thread that may run much later on a loaded node), while the
+    kernel has counted every frame since the socket opened. A few hundred frames there are no
+    sign of 30k frames/s: the ring stays 4 MiB. (Judged over ``t - t0`` this once looked like
+    1.9 M frames/s on a gloo port carrying 1.9k pkt/s, and every agent started on a busy port
+    kept 12 MiB more ring for good.)"""
+    col = Pkt("n", {"interface": "lo", "filter": f"udp dst port {PORT}"})
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    col.start()
+    try:
+        t = col._last_t + 0.001  # the scheduler's stamp, taken just after start()
+        for _ in range(300):  # 600 frames on lo (out and in), well under GROW_PPS a second
+            s.sendto(b"b" * 200, ("127.0.0.1", PORT))
+        time.sleep(0.05)  # the collect thread gets its turn later
+        col.collect(t)
+        col.collect(t + 1.0)
+        assert col.ring_bytes == 4 << 20
+        assert col.kernel_stats()[0] >= 600
+    finally:
+        col.stop()
+        s.close()
+
+
 @pytest.mark.parametrize("config,size", [
     ({"ring_block_size": "1MiB"}, 16 << 20),
     ({"ring_blocks": 8}, 8 << 20),
