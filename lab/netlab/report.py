@@ -107,7 +107,9 @@ def render(results: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
              "node, labels, NATS URL and the collective port only)",
              f"- runs: {meta['runs']} ({meta['run_minutes']:.0f} min of agents running, "
              f"{meta['node_hours']:.2f} node-hours), {meta['nodes']} nodes each; collectives: {meta['backend']}",
-             f"- machine: {meta['machine']}; wall time {meta['wall_minutes']:.0f} min; {meta['date']}",
+             f"- machine: {meta['machine']}; "
+             + (f"wall time {meta['wall_minutes']:.0f} min" if meta.get("wall_minutes") else
+                "re-scored from the kept run directories (`--rescore`)") + f"; {meta['date']}",
              "",
              "Each run is a `python -m skewd.lab.netlab run SCENARIO --seed N` (`skewd.lab.netlab`): network "
              "namespaces on a bridge, one collective rank per node (torch.distributed gloo all-reduce over TCP, "
