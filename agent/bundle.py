@@ -220,9 +220,10 @@ class _MetaCheck:
         for k in ("cluster", "recorder_node", "skewd_version"):
             self.text(m.get(k), k)
         cl = m.get("cluster")
-        if isinstance(cl, str) and (not cl or any(c in cl for c in " .*>\t")):
-            # what the agent and controller configs accept: the replayed controller runs in it
-            self.bad("cluster", f"{cl[:40]!r} is not a cluster name (non-empty, no spaces, dots, '*' or '>')")
+        if isinstance(cl, str) and any(c in cl for c in " .*>\t"):
+            # what the agent and controller configs accept: the replayed controller runs in it (an
+            # empty cluster is a recording made without one; cluster replay names it "replay")
+            self.bad("cluster", f"{cl[:40]!r} is not a cluster name (no spaces, dots, '*' or '>')")
         labels = m.get("node_labels")
         if labels is not None:
             if not isinstance(labels, dict) or len(labels) > lim.nodes:

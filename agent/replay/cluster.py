@@ -44,7 +44,7 @@ class ClusterReplay:
         self.replayer = replayer
         rs = self._controller_rules()
         try:
-            self.cfg = offline_config(replayer.cluster, controller_config, overrides)
+            self.cfg = offline_config(replayer.cluster or "replay", controller_config, overrides)
             self.controller = OfflineController(self.cfg, catalogue=replayer.catalogue, ruleset=rs)
         except (ConfigError, RuleLoadError) as e:  # an operator's file, or a bundle's cluster no controller takes
             problems = getattr(e, "problems", None) or getattr(e, "issues", None)
