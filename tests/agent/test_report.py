@@ -148,8 +148,12 @@ def test_demo_incidents_lead_the_report(demo) -> None:
     card = card[: card.index("</section>")]
     assert re.search(r"NS-7\s+Egress drop / retransmit on node\d/eth0", _text(card))
     assert re.search(r">\d+(\.\d+)? packets/s<", card)
-    # the planner has no remap for NS-7: the card says so and shows what the rules advise
-    assert "No remap suggestion" in card and "<li class='action mitigation'>" in card
+    # the planner's NS-7 action on counted drops: check the node's qdisc/driver first (host tuning,
+    # naming the port), least disruptive first, for the culprit only
+    acts = re.findall(r"<li class='action'><div class='act'><b>([a-z ]+)</b> → <span class='mono'>([^<]+)</span>", card)
+    assert acts and acts[0][0] == "host tuning", acts
+    ns7_culprit = re.search(r"<b class='culprit'>(node\d)</b>", card).group(1)
+    assert all(t == ns7_culprit for _, t in acts), acts
     # findings grouped by rule × node: one row for the 26 flows' retransmissions, not 26 rows
     rows = re.findall(r"<details class='fgroup' data-rule='([^']+)' data-node='([^']+)'>", ns7)
     assert len(rows) == len(set(rows)) and len(rows) <= 4, rows
