@@ -92,7 +92,7 @@ def blast(ns: str, stop: threading.Event) -> None:
                 try:
                     s.sendto(payload, (f"{NET}.2", 9))
                 except OSError:
-                    pass
+                    pass  # ENOBUFS when the qdisc is full: that is the fault we want
             time.sleep(0.5)
     finally:
         s.close()
