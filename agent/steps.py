@@ -99,7 +99,8 @@ def fold_period(d: np.ndarray, tol: float = 0.15, max_mult: int = 4) -> float:
     d = d[d > 0]
     if not len(d):
         return float("nan")
-    cand = np.unique(np.round(d, 5))
+    # candidates on a 2 % grid (the tolerance is 15 %): a few dozen, not one per spacing
+    cand = np.exp(np.unique(np.round(np.log(d) / 0.02)) * 0.02)
     r = d[None, :] / cand[:, None]  # candidates x spacings
     m = np.clip(np.rint(r), 1, None)
     ok = (np.abs(r / m - 1.0) <= tol) & (m <= max_mult)
