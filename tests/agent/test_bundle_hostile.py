@@ -18,6 +18,7 @@ import pytest
 from skewd.agent import bundle as B
 from skewd.agent import replay as R
 
+from ..peak_rss import cli_argv, peak_kib
 from .test_record import run_live, write_rules
 
 DATA = Path(__file__).resolve().parents[1] / "rules" / "data"
@@ -156,12 +157,10 @@ def test_a_shared_bundle_with_a_billion_laughs_rule_file_is_refused_in_bounded_m
     stored = seg / meta["rules"]["files"][0]["stored"]
     stored.write_bytes((DATA / "billion-laughs.bad.yaml").read_bytes())
     edit_meta(seg, lambda m: m["rules"]["files"][0].update(sha256=hashlib.sha256(stored.read_bytes()).hexdigest()))
-    p = subprocess.run([sys.executable, "-c", "import resource, sys; from skewd.cli import main; rc = main(sys.argv[1:]); "
-                        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr); sys.exit(rc)",
-                        "replay", str(seg)], capture_output=True, text=True, timeout=120)
+    p = subprocess.run(cli_argv("replay", str(seg)), capture_output=True, text=True, timeout=120)
     assert p.returncode == R.EXIT_USAGE, p.stderr
     assert "E019" in p.stderr and str(stored) in p.stderr and "Traceback" not in p.stderr
-    assert int(p.stderr.split()[-1]) < 400_000, "peak RSS of the refusing replay, KiB"
+    assert peak_kib(p.stderr) < 400_000, "peak RSS of the refusing replay, KiB"
 
 
 def test_nodes_in_the_data_beyond_the_limit_are_not_replayed(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from skewd.rules.loader import load_rules
 from skewd.rules.reload import RuleManager
 from skewd.rules.yamlpos import YamlLimitError, YamlLimits, load
 
+from ..peak_rss import cli_argv, peak_kib
 from .conftest import DATA
 from .test_engine import make, run
 
@@ -31,7 +32,7 @@ CHILD_AS_LIMIT = 3 << 30
 
 
 def _lint(path: str) -> tuple[int, str, int]:
-    """Run lint in a child and read that child's own peak RSS with wait4."""
+    """Run lint in a child that reports its own peak RSS (VmHWM; see tests/peak_rss.py)."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # child: cap memory, exec the CLI with stdout into the pipe
@@ -40,7 +41,7 @@ def _lint(path: str) -> tuple[int, str, int]:
             os.dup2(w, 1)
             os.dup2(w, 2)
             resource.setrlimit(resource.RLIMIT_AS, (CHILD_AS_LIMIT, CHILD_AS_LIMIT))
-            os.execv(sys.executable, [sys.executable, "-m", "skewd.cli", "rules", "lint", path])
+            os.execv(sys.executable, cli_argv("rules", "lint", path))
         finally:
             os._exit(127)
     os.close(w)
@@ -48,8 +49,9 @@ def _lint(path: str) -> tuple[int, str, int]:
     with os.fdopen(r, "rb") as f:
         for chunk in iter(lambda: f.read(65536), b""):
             chunks.append(chunk)
-    _, status, usage = os.wait4(pid, 0)
-    return os.waitstatus_to_exitcode(status), b"".join(chunks).decode(errors="replace"), usage.ru_maxrss
+    _, status = os.waitpid(pid, 0)
+    out = b"".join(chunks).decode(errors="replace")
+    return os.waitstatus_to_exitcode(status), out, peak_kib(out)
 
 
 GOOD = """required_engine_version: 1
