@@ -263,8 +263,9 @@ async def test_spurious_resends_stay_silent_and_a_drop_storm_fires_on_its_node(l
         delta = {k: sum(a[k] - b[k] for a, b in zip(after, before)) for k in
                  ("TCPLossProbes", "TCPDSACKRecv", "TcpRetransSegs", "TCPTimeouts", "TCPOrigDataSent")}
         # the healthy traffic really resent segments, and the receivers called them duplicates
+        # (whether some were tail-loss probes depends on the host's timing: a quiet machine sent
+        # none in CI, a loaded one hundreds, so TLPs are reported, not required)
         assert delta["TcpRetransSegs"] > 0 and delta["TCPDSACKRecv"] > 0, delta
-        assert delta["TCPLossProbes"] > 0, f"no tail-loss probe in {HEALTHY_S:.0f} s of healthy traffic: {delta}"
         assert any(v > 0 for v in watch.spurious.values()), \
             f"no flow reported a D-SACKed resend: {watch.spurious}"
         healthy = [(f.rule_id, f.node, f.entity) for f in watch.firing()]
