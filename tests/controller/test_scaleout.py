@@ -177,13 +177,16 @@ async def _leader_of(url: str, cluster: str) -> str | None:
         await nc.close()
 
 
-def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(mapped_server, tmp_path) -> None:
-    """Two `skewd controller` worker processes; the leader is killed with SIGKILL while a
-    straggler's incident is held (group_wait), and a second group starts straggling after the
-    kill. The survivor takes every partition and the leader role over (KV leases), resumes the
-    held incident under its id, and each straggler gets exactly one incident and one
-    suggestion: nothing lost, nothing published twice."""
-    url, cluster = mapped_server.url, "so-kill"
+@pytest.mark.parametrize("fate", ["killed", "paused"])
+def test_a_worker_killed_or_paused_mid_run_loses_and_duplicates_nothing(mapped_server, tmp_path, fate) -> None:
+    """Two `skewd controller` worker processes; the leader is killed with SIGKILL (or frozen
+    with SIGSTOP for many leases, as a VM pause or a swap storm would, then resumed) while a
+    straggler's incident is held (group_wait), and a second group starts straggling after that.
+    The survivor takes every partition and the leader role over (KV leases), resumes the held
+    incident under its id, and each straggler gets exactly one incident and one suggestion:
+    nothing lost, nothing published twice, also when the frozen leader wakes up believing it
+    still leads."""
+    url, cluster = mapped_server.url, f"so-{fate}"
     procs: dict[str, subprocess.Popen] = {}
     for wid in ("w0", "w1"):
         path = tmp_path / f"{wid}.yaml"
@@ -204,14 +207,23 @@ def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(mapped_server, tmp
             groups = _groups(cluster, {"tp1": 8, "tp2": 40}, float(int(time.time())))
             # tp1's culprit fires at about interval 14 and its incident is held group_wait (8 s)
             await _play(nc, groups, 0, 18, pace=0.25)
-            procs[leader].send_signal(signal.SIGKILL)  # ... so it is held right now
-            procs[leader].wait(10)
-            await _play(nc, groups, 18, 95, pace=0.25)
+            if fate == "killed":
+                procs[leader].send_signal(signal.SIGKILL)  # ... so it is held right now
+                procs[leader].wait(10)
+                await _play(nc, groups, 18, 95, pace=0.25)
+            else:
+                procs[leader].send_signal(signal.SIGSTOP)  # ... frozen with it held, for ~7 leases
+                await _play(nc, groups, 18, 60, pace=0.25)
+                procs[leader].send_signal(signal.SIGCONT)  # tp2 straggles from 40: its incident is held now
+                await _play(nc, groups, 60, 95, pace=0.25)
             await asyncio.sleep(3.0)
             sugs = await remaps(url, cluster)
             incs = await incidents(url, cluster)
             survivor = next(w for w in procs if w != leader)
             assert await _leader_of(url, cluster) == survivor
+            if fate == "paused":  # it woke up, found its leases gone and stood down, still running
+                assert procs[leader].poll() is None
+                assert "lost the leader lease" in (tmp_path / f"{leader}.log").read_text(), logs()
             culprits = sorted((s.culprit.tp_group, s.culprit.node) for s in sugs if s.culprit)
             assert culprits == [("tp1", "b2"), ("tp2", "c2")] and len(sugs) == 2, [s.summary for s in sugs]
             assert len({s.key for s in sugs}) == 2
