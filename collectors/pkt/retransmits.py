@@ -31,7 +31,6 @@ from .segmented import NONE, excl_cummax, overlapping, unwrap
 ROCE_NO_PSN = (17, 18, 0x81)  # ACK, atomic ACK, CNP: not part of the request PSN sequence
 
 
-
 class RetransmitAnalysis:
     """TCP and RoCE retransmission counting for :class:`~.tracker.FlowTracker` (its base class).
 
