@@ -6,26 +6,9 @@ it. Why bounded with drop-oldest: the newest state of a node is what an operator
 link comes back; a full spool evicts the oldest records and *counts* them (the counter is
 persisted, so a restart does not hide the loss).
 
-Layout of ``directory``::
-
-    00000000000000000001.seg   segment files, named by the seq of their first record
-    00000000000000000513.seg   (append-only; the last one is the one being written)
-    state.json                 {"head_seq": first record not yet consumed, "dropped": n}
-    lock                       flock'ed while a Spool has the directory open
-
-Record framing (little-endian)::
-
-    magic   4 bytes  b"SKR1"
-    length  u32      body length
-    seq     u64      record sequence number (strictly increasing, never reused)
-    crc     u32      CRC-32 of seq (8 bytes) + body
-    body    subject_len u16, subject UTF-8, headers_len u32, headers JSON (str → str), payload
-
-Recovery on open: every segment is scanned; a record with a bad magic, impossible length or
-CRC mismatch stops the scan of that segment. If a valid record follows (corruption in the
-middle) the scan resynchronises on it; otherwise (a torn tail: the process died mid-write)
-the segment is truncated back to the end of the last good record. Either way a warning is
-logged and every record before the damage is kept.
+The record format and the scan that recovers from a torn write are in :mod:`.spoolrecord`, the
+segment files, state file and recovery in :mod:`.spoolsegments`, the file modes in
+:mod:`.spoolperms`.
 
 Consumption is at-least-once: ``peek`` then ``ack(seq)`` after the server acknowledged. A crash
 between the two re-sends the record on restart; JetStream drops it by ``Nats-Msg-Id``.
@@ -72,29 +55,25 @@ from __future__ import annotations
 import errno
 import fcntl
 import itertools
-import json
 import logging
 import os
-import stat
 import struct
 import threading
 import time
-import zlib
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, NamedTuple
+from typing import Mapping
+
+from .spoolperms import DIR_MODE, FILE_MODE, make_private_dir
+from .spoolrecord import HEADER_SIZE, MAGIC, MAX_RECORD_BODY, Entry, SpoolRecord, decode_body, encode_record, parse_at
+from .spoolsegments import Segment, SegmentFiles
+
+__all__ = ["DIR_MODE", "DISK_ERRORS", "FILE_MODE", "FSYNC_POLICIES", "HEADER_SIZE", "MAGIC", "MAX_RECORD_BODY",
+           "RecordTooLarge", "Spool", "SpoolError", "SpoolRecord", "SpoolUnavailable", "encode_record"]
 
 log = logging.getLogger("skewd.agent.spool")
 
-MAGIC = b"SKR1"
-_HDR = struct.Struct("<4sIQI")  # magic, body length, seq, crc32(seq + body)
-HEADER_SIZE = _HDR.size
-_SEQ = struct.Struct("<Q")
-#: hard ceiling on one record's body: nothing skewd publishes comes near (NATS max_payload is 1 MiB)
-MAX_RECORD_BODY = 64 << 20
 FSYNC_POLICIES = ("always", "interval", "never")
-_SEG_SUFFIX = ".seg"
 
 
 class SpoolError(Exception):
@@ -112,72 +91,9 @@ class SpoolUnavailable(SpoolError):
 
 #: errno values that mean "the disk cannot take this now", as opposed to a bug
 DISK_ERRORS = frozenset({errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.ENOMEM})
-FILE_MODE = 0o600
-DIR_MODE = 0o700
 
 
-@dataclass(frozen=True)
-class SpoolRecord:
-    seq: int
-    subject: str
-    headers: dict[str, str]
-    payload: bytes
-
-
-class _Entry(NamedTuple):
-    seq: int
-    segment: int  # first seq of the segment (its name); -1 while held in memory
-    offset: int
-    size: int  # framed size (header + body)
-    data: bytes | None = None  # the framed record while the disk refuses it
-
-
-class _Segment:
-    __slots__ = ("first_seq", "path", "last_seq", "size")
-
-    def __init__(self, first_seq: int, path: Path, last_seq: int, size: int) -> None:
-        self.first_seq = first_seq
-        self.path = path
-        self.last_seq = last_seq  # 0 while empty
-        self.size = size
-
-
-def encode_record(seq: int, subject: str, headers: Mapping[str, str], payload: bytes) -> bytes:
-    """Frame one record (see module doc)."""
-    subj = subject.encode("utf-8")
-    if len(subj) > 0xFFFF:
-        raise ValueError("subject longer than 65535 bytes")
-    hdrs = json.dumps(dict(headers), sort_keys=True, separators=(",", ":")).encode("utf-8")
-    body = b"".join((struct.pack("<H", len(subj)), subj, struct.pack("<I", len(hdrs)), hdrs, bytes(payload)))
-    crc = zlib.crc32(body, zlib.crc32(_SEQ.pack(seq)))
-    return _HDR.pack(MAGIC, len(body), seq, crc) + body
-
-
-def _decode_body(seq: int, body: bytes) -> SpoolRecord:
-    (slen,) = struct.unpack_from("<H", body, 0)
-    subject = body[2:2 + slen].decode("utf-8")
-    (hlen,) = struct.unpack_from("<I", body, 2 + slen)
-    start = 6 + slen
-    headers = json.loads(body[start:start + hlen])
-    if not isinstance(headers, dict):
-        raise ValueError("headers are not a JSON object")
-    return SpoolRecord(seq, subject, {str(k): str(v) for k, v in headers.items()}, body[start + hlen:])
-
-
-def _parse_at(buf: bytes | memoryview, off: int) -> tuple[int, int] | None:
-    """(seq, framed size) of a valid record at ``off``, or None."""
-    if off + HEADER_SIZE > len(buf):
-        return None
-    magic, length, seq, crc = _HDR.unpack_from(buf, off)
-    if magic != MAGIC or length > MAX_RECORD_BODY or off + HEADER_SIZE + length > len(buf):
-        return None
-    body = buf[off + HEADER_SIZE:off + HEADER_SIZE + length]
-    if zlib.crc32(body, zlib.crc32(_SEQ.pack(seq))) != crc:
-        return None
-    return seq, HEADER_SIZE + length
-
-
-class Spool:
+class Spool(SegmentFiles):
     """Bounded on-disk FIFO. ``append`` never blocks on the network and never fails for lack
     of room (it evicts the oldest instead); ``peek``/``ack`` consume in order.
 
@@ -208,11 +124,11 @@ class Spool:
         self.fsync_interval = float(fsync_interval)
         self.memory_bytes = memory_bytes
         self._lock = threading.RLock()
-        self._entries: deque[_Entry] = deque()  # on disk, oldest first
-        self._mem: deque[_Entry] = deque()  # refused by the disk, held in memory; all newer than _entries
+        self._entries: deque[Entry] = deque()  # on disk, oldest first
+        self._mem: deque[Entry] = deque()  # refused by the disk, held in memory; all newer than _entries
         self._mem_bytes = 0
-        self._segments: dict[int, _Segment] = {}  # insertion order = seq order
-        self._tail: _Segment | None = None
+        self._segments: dict[int, Segment] = {}  # insertion order = seq order
+        self._tail: Segment | None = None
         self._tail_fd: int | None = None
         self._bytes = 0
         self._dropped = 0
@@ -229,7 +145,7 @@ class Spool:
         self._state_dirty = False
         self._closed = False
         try:
-            _make_private_dir(self.directory)
+            make_private_dir(self.directory)
             self._lockfile = os.fdopen(os.open(self.directory / "lock", os.O_RDWR | os.O_CREAT | os.O_APPEND,
                                                FILE_MODE), "a+b")
         except OSError as e:
@@ -333,9 +249,9 @@ class Spool:
             if on_disk:
                 tail = self._tail
                 assert tail is not None
-                self._entries.append(_Entry(seq, tail.first_seq, tail.size - size, size))
+                self._entries.append(Entry(seq, tail.first_seq, tail.size - size, size))
             else:
-                self._mem.append(_Entry(seq, -1, 0, size, rec))
+                self._mem.append(Entry(seq, -1, 0, size, rec))
                 self._mem_bytes += size
             self._bytes += size
             if on_disk:
@@ -367,7 +283,7 @@ class Spool:
             try:
                 for e in self._waiting(max(0, n)):
                     if e.data is not None:
-                        out.append(_decode_body(e.seq, e.data[HEADER_SIZE:]))
+                        out.append(decode_body(e.seq, e.data[HEADER_SIZE:]))
                         continue
                     fh = handles.get(e.segment)
                     if fh is None:
@@ -375,9 +291,9 @@ class Spool:
                     fh.seek(e.offset)  # type: ignore[attr-defined]
                     buf = fh.read(e.size)  # type: ignore[attr-defined]
                     rec = None
-                    if _parse_at(buf, 0) == (e.seq, e.size):
+                    if parse_at(buf, 0) == (e.seq, e.size):
                         try:
-                            rec = _decode_body(e.seq, buf[HEADER_SIZE:])
+                            rec = decode_body(e.seq, buf[HEADER_SIZE:])
                         except (ValueError, UnicodeDecodeError, struct.error):
                             rec = None
                     if rec is None:
@@ -462,14 +378,14 @@ class Spool:
         if self._closed:
             raise SpoolError(f"spool {self.directory} is closed")
 
-    def _waiting(self, n: int) -> list[_Entry]:
+    def _waiting(self, n: int) -> list[Entry]:
         """The ``n`` oldest waiting entries, disk ones first (they are older)."""
         out = list(itertools.islice(self._entries, n))
         if len(out) < n:
             out += itertools.islice(self._mem, n - len(out))
         return out
 
-    def _pop_head(self) -> _Entry:
+    def _pop_head(self) -> Entry:
         if self._entries:
             e = self._entries.popleft()
         else:
@@ -523,74 +439,6 @@ class Spool:
                         "record(s); %d dropped in total", self.directory, self.max_messages,
                         self.max_bytes, n, self._dropped)
 
-    def _seg_path(self, first_seq: int) -> Path:
-        return self.directory / f"{first_seq:020d}{_SEG_SUFFIX}"
-
-    def _roll(self, first_seq: int) -> _Segment:
-        """Close the open segment and start a new one named by its first record's seq."""
-        if self._tail_fd is not None:
-            fd, self._tail_fd = self._tail_fd, None
-            try:
-                if self.fsync != "never" and self._unsynced:
-                    os.fsync(fd)
-                    self._unsynced = False
-            except OSError as e:
-                self._note_error(f"fsync of {self._tail.path.name if self._tail else '?'} failed: "
-                                 f"{e.strerror or e}", e)
-            finally:
-                os.close(fd)
-        seg = _Segment(first_seq, self._seg_path(first_seq), 0, 0)
-        self._tail_fd = os.open(seg.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
-        self._segments[first_seq] = seg
-        self._tail = seg
-        if self.fsync == "always":
-            self._fsync_dir()
-        self._delete_consumed()
-        return seg
-
-    def _write_record(self, seq: int, rec: bytes) -> bool:
-        """Append one framed record to the open segment (rolling when due). False when the disk
-        refused it: nothing of it stays in the file, and the error is counted."""
-        tail = self._tail
-        offset = -1  # set once bytes may have reached the file
-        try:
-            if (tail is None or self._tail_fd is None
-                    or (tail.size > 0 and (tail.size + len(rec) > self.segment_bytes or tail.last_seq < self._head_seq))):
-                tail = self._roll(seq)
-            offset = tail.size
-            view = memoryview(rec)
-            while view:
-                n = os.write(self._tail_fd, view)  # type: ignore[arg-type]
-                view = view[n:]
-        except OSError as e:
-            self._note_error(f"write to {tail.path.name if tail else 'a new segment'} failed: {e.strerror or e}", e)
-            if offset >= 0 and tail is not None and self._tail is tail:
-                self._cut_tail(offset)
-            return False
-        tail.size += len(rec)
-        tail.last_seq = seq
-        self._unsynced = True
-        return True
-
-    def _cut_tail(self, offset: int) -> None:
-        """After a failed write, truncate the segment back to its last whole record. If even
-        that fails the segment is left as it is (recovery skips a torn record) and the next
-        record starts a new segment, so nothing is ever appended after the damage."""
-        assert self._tail is not None
-        try:
-            if self._tail_fd is None:
-                raise OSError(errno.EBADF, "segment not open")
-            os.ftruncate(self._tail_fd, offset)
-        except OSError as e:
-            self._note_error(f"cannot cut {self._tail.path.name} back to byte {offset} after a failed write "
-                             f"({e.strerror or e}); continuing in a new segment", e)
-            if self._tail_fd is not None:
-                try:
-                    os.close(self._tail_fd)
-                except OSError:
-                    pass
-            self._tail_fd = None
-
     def _retry_disk(self) -> None:
         """Write the records held in memory back to disk, oldest first, until one is refused;
         then a state file the disk refused earlier."""
@@ -607,7 +455,7 @@ class Spool:
             self._mem_bytes -= e.size
             tail = self._tail
             assert tail is not None
-            self._entries.append(_Entry(e.seq, tail.first_seq, tail.size - e.size, e.size))
+            self._entries.append(Entry(e.seq, tail.first_seq, tail.size - e.size, e.size))
             if not self._mem:
                 log.warning("spool %s: the disk takes writes again; every record held in memory is back on "
                             "disk", self.directory)
@@ -633,205 +481,3 @@ class Spool:
             self.sync()
             if self.fsync == "always" and self._state_dirty:
                 self._write_state()
-
-    def _delete_consumed(self) -> None:
-        for first, seg in list(self._segments.items()):
-            if seg is self._tail:
-                break
-            if seg.last_seq >= self._head_seq:
-                break
-            try:
-                seg.path.unlink()
-            except FileNotFoundError:
-                pass
-            except OSError as e:
-                log.warning("spool %s: cannot delete consumed segment %s: %s", self.directory, seg.path.name, e)
-                break
-            del self._segments[first]
-
-    def _fsync_dir(self) -> None:
-        fd = os.open(self.directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-    def _write_state(self, force_sync: bool = False) -> None:
-        """Persist head and drop counter atomically (write temp, rename). A disk that refuses
-        it leaves the previous state.json in place (a restart then re-sends, never skips) and
-        the write is retried by the next state change or :meth:`maintain`."""
-        path = self.directory / "state.json"
-        tmp = self.directory / "state.json.tmp"
-        data = json.dumps({"version": 1, "head_seq": self._head_seq, "dropped": self._dropped},
-                          sort_keys=True).encode()
-        sync = force_sync or self.fsync == "always"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                if sync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
-            if sync:
-                self._fsync_dir()
-        except OSError as e:
-            if not self._state_dirty:
-                self._note_error(f"cannot write state.json ({e.strerror or e}); the previous one stays", e)
-            else:
-                self._write_errors += 1
-            self._state_dirty = True
-            try:
-                tmp.unlink()
-            except OSError:
-                pass
-            return
-        if self._state_dirty:
-            self._state_dirty = False
-
-    def _read_state(self) -> tuple[int | None, int]:
-        path = self.directory / "state.json"
-        try:
-            st = json.loads(path.read_bytes())
-            head, dropped = st["head_seq"], st["dropped"]
-            if not (isinstance(head, int) and isinstance(dropped, int) and head >= 1 and dropped >= 0):
-                raise ValueError("bad values")
-            return head, dropped
-        except FileNotFoundError:
-            return None, 0
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            log.warning("spool %s: state.json unreadable (%s); resending every record on disk "
-                        "(the server de-duplicates) and restarting the drop counter at 0", self.directory, e)
-            return None, 0
-
-    def _recover(self) -> None:
-        head, self._dropped = self._read_state()
-        segs = []
-        for p in self.directory.glob(f"*{_SEG_SUFFIX}"):
-            try:
-                segs.append((int(p.stem), p))
-            except ValueError:
-                log.warning("spool %s: ignoring unexpected file %s", self.directory, p.name)
-                continue
-            _tighten(p, FILE_MODE)
-        _tighten(self.directory / "state.json", FILE_MODE)
-        segs.sort()
-        if head is None and segs:
-            log.warning("spool %s: no state.json beside %d segment(s); starting from the oldest record",
-                        self.directory, len(segs))
-        entries: list[_Entry] = []
-        last_seq = 0
-        dropped_before = self._dropped
-        for first, path in segs:
-            seg_entries, size = self._scan_segment(first, path, last_seq, head or 1)
-            if seg_entries:
-                last_seq = seg_entries[-1].seq
-            self._segments[first] = _Segment(first, path, seg_entries[-1].seq if seg_entries else 0, size)
-            entries.extend(seg_entries)
-        if head is None:
-            head = entries[0].seq if entries else 1
-        self._head_seq = head
-        self._next_seq = max(head, last_seq + 1)
-        for e in entries:
-            if e.seq >= head:
-                self._entries.append(e)
-                self._bytes += e.size
-        if self._dropped != dropped_before:
-            self._write_state()
-        if self._segments:
-            self._tail = next(reversed(self._segments.values()))
-            try:
-                self._tail_fd = os.open(self._tail.path, os.O_WRONLY | os.O_APPEND, FILE_MODE)
-            except OSError as e:  # the next append starts a new segment
-                self._note_error(f"cannot reopen {self._tail.path.name}: {e.strerror or e}", e)
-        self._delete_consumed()
-        if self._entries:
-            log.info("spool %s: resuming with %d waiting record(s) (seq %d..%d), %d dropped so far",
-                     self.directory, len(self._entries), self._entries[0].seq, self._entries[-1].seq, self._dropped)
-
-    def _scan_segment(self, first: int, path: Path, prev_seq: int, head: int) -> tuple[list[_Entry], int]:  # noqa: C901
-        """Index one segment; cut a torn tail, skip damaged spans. Returns (entries, valid size)."""
-        data = path.read_bytes()
-        buf = memoryview(data)
-        entries: list[_Entry] = []
-        off = 0
-        last = prev_seq
-        while off < len(data):
-            got = _parse_at(buf, off)
-            if got is not None and got[0] > last:
-                seq, size = got
-                entries.append(_Entry(seq, first, off, size))
-                last = seq
-                off += size
-                continue
-            # damage at `off`: look for the next record that parses and continues the sequence
-            nxt = data.find(MAGIC, off + 1)
-            while nxt != -1:
-                g = _parse_at(buf, nxt)
-                if g is not None and g[0] > last:
-                    break
-                nxt = data.find(MAGIC, nxt + 1)
-            if nxt == -1:
-                log.warning("spool %s: %s: discarded %d byte(s) of a torn or corrupt record at "
-                            "offset %d (agent stopped mid-write?); kept the %d record(s) before it",
-                            self.directory, path.name, len(data) - off, off, len(entries))
-                buf.release()
-                with open(path, "r+b") as f:
-                    f.truncate(off)
-                    f.flush()
-                    os.fsync(f.fileno())
-                return entries, off
-            g = _parse_at(buf, nxt)
-            assert g is not None
-            lost = max(0, g[0] - max(last + 1, first, head))  # waiting records inside the damage
-            self._dropped += lost
-            self._corrupt += lost
-            log.warning("spool %s: %s: skipped %d corrupt byte(s) at offset %d (%d waiting record(s) "
-                        "lost); resuming at the next intact record", self.directory, path.name,
-                        nxt - off, off, lost)
-            off = nxt
-        buf.release()
-        return entries, len(data)
-
-
-def _make_private_dir(path: Path) -> None:
-    """Create ``path`` and any missing parent as 0700 (whatever the umask); tighten an existing
-    spool directory that others could read."""
-    missing = []
-    p = path
-    while not p.exists():
-        missing.append(p)
-        if p.parent == p:
-            break
-        p = p.parent
-    for d in reversed(missing):
-        try:
-            os.mkdir(d, DIR_MODE)
-        except FileExistsError:
-            pass
-        os.chmod(d, DIR_MODE)  # mkdir's mode is filtered by the umask; this one is not widened by it
-    try:
-        st = os.stat(path)
-    except OSError:
-        return
-    if st.st_uid == os.geteuid() and not st.st_mode & stat.S_ISVTX:  # never a shared dir such as /tmp
-        _tighten(path, DIR_MODE)
-    elif st.st_mode & 0o077:
-        log.warning("spool directory %s is shared (mode %o, owner uid %d): give the agent a directory of its "
-                    "own; its files stay 0600", path, stat.S_IMODE(st.st_mode), st.st_uid)
-
-
-def _tighten(path: Path, mode: int) -> None:
-    """chmod ``path`` to ``mode`` if it grants more (a spool written by an older skewd)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return
-    if st.st_mode & 0o777 & ~mode:
-        try:
-            os.chmod(path, mode)
-        except OSError as e:
-            log.warning("spool: cannot restrict %s to %o: %s", path, mode, e.strerror or e)

@@ -1,7 +1,7 @@
 """Offline packet-timing speed: pcap → frames → headers → per-flow features, against scapy and dpkt.
 
     .venv/bin/python bench/pkt_offline.py [--packets 1000000] [--flows 1000] [--snaplen 0]
-        [--repeat 3] [--scapy-packets 30000] [--dpkt-packets 0] [--pcapng] [--cli] [--json]
+        [--repeat 3] [--scapy-packets 30000] [--dpkt-packets 0] [--pcapng] [--cli [--cli-peer SKEWD]] [--json]
 
 Generates a pcap of N packets with numpy (scapy would need minutes for a million packets):
 Ethernet/IPv4, a mix of UDP (a third RoCEv2 on 4791, with BTH and in-order PSNs) and TCP (in
@@ -36,6 +36,11 @@ in the same run (the machine is shared and noisy: the ratios are what to rely on
 With ``--cli`` the command users run, ``skewd pkt FILE --json``, is timed too, each run a new
 process (interpreter start-up, imports, reading, features and the JSON lines written to
 /dev/null): its goal (issue #23) is >= 1.5 M packets/s wall clock, compared with scapy's wall rate.
+It runs with a bytecode cache (written by an untimed first run into a temporary
+PYTHONPYCACHEPREFIX), as an installed skewd does; ``--cli-no-bytecode`` times a source checkout
+under PYTHONDONTWRITEBYTECODE=1 instead, which compiles skewd's modules on every run.
+``--cli-peer SKEWD`` times another skewd executable (e.g. main's ``.venv/bin/skewd``) on the same
+file, interleaved with ours: the before/after comparison on a shared machine.
 
 Rates are packets per CPU second (``time.process_time``: user + system of this process, so
 page faults on the memory-mapped file and on fresh array memory count) and per wall-clock
@@ -318,31 +323,79 @@ def _skewd_features(path: str, limit: int):
     return analyze(decode(fr), burst_gap=BURST_GAP)[0]
 
 
-def _time_cli(path: str, n: int, repeat: int) -> dict:
-    """``skewd pkt FILE --json`` as a user runs it, each run a new process: wall clock (what the
-    goal is about: >= 1.5 M packets/s) and the child's CPU time (user + system), medians."""
-    import statistics
+def _cli_env(cache: str | None) -> dict[str, str]:
+    """The environment of a timed ``skewd pkt`` process. With ``cache`` (a directory), bytecode is
+    written there on an untimed first run and read on the timed ones: what an installed skewd
+    does (pip compiles a wheel's modules at install). Without it, a checkout run with
+    PYTHONDONTWRITEBYTECODE=1 (this workplace sets it) compiles skewd's ~20 modules of the pkt
+    path from source on every run (~30 ms of CPU on a 2026 Xeon)."""
+    env = dict(os.environ)
+    if cache:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = cache
+    return env
+
+
+def _run_child(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(wall seconds, user + system CPU seconds) of one child process, output to /dev/null."""
     import subprocess
 
-    cmd = [sys.executable, "-m", "skewd.cli", "pkt", path, "--json"]
-    walls, cpus = [], []
-    for _ in range(repeat):
-        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        t0 = time.perf_counter()
-        rc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        walls.append(time.perf_counter() - t0)
-        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpus.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
-        if rc.returncode != 0:
-            raise SystemExit(f"skewd pkt failed ({rc.returncode}): {rc.stderr.strip()}")
-    out = {"cmd": "skewd pkt FILE --json", "runs": repeat, "wall_s": walls, "cpu_s": cpus,
-           "pps_wall_median": n / statistics.median(walls), "pps_wall_best": n / min(walls),
-           "pps_cpu_median": n / statistics.median(cpus), "goal_pps_wall": 1.5e6}
-    print(f"  skewd pkt FILE --json (new process each run, {repeat} runs): median "
-          f"{statistics.median(walls):.3f}s wall = {_rate(out['pps_wall_median'])} packets/s wall "
-          f"(best {_rate(out['pps_wall_best'])}), {statistics.median(cpus):.3f}s CPU = "
-          f"{_rate(out['pps_cpu_median'])} per CPU second; goal >= 1.5 M packets/s wall: "
-          f"{'met' if out['pps_wall_median'] >= 1.5e6 else 'not met'}")
+    t0 = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    err = b""
+    if p.stderr:
+        err = p.stderr.read()
+        p.stderr.close()
+    _, status, ru = os.wait4(p.pid, 0)
+    wall = time.perf_counter() - t0
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}): {err.decode(errors='replace').strip()}")
+    return wall, ru.ru_utime + ru.ru_stime
+
+
+def _time_cli(path: str, n: int, repeat: int, peers: list[str] | None = None, bytecode: bool = True) -> dict:
+    """``skewd pkt FILE --json`` as a user runs it, each run a new process: wall clock (what the
+    goal is about: >= 1.5 M packets/s) and the child's CPU time (user + system), medians.
+
+    ``peers``: other ``skewd`` executables (another checkout's venv, e.g. main's) timed on the
+    same file in the same loop, their runs interleaved with ours so a busy machine weighs on all
+    alike. ``bytecode``: time with cached bytecode, as installed (see :func:`_cli_env`)."""
+    import statistics
+
+    cmds = {"skewd": [sys.executable, "-m", "skewd.cli", "pkt", path, "--json"]}
+    for k, exe in enumerate(peers or []):
+        cmds[f"peer{k + 1}"] = [exe, "pkt", path, "--json"]
+    times: dict[str, list[tuple[float, float]]] = {k: [] for k in cmds}
+    with tempfile.TemporaryDirectory(prefix="skewd-pycache-") as cache:
+        env = _cli_env(cache if bytecode else None)
+        if bytecode:
+            for cmd in cmds.values():
+                _run_child(cmd, env)  # untimed: writes the bytecode the timed runs read
+        for _ in range(repeat):
+            for name, cmd in cmds.items():
+                times[name].append(_run_child(cmd, env))
+    where = "cached bytecode, as installed" if bytecode else "no bytecode cache: compiled from source every run"
+    out: dict = {"cmd": "skewd pkt FILE --json", "runs": repeat, "bytecode": "cached" if bytecode else "none",
+                 "goal_pps_wall": 1.5e6}
+    for name, tl in times.items():
+        walls, cpus = [w for w, _ in tl], [c for _, c in tl]
+        r = {"wall_s": walls, "cpu_s": cpus, "pps_wall_median": n / statistics.median(walls),
+             "pps_wall_best": n / min(walls), "pps_cpu_median": n / statistics.median(cpus)}
+        label = "skewd pkt FILE --json" if name == "skewd" else f"peer {' '.join(cmds[name][:1])} pkt FILE --json"
+        if name == "skewd":
+            out.update(r)
+        else:
+            r["cmd"] = " ".join(cmds[name][:2]) + " FILE --json"
+            r["ratio_cpu"] = statistics.median(cpus) / statistics.median(out["cpu_s"])
+            r["ratio_wall"] = statistics.median(walls) / statistics.median(out["wall_s"])
+            out[name] = r
+        print(f"  {label} (new process each run, {repeat} runs, {where}): median "
+              f"{statistics.median(walls):.3f}s wall = {_rate(r['pps_wall_median'])} packets/s wall "
+              f"(best {_rate(r['pps_wall_best'])}), {statistics.median(cpus):.3f}s CPU = "
+              f"{_rate(r['pps_cpu_median'])} per CPU second"
+              + (f"; goal >= 1.5 M packets/s wall: {'met' if r['pps_wall_median'] >= 1.5e6 else 'not met'}"
+                 if name == "skewd" else f"; its CPU / ours {r['ratio_cpu']:.3f}, wall / ours {r['ratio_wall']:.3f}"))
     return out
 
 
@@ -367,6 +420,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cli", action="store_true",
                     help="also time the command users run, `skewd pkt FILE --json` (a fresh process: start-up, "
                          "imports and JSON output included; output to /dev/null), --repeat times")
+    ap.add_argument("--cli-peer", action="append", default=[], metavar="SKEWD",
+                    help="with --cli: also time this skewd executable (e.g. another checkout's .venv/bin/skewd) on "
+                         "the same file, runs interleaved with ours (repeatable)")
+    ap.add_argument("--cli-no-bytecode", action="store_true",
+                    help="with --cli: time without a bytecode cache (a source checkout under "
+                         "PYTHONDONTWRITEBYTECODE=1 compiles skewd's modules every run); default: cached, as installed")
     ap.add_argument("--json", action="store_true", help="also print the figures as one JSON line")
     a = ap.parse_args(argv)
     try:
@@ -433,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"    median run: {med_run[0]:.3f}s CPU, of which {med_run[5]:.3f}s system time "
               f"({med_run[6]} page faults: fresh memory for arrays and the file mapping)")
         if a.cli:
-            res["skewd_cli"] = _time_cli(path, n, a.repeat)
+            res["skewd_cli"] = _time_cli(path, n, a.repeat, a.cli_peer, not a.cli_no_bytecode)
         peers = [] if a.no_peers else [
             ("dpkt", "dpkt UniversalReader + Ethernet/IP/TCP/UDP parse", peer_dpkt, a.dpkt_packets, 20),
             ("scapy", "scapy PcapReader (full dissection)", peer_scapy, a.scapy_packets, 250)]

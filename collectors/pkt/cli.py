@@ -122,22 +122,38 @@ def _table(iv: IntervalFeatures, top: int, out: TextIO) -> None:
               f"tcp retransmissions {p.tcp_retransmits_total}, non-IP frames {p.other_total}{extra}", file=out)
 
 
+#: how json.dumps writes the non-finite floats (NaN is written as null: JSON has no NaN)
+_NON_FINITE = {"nan": "null", "inf": "Infinity", "-inf": "-Infinity"}
+
+
+def _json_floats(values: list[float]) -> list[str]:
+    """Each float as ``json.dumps`` writes it (``float.__repr__``), NaN as null."""
+    fix = _NON_FINITE
+    return [fix.get(s, s) for s in map(float.__repr__, values)]
+
+
 def _flow_lines(iv: IntervalFeatures) -> str:
     """The JSON lines of an interval's flows that carried packets: every column as a float
-    (NaN as null), keys sorted. Columns become Python lists once, not one numpy scalar per
-    value: with a thousand flows of ~40 columns the per-value conversions cost a tenth of
-    ``skewd pkt --json``'s time on a 1 M-packet file."""
+    (NaN as null), keys sorted, exactly as ``json.dumps(row, sort_keys=True)`` writes them.
+
+    Written column by column, not row by row: each column becomes Python floats once and
+    their JSON text in one pass, and each line is one ``%`` of a template holding the sorted
+    keys. A dict per flow encoded by ``json.dumps`` took 17 ms for the thousand flows of a
+    1 M-packet file (3 % of ``skewd pkt --json``'s CPU); this takes 10 ms."""
     packets = np.asarray(iv.flows["packets"], dtype=float)
-    keep = np.flatnonzero(~(packets <= 0)).tolist()
-    cols = [(k, np.asarray(v, dtype=float).tolist()) for k, v in iv.flows.items()]
-    lines = []
-    for i in keep:
-        row = {"type": "flow", "interval_start": iv.t0, "interval_end": iv.t1, "flow": iv.entities[i]}
-        for k, c in cols:
-            x = c[i]
-            row[k] = None if x != x else x
-        lines.append(json.dumps(row, sort_keys=True) + "\n")
-    return "".join(lines)
+    keep = np.flatnonzero(~(packets <= 0))
+    if not len(keep):
+        return ""
+    fields: dict[str, list[str] | str] = {"type": json.dumps("flow"), "interval_start": json.dumps(iv.t0),
+                                          "interval_end": json.dumps(iv.t1)}
+    fields["flow"] = [json.dumps(iv.entities[i]) for i in keep.tolist()]
+    for k, v in iv.flows.items():
+        fields[k] = _json_floats(np.asarray(v, dtype=float)[keep].tolist())
+    keys = sorted(fields)
+    template = "{" + ", ".join(f"{json.dumps(k)}: %s" for k in keys) + "}\n"
+    const = {k: v for k, v in fields.items() if isinstance(v, str)}
+    cols = [[const[k]] * len(keep) if k in const else fields[k] for k in keys]
+    return "".join(template % row for row in zip(*cols))
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:

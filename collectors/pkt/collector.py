@@ -32,7 +32,7 @@ from skewd.model import SampleBatch
 
 from .bpf import FilterError, compile_filter, parse_program
 from .catalogue import CATALOGUE
-from .features import FlowTracker
+from .tracker import FlowTracker
 from .frames import Frames
 from .ignore import End, connection_mask, end_of, flow_keys
 from .parse import decode

@@ -49,7 +49,7 @@ def connection_mask(pk: Packets, conns: Sequence[tuple[End, End]]) -> np.ndarray
 
 def flow_keys(conns: Sequence[tuple[End, End]]) -> np.ndarray:
     """The tracker's 5-word flow keys of both directions of each connection (see
-    :func:`~skewd.collectors.pkt.features.flow_key_columns`)."""
+    :func:`~skewd.collectors.pkt.flowkey.flow_key_columns`)."""
     rows = []
     for a, b in conns:
         for (ver, shi, slo, sp), (_, dhi, dlo, dp) in ((a, b), (b, a)):

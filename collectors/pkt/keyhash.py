@@ -1,4 +1,4 @@
-"""64-bit hashes of packet keys: one hash for flows (:mod:`.features`) and connections
+"""64-bit hashes of packet keys: one hash for flows (:mod:`.flowkey`) and connections
 (:mod:`.collective`), so both group packets the same way. Grouping checks collisions on the full
 key, so the hash only has to spread well (a murmur3-style finaliser), not be cryptographic.
 """

@@ -5,7 +5,7 @@ import numpy as np
 
 from skewd.model import SampleBatch
 
-from .features import NS, IntervalFeatures
+from .intervals import NS, IntervalFeatures
 
 #: feature column → flow-scope signal
 FLOW_SIGNALS = {
