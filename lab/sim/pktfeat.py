@@ -1,6 +1,6 @@
 """What the ``pkt`` collector reports for simulated traffic.
 
-Two paths, both following the definitions of ``collectors/pkt/features.py`` (gap = time
+Two paths, both following the definitions of ``collectors/pkt/tracker.py`` and ``retransmits.py`` (gap = time
 between consecutive packets of a flow, measured against the flow's previous packet across
 intervals; burst = run of packets with gaps below ``burst_gap``; jitter = stddev/mean of the
 interval's gaps; quantiles by linear interpolation):
