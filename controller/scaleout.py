@@ -44,7 +44,8 @@ from skewd.natsutil import connect, ensure_streams
 
 from . import messages as M
 from .config import ControllerConfig
-from .service import ROLE_LEADER, ROLE_PARTITION, Controller
+from .roles import ROLE_LEADER, ROLE_PARTITION
+from .service import Controller
 from .state import StateStore
 
 LEADER = "leader"
