@@ -43,7 +43,7 @@ from skewd import wire
 from skewd.natsutil import connect, ensure_streams
 
 from . import messages as M
-from .config import ControllerConfig
+from .configtypes import ControllerConfig
 from .roles import ROLE_LEADER, ROLE_PARTITION
 from .service import Controller
 from .state import StateStore

@@ -50,7 +50,7 @@ from skewd.rules.store import WindowStore
 from . import ingest
 from . import messages as M
 from .align import Aligner
-from .config import ControllerConfig
+from .configtypes import ControllerConfig
 from .correlator import Correlator
 from .culprit import coverage as culprit_coverage
 from .evaluation import Evaluation
