@@ -24,9 +24,12 @@ pull consumer (JetStream hands each finding to one replica) and the reply subjec
 queue group. The KV bucket is the shared memory: findings are stored there and watched by
 every replica, suggestion publication is claimed with ``kv.create``, and ``Nats-Msg-Id`` lets
 JetStream drop the rest. See docs/controller.md.
-"""
-from __future__ import annotations
 
+This module assembles the :class:`Controller` (its state, start/stop, restore from KV,
+housekeeping, status); each step of the flow above is a module of its own: intake.py (what
+comes in), storefeed.py (samples into the window store), evaluation.py (the tick, incidents),
+suggestions.py, silence.py (silent nodes) and exchange.py (scale-out digests).
+"""
 from __future__ import annotations
 
 import asyncio
