@@ -429,7 +429,7 @@ TARGETS: dict[str, Target] = {t.name: t for t in [
            (ValueError,), load_procfs, make_procfs, run_procfs),
     Target("nvml", "collectors/nvml_backend.py + gpu/pcie parse: NVML answers through the pynvml double",
            (), load_nvml, make_nvml, run_nvml),
-    Target("wire", "skewd/wire.py: decode of findings, summaries, health", (), load_wire, make_wire, run_wire),
+    Target("wire", "skewd/wire/decoding.py: decode of findings, summaries, health", (), load_wire, make_wire, run_wire),
     Target("bundle", "agent/bundle.py + agent/replay (nodes and controller): segments with CRC-consistent tampering",
            (), load_bundle, make_bundle, run_bundle),
 ]}

@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 from . import client
 from . import messages
-from .config import AlertmanagerConfig
+from .configtypes import AlertmanagerConfig
 
 log = logging.getLogger("skewd.controller.alertmanager")
 

@@ -7,22 +7,34 @@ empty file a working single-cluster controller, and the environment overrides co
 The topology section names the tensor-parallel (TP) and pipeline-parallel (PP) groups and the
 models they serve. Agents may declare their own group through summary labels; the file wins
 where both speak (it is the operator's word), see :mod:`skewd.controller.topology`.
+
+This module holds what an operator reads: the defaults (:data:`DEFAULTS`, the sample config),
+what each key means (:data:`KEY_DOCS`, :data:`ENV_VARS`; docs/config.md is generated from them)
+and :func:`load_config`, which layers defaults < file < environment < overrides and checks the
+flat keys. The structured sections are checked in :mod:`skewd.controller.configsections`, and
+the typed result (:class:`ControllerConfig` and its parts) is defined in
+:mod:`skewd.controller.configtypes`; both are re-exported here, the public import path.
 """
 from __future__ import annotations
 
 import copy
-import difflib
 import os
 import socket
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from skewd.model import parse_duration
 from skewd.natsutil import NatsConfig, NatsConfigError, inbox_prefix
 from skewd.rules.yamlpos import Pos, SettingsFileError, deep_merge, read_settings
 
-from .culprit import CulpritEvidence
+from .configsections import (hint, parse_alertmanager, parse_culprit_evidence, parse_inhibit_rules,
+                             parse_listen_address, parse_pathologies, parse_topology)
+# the typed configuration is this module's public API too (``from skewd.controller.config import ...``)
+from .configtypes import (AlertmanagerConfig, ConfigError, ControllerConfig, InhibitRule, ModelSpec, PPGroup,
+                          TPGroup)
+
+__all__ = ["DEFAULTS", "ENV_VARS", "KEY_DOCS", "SECTIONS", "AlertmanagerConfig", "ConfigError",
+           "ControllerConfig", "InhibitRule", "ModelSpec", "PPGroup", "TPGroup", "deep_merge_nats", "load_config"]
 
 DEFAULTS: dict[str, Any] = {
     "cluster": "default",
@@ -161,285 +173,11 @@ DEFAULTS: dict[str, Any] = {
     "alertmanager": {"url": [], "resend_interval": "1m", "timeout": "10s", "generator_url": "", "labels": {}},
 }
 SECTIONS = {k: set(v) for k, v in DEFAULTS.items() if isinstance(v, dict) and k not in ("nats",)}
-TP_KEYS = {"nodes", "model", "engine"}
-PP_KEYS = {"stages", "model"}
-MODEL_KEYS = {"max_num_seqs", "max_model_len", "router", "engines"}
-
-
-class ConfigError(Exception):
-    def __init__(self, problems: list[str]) -> None:
-        super().__init__("\n".join(problems))
-        self.problems = problems
-
-
-@dataclass(frozen=True)
-class TPGroup:
-    name: str
-    nodes: tuple[str, ...]  # in TP-rank order
-    model: str = ""
-    engine: str = ""  # "<node>/<engine>" of the vLLM front end serving this group, if known
-
-
-@dataclass(frozen=True)
-class PPGroup:
-    name: str
-    stages: tuple[str, ...]  # TP group names (or single nodes), stage 0 first
-    model: str = ""
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    name: str
-    max_num_seqs: int | None = None
-    max_model_len: int | None = None
-    router: str = ""  # the name a router knows this model's pool by (reroute target)
-    engines: tuple[str, ...] = ()
-
-
-@dataclass
-class ControllerConfig:
-    cluster: str
-    controller_id: str
-    nats: NatsConfig
-    rules: list[str]
-    evaluation_interval: float
-    lookback: float
-    horizon: float
-    warmup: float
-    stale_after: float
-    align_window: float
-    max_skew: float
-    unsynced_clock_error: float
-    min_group_fraction: float
-    group_wait: float
-    culprit_pathologies: tuple[str, ...]
-    never_inhibit: tuple[str, ...]
-    inhibit_rules: tuple["InhibitRule", ...]
-    effect_window: float
-    remap_ttl: float
-    min_confidence: float
-    concurrency_factor: float
-    reroute_weight: float
-    durable: str
-    queue: str
-    ack_wait: float
-    batch: int
-    bucket: str
-    state_max_age: float
-    #: ingest.max_clock_skew in seconds; 0 = no clock check
-    max_clock_skew: float = 300.0
-    silent_intervals: float = 30.0
-    max_nodes: int = 10000
-    tp_groups: dict[str, TPGroup] = field(default_factory=dict)
-    pp_groups: dict[str, PPGroup] = field(default_factory=dict)
-    models: dict[str, ModelSpec] = field(default_factory=dict)
-    #: correlation.direct_evidence / culprit_evidence (see DEFAULTS and controller/culprit.py)
-    direct_evidence: tuple[str, ...] = ()
-    culprit_evidence: dict[str, CulpritEvidence] = field(default_factory=dict)
-    log_level: str = "info"
-    source: str = "<defaults>"
-    metrics_listen: str = "127.0.0.1:9466"
-    alertmanager: "AlertmanagerConfig | None" = None
-    #: scale-out: summary partitions (the server mapping's N), lease seconds, partitions per worker (0 = fair share)
-    partitions: int = 1
-    lease: float = 6.0
-    max_partitions: int = 0
-
-
-@dataclass(frozen=True)
-class AlertmanagerConfig:
-    """Where and how incidents are sent to Alertmanager (controller/alertmanager.py)."""
-
-    urls: tuple[str, ...]
-    resend_interval: float = 60.0
-    timeout: float = 10.0
-    generator_url: str = ""
-    labels: tuple[tuple[str, str], ...] = ()
-
-
-
-
-INHIBIT_KEYS = ("source", "target", "equal")
-INHIBIT_EQUAL = ("node", "entity", "tp_group")
-
-
-@dataclass(frozen=True)
-class InhibitRule:
-    """While a firing finding of a ``source`` pathology exists, firing findings of a ``target``
-    pathology whose ``equal`` labels match it are inhibited (Alertmanager's inhibit_rules)."""
-    source: tuple[str, ...]
-    target: tuple[str, ...]
-    equal: tuple[str, ...]
-
-
-def _inhibit_rules(value: Any, pos: Callable[..., str], problems: list[str]) -> tuple[InhibitRule, ...]:
-    from skewd.rules.pathologies import PATHOLOGIES
-
-    name = "correlation.inhibit_rules"
-    if value is None:
-        return ()
-    if not isinstance(value, list):
-        problems.append(f"{pos('correlation', 'inhibit_rules')}: {name} must be a list of "
-                        "{source: [IDs], target: [IDs], equal: [labels]} mappings")
-        return ()
-    out: list[InhibitRule] = []
-    for i, r in enumerate(value):
-        where = pos("correlation", "inhibit_rules", i)
-        if not isinstance(r, dict):
-            problems.append(f"{where}: {name}[{i}] must be a mapping with source, target and equal")
-            continue
-        bad = False
-        for k in r:
-            if k not in INHIBIT_KEYS:
-                problems.append(f"{pos('correlation', 'inhibit_rules', i, k)}: unknown key {name}[{i}].{k}"
-                                f"{_hint(k, INHIBIT_KEYS)}")
-                bad = True
-        lists: dict[str, tuple[str, ...]] = {}
-        for k in INHIBIT_KEYS:
-            v = r.get(k, ["node"] if k == "equal" else None)
-            v = [v] if isinstance(v, str) else v
-            if not isinstance(v, list) or not v or not all(isinstance(x, str) for x in v):
-                problems.append(f"{pos('correlation', 'inhibit_rules', i, k)}: {name}[{i}].{k} must be a "
-                                "non-empty list of strings")
-                bad = True
-                continue
-            known = INHIBIT_EQUAL if k == "equal" else PATHOLOGIES
-            for x in v:
-                if x not in known:
-                    what = "label" if k == "equal" else "pathology ID"
-                    problems.append(f"{pos('correlation', 'inhibit_rules', i, k)}: {name}[{i}].{k}: unknown "
-                                    f"{what} {x!r}{_hint(x, known)}")
-                    bad = True
-            lists[k] = tuple(v)
-        if bad:
-            continue
-        both = set(lists["source"]) & set(lists["target"])
-        if both:
-            problems.append(f"{where}: {name}[{i}]: {', '.join(sorted(both))} is both source and target; "
-                            "a finding would inhibit its own kind")
-            continue
-        out.append(InhibitRule(lists["source"], lists["target"], lists["equal"]))
-    # a cycle (A inhibits B, B inhibits A) would hide both: refuse it, as a config error
-    nxt: dict[str, set[str]] = {}
-    for r in out:
-        for s in r.source:
-            nxt.setdefault(s, set()).update(r.target)
-    cycle = _find_cycle(nxt)
-    if cycle:
-        problems.append(f"{pos('correlation', 'inhibit_rules')}: {name}: {' -> '.join(cycle)} inhibit each other "
-                        "in a cycle, which would hide all of them; drop one of those pairs")
-    return tuple(out)
-
-
-def _pathologies(value: Any, key: str, pos: Callable[..., str], problems: list[str]) -> tuple[str, ...]:
-    """A list of pathology IDs (``correlation.<key>``), each one known."""
-    from skewd.rules.pathologies import PATHOLOGIES
-
-    name = f"correlation.{key}"
-    value = [value] if isinstance(value, str) else (value if value is not None else [])
-    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
-        problems.append(f"{pos('correlation', key)}: {name} must be a list of pathology IDs")
-        return ()
-    for x in value:
-        if x not in PATHOLOGIES:
-            problems.append(f"{pos('correlation', key)}: {name}: unknown pathology ID {x!r}{_hint(x, PATHOLOGIES)}")
-    return tuple(x for x in value if x in PATHOLOGIES)
-
-
-CULPRIT_EVIDENCE_KEYS = ("measure", "above", "steps", "min_steps", "abs", "negate", "minus")
-
-
-def _culprit_evidence(value: Any, pos: Callable[..., str], problems: list[str]) -> dict[str, CulpritEvidence]:
-    """``correlation.culprit_evidence``: rule id → where its finding holds its culprit measurement."""
-    name = "correlation.culprit_evidence"
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        problems.append(f"{pos('correlation', 'culprit_evidence')}: {name} must map rule ids to "
-                        "{measure: <evidence label>, above: <param or number>, ...}")
-        return {}
-    out: dict[str, CulpritEvidence] = {}
-    for rid, spec in value.items():
-        where = ("correlation", "culprit_evidence", rid)
-        if spec is None:  # a site may switch a default entry off with `<rule id>: null`
-            continue
-        if not isinstance(spec, dict):
-            problems.append(f"{pos(*where)}: {name}.{rid} must be a mapping with measure and above")
-            continue
-        bad = False
-        for k in spec:
-            if k not in CULPRIT_EVIDENCE_KEYS:
-                problems.append(f"{pos(*where, k)}: unknown key {name}.{rid}.{k}{_hint(k, CULPRIT_EVIDENCE_KEYS)}")
-                bad = True
-        measure, above = spec.get("measure"), spec.get("above")
-        if not isinstance(measure, str) or not measure.strip():
-            problems.append(f"{pos(*where, 'measure')}: {name}.{rid}.measure must be the evidence label of the "
-                            "measurement (the rule expression's text, e.g. 'avg(ctl_step_missing_ratio, window)')")
-            bad = True
-        for k in ("above", "min_steps"):
-            v = spec.get(k)
-            if (k == "above" or v is not None) and (isinstance(v, bool) or not isinstance(v, (str, int, float))):
-                problems.append(f"{pos(*where, k)}: {name}.{rid}.{k} must be a param name of the rule or a number")
-                bad = True
-        steps = spec.get("steps", "")
-        if not isinstance(steps, str):
-            problems.append(f"{pos(*where, 'steps')}: {name}.{rid}.steps must be an evidence label")
-            bad = True
-        for k in ("abs", "negate"):
-            if not isinstance(spec.get(k, False), bool):
-                problems.append(f"{pos(*where, k)}: {name}.{rid}.{k} must be true or false")
-                bad = True
-        if spec.get("abs") and spec.get("negate"):
-            problems.append(f"{pos(*where)}: {name}.{rid}: abs and negate exclude each other")
-            bad = True
-        if bad:
-            continue
-        minus = spec.get("minus", "")
-        if not isinstance(minus, str):
-            problems.append(f"{pos(*where, 'minus')}: {name}.{rid}.minus must be an evidence label")
-            continue
-        out[str(rid)] = CulpritEvidence(measure=measure.strip(), above=above, steps=steps.strip(),
-                                        min_steps=spec.get("min_steps"), abs=bool(spec.get("abs", False)),
-                                        negate=bool(spec.get("negate", False)), minus=minus.strip())
-    return out
-
-
-def _find_cycle(nxt: Mapping[str, set[str]]) -> list[str]:
-    state: dict[str, int] = {}  # 1 on the path, 2 done
-    path: list[str] = []
-
-    def visit(n: str) -> list[str]:
-        state[n] = 1
-        path.append(n)
-        for m in sorted(nxt.get(n, ())):
-            if state.get(m) == 1:
-                return path[path.index(m):] + [m]
-            if m not in state:
-                c = visit(m)
-                if c:
-                    return c
-        path.pop()
-        state[n] = 2
-        return []
-
-    for n in sorted(nxt):
-        if n not in state:
-            c = visit(n)
-            if c:
-                return c
-    return []
 
 
 def deep_merge_nats(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     """nats settings replace each other whole (url vs servers must not mix)."""
     return deep_merge(base, dict(over), atomic=("nats",))
-
-
-
-
-def _hint(word: str, options: Any) -> str:
-    m = difflib.get_close_matches(str(word), list(options), n=1)
-    return f"; did you mean {m[0]}?" if m else ""
 
 
 def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = None,
@@ -479,7 +217,7 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
 
     for k in merged:
         if k not in DEFAULTS:
-            problems.append(f"{pos(k)}: unknown key {k!r}{_hint(k, DEFAULTS)}")
+            problems.append(f"{pos(k)}: unknown key {k!r}{hint(k, DEFAULTS)}")
     for sec, allowed in SECTIONS.items():
         val = merged.get(sec)
         if not isinstance(val, dict):
@@ -488,7 +226,7 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
             continue
         for k in val:
             if k not in allowed:
-                problems.append(f"{pos(sec, k)}: unknown key {sec}.{k}{_hint(k, allowed)}")
+                problems.append(f"{pos(sec, k)}: unknown key {sec}.{k}{hint(k, allowed)}")
 
     def dur(value: Any, name: str, *keys: str, positive: bool = True) -> float:
         try:
@@ -536,7 +274,7 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
     bucket = str(st.get("bucket", ""))
     if not bucket or not all(c.isalnum() or c in "_-" for c in bucket):
         problems.append(f"{pos('state', 'bucket')}: state.bucket {bucket!r} must be letters, digits, '_' or '-'")
-    tp, pp, models = _topology(merged.get("topology"), pos, problems)
+    tp, pp, models = parse_topology(merged.get("topology"), pos, problems)
     level = str((merged.get("log") or {}).get("level", "info")).lower()
     if level not in ("debug", "info", "warning", "error"):
         problems.append(f"{pos('log', 'level')}: log.level must be debug, info, warning or error")
@@ -557,10 +295,10 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         culprit_pathologies=strlist(co.get("culprit_pathologies"), "correlation.culprit_pathologies",
                                     "correlation", "culprit_pathologies"),
         never_inhibit=strlist(co.get("never_inhibit"), "correlation.never_inhibit", "correlation", "never_inhibit"),
-        inhibit_rules=_inhibit_rules(co.get("inhibit_rules"), pos, problems),
+        inhibit_rules=parse_inhibit_rules(co.get("inhibit_rules"), pos, problems),
         effect_window=dur(co.get("effect_window"), "correlation.effect_window", "correlation", "effect_window"),
-        direct_evidence=_pathologies(co.get("direct_evidence"), "direct_evidence", pos, problems),
-        culprit_evidence=_culprit_evidence(co.get("culprit_evidence"), pos, problems),
+        direct_evidence=parse_pathologies(co.get("direct_evidence"), "direct_evidence", pos, problems),
+        culprit_evidence=parse_culprit_evidence(co.get("culprit_evidence"), pos, problems),
         remap_ttl=dur(rm.get("ttl"), "remap.ttl", "remap", "ttl"),
         min_confidence=num(rm.get("min_confidence"), "remap.min_confidence", 0.0, 1.0, "remap", "min_confidence"),
         concurrency_factor=num(rm.get("concurrency_factor"), "remap.concurrency_factor", 0.05, 1.0,
@@ -576,8 +314,8 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
                              "ingest", "silent_intervals"),
         max_nodes=int(num(ing.get("max_nodes"), "ingest.max_nodes", 1, 10_000_000, "ingest", "max_nodes")),
         tp_groups=tp, pp_groups=pp, models=models, log_level=level, source=where,
-        metrics_listen=_listen(merged["metrics"].get("listen"), pos, problems),
-        alertmanager=_alertmanager(merged["alertmanager"], pos, dur, problems),
+        metrics_listen=parse_listen_address(merged["metrics"].get("listen"), pos, problems),
+        alertmanager=parse_alertmanager(merged["alertmanager"], pos, dur, problems),
         partitions=int(num(so.get("partitions"), "scaleout.partitions", 1, 4096, "scaleout", "partitions")),
         lease=dur(so.get("lease"), "scaleout.lease", "scaleout", "lease"),
         max_partitions=int(num(so.get("max_partitions"), "scaleout.max_partitions", 0, 4096,
@@ -588,128 +326,6 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
     if problems:
         raise ConfigError(problems)
     return cfg
-
-
-def _listen(value: Any, pos: Any, problems: list[str]) -> str:
-    from skewd.metrics import parse_listen
-
-    if value in (None, ""):
-        return ""
-    try:
-        parse_listen(str(value))
-    except ValueError as e:
-        problems.append(f"{pos('metrics', 'listen')}: metrics.listen: {e} (or '' to disable)")
-        return ""
-    return str(value)
-
-
-def _alertmanager(am: dict[str, Any], pos: Any, dur: Callable[..., float],
-                  problems: list[str]) -> AlertmanagerConfig | None:
-    from urllib.parse import urlsplit
-
-    urls = am.get("url")
-    urls = [urls] if isinstance(urls, str) else urls
-    if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
-        problems.append(f"{pos('alertmanager', 'url')}: alertmanager.url must be a URL or a list of URLs")
-        return None
-    for u in urls:
-        if urlsplit(u).scheme not in ("http", "https") or not urlsplit(u).netloc:
-            problems.append(f"{pos('alertmanager', 'url')}: alertmanager.url {u!r} must be http(s)://host[:port]"
-                            "[/prefix] (the API path /api/v2/alerts is added)")
-    labels = am.get("labels") or {}
-    if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, (str, int, float))
-                                               for k, v in labels.items()):
-        problems.append(f"{pos('alertmanager', 'labels')}: alertmanager.labels must map label names to values")
-        labels = {}
-    gen = str(am.get("generator_url") or "")
-    try:
-        gen.format(cluster="c", incident="i")
-    except (KeyError, IndexError, ValueError) as e:
-        problems.append(f"{pos('alertmanager', 'generator_url')}: alertmanager.generator_url may only use "
-                        f"{{cluster}} and {{incident}} ({e})")
-    resend = dur(am.get("resend_interval"), "alertmanager.resend_interval", "alertmanager", "resend_interval")
-    timeout = dur(am.get("timeout"), "alertmanager.timeout", "alertmanager", "timeout")
-    if not urls:
-        return None
-    return AlertmanagerConfig(urls=tuple(u.rstrip("/") for u in urls), resend_interval=resend, timeout=timeout,
-                              generator_url=gen, labels=tuple(sorted((k, str(v)) for k, v in labels.items())))
-
-
-def _topology(topo: Any, pos: Any, problems: list[str]) -> tuple[dict[str, TPGroup], dict[str, PPGroup],
-                                                                  dict[str, ModelSpec]]:
-    tp: dict[str, TPGroup] = {}
-    pp: dict[str, PPGroup] = {}
-    models: dict[str, ModelSpec] = {}
-    if not isinstance(topo, dict):
-        problems.append(f"{pos('topology')}: topology must be a mapping")
-        return tp, pp, models
-    seen: dict[str, str] = {}
-
-    def section(name: str) -> dict:
-        v = topo.get(name) or {}
-        if not isinstance(v, dict):
-            problems.append(f"{pos('topology', name)}: topology.{name} must map names to settings")
-            return {}
-        return v
-
-    for name, g in section("tp_groups").items():
-        where = ("topology", "tp_groups", name)
-        if not isinstance(g, dict):
-            problems.append(f"{pos(*where)}: tp group {name!r} must be a mapping with nodes")
-            continue
-        for k in g:
-            if k not in TP_KEYS:
-                problems.append(f"{pos(*where, k)}: unknown key topology.tp_groups.{name}.{k}{_hint(k, TP_KEYS)}")
-        nodes = g.get("nodes")
-        if not isinstance(nodes, list) or not nodes or not all(isinstance(n, str) and n for n in nodes):
-            problems.append(f"{pos(*where, 'nodes')}: tp group {name!r}: nodes must be a non-empty list of node names "
-                            "in TP-rank order")
-            continue
-        for n in nodes:
-            if n in seen:
-                problems.append(f"{pos(*where, 'nodes')}: node {n!r} is in tp groups {seen[n]!r} and {name!r}; "
-                                "a node serves one TP group")
-            seen[n] = str(name)
-        if len(set(nodes)) != len(nodes):
-            problems.append(f"{pos(*where, 'nodes')}: tp group {name!r} lists a node twice")
-        tp[str(name)] = TPGroup(str(name), tuple(nodes), str(g.get("model", "")), str(g.get("engine", "")))
-    for name, g in section("pp_groups").items():
-        where = ("topology", "pp_groups", name)
-        if not isinstance(g, dict):
-            problems.append(f"{pos(*where)}: pp group {name!r} must be a mapping with stages")
-            continue
-        for k in g:
-            if k not in PP_KEYS:
-                problems.append(f"{pos(*where, k)}: unknown key topology.pp_groups.{name}.{k}{_hint(k, PP_KEYS)}")
-        stages = g.get("stages")
-        if not isinstance(stages, list) or len(stages) < 2 or not all(isinstance(s, str) for s in stages):
-            problems.append(f"{pos(*where, 'stages')}: pp group {name!r}: stages must list at least two TP groups "
-                            "(or nodes), stage 0 first")
-            continue
-        pp[str(name)] = PPGroup(str(name), tuple(stages), str(g.get("model", "")))
-    for name, m in section("models").items():
-        where = ("topology", "models", name)
-        m = m or {}
-        if not isinstance(m, dict):
-            problems.append(f"{pos(*where)}: model {name!r} must be a mapping")
-            continue
-        for k in m:
-            if k not in MODEL_KEYS:
-                problems.append(f"{pos(*where, k)}: unknown key topology.models.{name}.{k}{_hint(k, MODEL_KEYS)}")
-        ints = {}
-        for k in ("max_num_seqs", "max_model_len"):
-            v = m.get(k)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
-                problems.append(f"{pos(*where, k)}: {k} must be a positive integer")
-                v = None
-            ints[k] = v
-        engines = m.get("engines") or []
-        if not isinstance(engines, list) or not all(isinstance(e, str) for e in engines):
-            problems.append(f"{pos(*where, 'engines')}: engines must be a list of '<node>/<engine>' names")
-            engines = []
-        models[str(name)] = ModelSpec(str(name), ints["max_num_seqs"], ints["max_model_len"],
-                                      str(m.get("router", "")), tuple(engines))
-    return tp, pp, models
 
 
 # -- the schema's documentation (docs/config.md is generated from it: python -m skewd.configref) --

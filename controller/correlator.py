@@ -53,7 +53,7 @@ from skewd.model import GROUP_SCOPES, Finding, Layer, Scope, State
 
 from . import culprit as culprit_mod
 from .align import GroupReport
-from .config import InhibitRule
+from .configtypes import InhibitRule
 from .messages import Cause, Effect, Incident, PhaseContext, Target, stable_key
 from .timeline import Timelines
 from .topology import Topology

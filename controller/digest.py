@@ -1,7 +1,7 @@
 """Digests: what a controller partition hands the leader once per evaluation (MessagePack) -
 each node's latest summary less its collective bursts, the derived ctl_* values the cluster-wide
-rules read and the alignment reports of its TP groups. Both the partition's evaluation
-(controller/service.py) and the scale-out runtime (controller/scaleout.py) use it."""
+rules read and the alignment reports of its TP groups. Both the partition's side of the exchange
+(controller/exchange.py) and the scale-out runtime (controller/scaleout.py) use it."""
 from __future__ import annotations
 
 import dataclasses

@@ -33,7 +33,8 @@ from skewd.model import Catalogue, Finding
 from skewd.rules.engine import RuleSet
 
 from . import messages
-from .config import ControllerConfig, load_config
+from .config import load_config
+from .configtypes import ControllerConfig
 from .service import Controller
 
 T = TypeVar("T")

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 from skewd.model import Finding, Scope
 
-from .config import ControllerConfig
+from .configtypes import ControllerConfig
 from .messages import ActionType, Incident, RemapAction, RemapSuggestion, Target, stable_key
 
 _PCI = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")

@@ -43,8 +43,9 @@ from skewd import wire
 from skewd.natsutil import connect, ensure_streams
 
 from . import messages as M
-from .config import ControllerConfig
-from .service import ROLE_LEADER, ROLE_PARTITION, Controller
+from .configtypes import ControllerConfig
+from .roles import ROLE_LEADER, ROLE_PARTITION
+from .service import Controller
 from .state import StateStore
 
 LEADER = "leader"

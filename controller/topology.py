@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from .config import ControllerConfig, ModelSpec, PPGroup, TPGroup
+from .configtypes import ControllerConfig, ModelSpec, PPGroup, TPGroup
 
 
 @dataclass

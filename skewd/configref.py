@@ -21,6 +21,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from skewd.agent import config as agent_cfg
 from skewd.collectors import registry
 from skewd.controller import config as ctl_cfg
+from skewd.controller.configsections import MODEL_KEYS, PP_KEYS, TP_KEYS
 from skewd.natsutil import KEY_DOCS as NATS_DOCS
 from skewd.natsutil import NatsConfig
 
@@ -68,7 +69,7 @@ def agent_keys() -> list[str]:
 
 def controller_keys() -> list[str]:
     out = []
-    nested = {"tp_groups": ctl_cfg.TP_KEYS, "pp_groups": ctl_cfg.PP_KEYS, "models": ctl_cfg.MODEL_KEYS}
+    nested = {"tp_groups": TP_KEYS, "pp_groups": PP_KEYS, "models": MODEL_KEYS}
     for k, v in ctl_cfg.DEFAULTS.items():
         if k in ctl_cfg.SECTIONS:
             for s in _ordered(v, ctl_cfg.SECTIONS[k]):

@@ -37,8 +37,9 @@ def _discover() -> dict[str, Module]:
         spec = importlib.util.find_spec(pkg)
         assert spec is not None and spec.submodule_search_locations, pkg
         root = Path(next(iter(spec.submodule_search_locations)))
-        # skewd/ itself holds only modules; its sibling packages are mapped by setup.py
-        files = root.glob("*.py") if pkg == "skewd" else root.rglob("*.py")
+        # skewd/'s sibling packages (agent, rules, ...) are mapped by setup.py, not nested in it;
+        # what is nested in it (skewd/wire/) is skewd's own
+        files = root.rglob("*.py")
         for p in files:
             parts = list(p.relative_to(root).with_suffix("").parts)
             is_package = parts[-1] == "__init__"

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from skewd import wire
+from skewd.wire import decoding, fastsummary
 from skewd.model import Finding, Layer, Scope, Severity, State
 
 # What a NATS token must never contain, and the narrower set skewd promises (ACL/tool friendly).
@@ -291,16 +292,16 @@ def test_summary_fast_path_accepts_and_rejects_exactly_like_the_strict_reader(pa
             parent.pop(path[-1], None)
         else:
             parent[path[-1]] = value
-        assert _outcome(wire.summary_from_dict, d) == _outcome(wire._strict_summary_from_dict, d), (path, value)
+        assert _outcome(wire.summary_from_dict, d) == _outcome(decoding._strict_summary_from_dict, d), (path, value)
 
 
 def test_summary_fast_path_is_taken_for_what_agents_send_and_converts_integers() -> None:
     d = _good_summary_dict()
     d["signals"]["node_load"][""] = 3  # an integral value, as JSON may carry it
     d["t"] = 1700000030
-    fast = wire._fast_summary(d)
+    fast = fastsummary.fast_summary(d)
     assert fast is not None
-    assert repr(fast) == repr(wire._strict_summary_from_dict(d))
+    assert repr(fast) == repr(decoding._strict_summary_from_dict(d))
     assert type(fast.t) is float and type(fast.signals["node_load"][""]) is float
 
 
@@ -317,7 +318,7 @@ def test_summary_fast_path_matches_the_strict_reader_on_any_json(path, value) ->
     for k in path[:-1]:
         parent = parent[k]
     parent[path[-1]] = value
-    assert _outcome(wire.summary_from_dict, d) == _outcome(wire._strict_summary_from_dict, d)
+    assert _outcome(wire.summary_from_dict, d) == _outcome(decoding._strict_summary_from_dict, d)
 
 
 # ---- the typed (msgspec) summary decoder: same results, same errors -------------------------
@@ -357,13 +358,13 @@ def test_typed_summary_decoder_accepts_and_rejects_exactly_like_the_strict_reade
 
 def test_typed_summary_decoder_is_taken_for_what_agents_send() -> None:
     raw = json.dumps(_good_summary_dict()).encode()
-    fast = wire._typed_summary(raw)
+    fast = fastsummary.typed_summary(raw)
     assert fast is not None and repr(fast) == repr(_strict_decode(raw))
     # a float whose repr has a long run of digits after the point is no long integer
     d = _good_summary_dict()
     d["interval"] = 0.00012345678901234567
     tiny = json.dumps(d).encode()
-    assert b"00012345678901234567" in tiny and wire._typed_summary(tiny) is not None
+    assert b"00012345678901234567" in tiny and fastsummary.typed_summary(tiny) is not None
     # a repeated key: the last one counts on both paths (json.loads' rule)
     dup = raw[:-1] + b',"t":1700000099}'
     assert _outcome(wire.decode_summary, dup) == _outcome(_strict_decode, dup)

@@ -24,7 +24,7 @@ def _controller(general_only: bool) -> Controller:
     ctl.state = MemoryState(cfg.cluster)
     ctl.js = CaptureJetStream()
     if general_only:
-        ctl._in_store = lambda p: False  # never learns a layout: the general path every time
+        ctl.feed._in_store = lambda p: False  # never learns a layout: the general path every time
     return ctl
 
 
@@ -85,4 +85,4 @@ def test_per_summary_batches_store_what_the_general_path_stores() -> None:
                 assert [f.event_id for f in fast.state.findings] == [f.event_id for f in slow.state.findings]
     finally:
         loop.close()
-    assert fast.fast_flushes > 5 and not slow.fast_flushes
+    assert fast.feed.fast_flushes > 5 and not slow.feed.fast_flushes

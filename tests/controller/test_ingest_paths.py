@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from skewd import wire
-from skewd.controller import service
+from skewd.controller import storefeed
 from skewd.controller.config import TPGroup
 from skewd.controller.topology import Topology
 
@@ -63,7 +63,7 @@ def _ticks(seed: int, nodes: int, ticks: int, per_tick: int):
 def test_one_summary_per_node_per_flush_takes_the_fast_path_and_stores_the_same(
         monkeypatch, per_tick: int, flush_rows: int | None) -> None:
     if flush_rows is not None:  # flushes between ticks too, a few summaries per node in each
-        monkeypatch.setattr(service, "FLUSH_ROWS", flush_rows)
+        monkeypatch.setattr(storefeed, "FLUSH_ROWS", flush_rows)
     fast, slow = _controller(False), _controller(True)
     general = []
     orig = fast.store._ingest_general
@@ -89,7 +89,7 @@ def test_one_summary_per_node_per_flush_takes_the_fast_path_and_stores_the_same(
             assert [f.event_id for f in fast.state.findings] == [f.event_id for f in slow.state.findings]
     finally:
         loop.close()
-    assert fast.fast_flushes >= 5 and not slow.fast_flushes
+    assert fast.feed.fast_flushes >= 5 and not slow.feed.fast_flushes
     # every node's layout stays in the store's cache: once all layouts are known (the last
     # ticks), neither summaries nor the tick's derived ctl_* values go the general way
     assert fast.store.layout_budget > 120 * 10

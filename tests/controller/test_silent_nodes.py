@@ -203,7 +203,7 @@ def test_new_nodes_beyond_max_nodes_are_rejected_until_silent_ones_make_room() -
     # nothing of them is left: aligner, timelines, topology, store rows, node labels, layouts
     assert not ctl.aligner.clocks and not ctl.aligner.bursts and not ctl.timelines.engines
     assert not ctl.topology.learned and not ctl.topology.reported
-    assert not ctl.store.blocks and not ctl.store.registry.node_labels and not ctl._layouts
+    assert not ctl.store.blocks and not ctl.store.registry.node_labels and not ctl.feed._layouts
     assert len(ctl.store.registry._ids) == 0
     second = [f"b{i:04d}" for i in range(300)]
     _feed(ctl, wall, second, 2)

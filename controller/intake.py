@@ -1,0 +1,266 @@
+"""What the controller takes in over NATS: summaries, health, vLLM phase records and findings.
+
+Each callback decodes strictly (:mod:`skewd.wire`), checks the message against its subject, the
+clock and the node budget (:mod:`skewd.controller.ingest`, "what the controller trusts"), counts
+and logs what it refuses, and hands the rest on: a summary to the aligner, timelines and
+:class:`~skewd.controller.storefeed.StoreFeed`, a finding to the correlator and KV (acked only
+once stored, so JetStream redelivers what a KV outage interrupted). Kept apart from evaluation so
+the trust boundary reads in one place.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from typing import Any
+
+from skewd import wire
+from skewd.model import GROUP_SCOPES
+
+from . import ingest
+from . import messages as M
+from .roles import ROLE_LEADER, ROLE_PARTITION
+from .silence import agent_open
+from .state import STATE_VALUE_BYTES
+from .storefeed import BURST_BYTES, BURST_STARTS
+
+log = logging.getLogger("skewd.controller")
+
+
+class Intake:
+    """The controller's NATS callbacks and input loops (summary, health, phase, findings, KV
+    watch), and :meth:`ingest_summary`, which replay and tests call directly.
+
+    A part of :class:`~skewd.controller.service.Controller`, which declares every field in
+    its ``__init__``; this class adds behaviour only."""
+
+    def _reject(self, kind: str, reason: str, subject: str, detail: str) -> None:
+        """Count (status and the per-kind counter) and log one rejected message."""
+        self.rejections.reject(kind, reason, subject, detail)
+        if kind == "summary":
+            self.stats.summaries_rejected += 1
+        elif kind == "finding":
+            self.stats.findings_rejected += 1
+        elif kind == "phase":
+            self.stats.phase_rejected += 1
+        elif kind == "health":
+            self.stats.health_rejected += 1
+
+    def _heard(self, node: str, interval: float | None = None) -> bool:
+        """Note a message from ``node``'s agent; False when it is a new node and
+        ``ingest.max_nodes`` are live (the message is then rejected)."""
+        if not self.nodes.admit(node, self.wall(), interval):
+            return False
+        self._unconfirmed.discard(node)
+        return True
+
+    async def _on_summary(self, msg: Any) -> None:
+        subject = msg.subject
+        try:
+            s = wire.summary_view(msg.data)  # the typed decoder's object: read-only from here on
+        except wire.WireError as e:
+            self._reject("summary", ingest.reason_of(e), subject, str(e))
+            return
+        try:
+            why = ingest.subject_mismatch(subject, wire.MessageKind.SUMMARY, s.cluster, s.node)
+            if why is not None:
+                self._reject("summary", ingest.SUBJECT_MISMATCH, subject, why)
+                return
+            why = ingest.summary_clock_problem(s.t, self.wall(), self.cfg.max_clock_skew)
+            if why is not None:
+                self._reject("summary", ingest.CLOCK_SKEW, subject, why)
+                return
+            if not self._heard(s.node, s.interval):
+                self._reject("summary", ingest.TOO_MANY_NODES, subject,
+                             f"node {s.node!r} is new and {self.cfg.max_nodes} nodes are live (ingest.max_nodes)")
+                return
+            if self.role == ROLE_PARTITION:
+                self._check_placement(subject, s.node)
+            self.ingest_summary(s, s.labels)  # the decoder checked: an object of strings
+        except Exception:  # noqa: BLE001 - a callback must not die on one message; counted and shown
+            self.stats.errors += 1
+            log.exception("summary on %s not taken in", subject)
+
+    def ingest_summary(self, s: wire.Summary, labels: dict[str, str] | None = None) -> None:
+        """Take one node summary (public so replay and tests can feed summaries directly)."""
+        self.stats.summaries += 1
+        if labels:
+            self.topology.observe(s.node, labels)
+        starts = s.signals.get(BURST_STARTS)
+        nbytes = s.signals.get(BURST_BYTES)
+        observed = False
+        if starts and not nbytes and None not in starts.values():
+            # the common shape: starts without bytes, as the agent sends them. Sorted as the
+            # tuples below would be (a NaN start, which JSON cannot carry, goes the long way)
+            ts = sorted(map(float, starts.values()))
+            if math.isfinite(math.fsum(ts)):
+                self.aligner.observe_starts(s.node, s.t, s.clock_sync.synced, s.clock_sync.max_error_s, ts)
+                observed = True
+        if not observed:
+            nbytes = nbytes or {}
+            bursts = []
+            for k, v in (starts or {}).items():
+                if v is None:
+                    continue
+                b = nbytes.get(k)
+                bursts.append((float(v), float(b) if b is not None else float("nan")))
+            bursts.sort()
+            self.aligner.observe(s.node, s.t, s.clock_sync.synced, s.clock_sync.max_error_s, bursts)
+        self.timelines.add_summary(s.node, s.t, s.signals)
+        # buffered: one store ingest per tick (or per FLUSH_ROWS) instead of one per summary
+        names, ents_of, values = self.feed.samples(s.node, s.signals)
+        if values:
+            names, ents_of = self.feed.add(s.node, s.t, names, ents_of, values)
+        if self.role == ROLE_PARTITION:  # the leader's copy, sent with the next digest
+            self._digest_rows[s.node] = (s.t, s.interval, labels or {}, s.signals)
+        self._advance(s.node, s.t)
+
+    def _advance(self, node: str, t: float) -> None:
+        """A node's data at ``t`` arrived: the evaluation grid starts and the watermark moves."""
+        if node not in self.store.registry.node_labels:
+            self._labels_version = -1
+        if self.first_t is None:
+            self.first_t = t
+            self.next_eval = math.ceil(t / self.cfg.evaluation_interval) * self.cfg.evaluation_interval
+        if t > self.watermark:
+            self.watermark = t
+            self._wake.set()
+
+    async def _on_health(self, msg: Any) -> None:
+        try:
+            h = wire.decode_health(msg.data)
+        except wire.WireError as e:
+            self._reject("health", ingest.reason_of(e), msg.subject, str(e))
+            return
+        why = ingest.subject_mismatch(msg.subject, wire.MessageKind.HEALTH, h.cluster, h.node)
+        if why is not None:
+            self._reject("health", ingest.SUBJECT_MISMATCH, msg.subject, why)
+            return
+        if not self._heard(h.node):
+            self._reject("health", ingest.TOO_MANY_NODES, msg.subject, f"node {h.node!r} is new and "
+                         f"{self.cfg.max_nodes} nodes are live (ingest.max_nodes)")
+            return
+        self.stats.health += 1
+        self._health[h.node] = h
+
+    async def _on_phase(self, msg: Any) -> None:
+        if self.role == ROLE_PARTITION:  # only the engines on this partition's nodes
+            parsed = ingest.parsed_subject(msg.subject)
+            if not isinstance(parsed, wire.ParsedSubject) or parsed.tokens.get("node") not in self.aligner.clocks:
+                return
+        try:
+            rec = M.decode(msg.data, M.Kind.PHASE)
+        except wire.WireError as e:
+            self._reject("phase", ingest.reason_of(e), msg.subject, str(e))
+            return
+        why = ingest.subject_mismatch(msg.subject, wire.MessageKind.PHASE, rec.cluster, rec.node,  # type: ignore[union-attr]
+                                      engine=rec.engine)  # type: ignore[union-attr]
+        if why is not None:
+            self._reject("phase", ingest.SUBJECT_MISMATCH, msg.subject, why)
+            return
+        # the vLLM plugin is not the agent: its records say nothing about the agent's liveness,
+        # and create no node state beyond the engine's bounded timeline
+        if rec.node not in self.nodes and len(self.nodes) >= self.cfg.max_nodes:  # type: ignore[union-attr]
+            self._reject("phase", ingest.TOO_MANY_NODES, msg.subject, f"node {rec.node!r} is not live and "  # type: ignore[union-attr]
+                         f"{self.cfg.max_nodes} nodes are (ingest.max_nodes)")
+            return
+        try:
+            self.timelines.add_record(rec)  # type: ignore[arg-type]
+        except Exception:  # noqa: BLE001 - a callback must not die on one message
+            self.stats.errors += 1
+            log.exception("phase record on %s not taken in", msg.subject)
+            return
+        self.stats.phase_records += 1
+
+    async def _findings_loop(self) -> None:
+        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+        cfg = self.cfg
+        sub = await self.js.pull_subscribe(
+            wire.subject_filter("finding", cluster=cfg.cluster), durable=cfg.durable, stream=wire.FINDINGS_STREAM.name,
+            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=cfg.ack_wait, max_deliver=-1,
+                                  deliver_policy=DeliverPolicy.ALL, max_ack_pending=10000))
+        while not self._stopping:
+            try:
+                msgs = await sub.fetch(cfg.batch, timeout=1.0)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - fetch timeout (nothing new) or a reconnect in progress
+                continue
+            for m in msgs:
+                await self._take_finding_msg(m)
+
+    async def _refuse(self, m: Any, reason: str, detail: str) -> None:
+        """Reject a finding for good: counted, logged, and terminated so JetStream never
+        redelivers it (a malformed, spoofed or mistimed message never becomes acceptable)."""
+        self._reject("finding", reason, m.subject, detail)
+        try:
+            await m.term()
+        except Exception as e:  # noqa: BLE001 - no connection: it comes back after ack_wait and is refused again
+            log.debug("term of a rejected finding failed: %s", e)
+
+    async def _take_finding_msg(self, m: Any) -> None:
+        try:
+            f = wire.decode_finding(m.data)
+        except wire.WireError as e:
+            await self._refuse(m, ingest.reason_of(e), str(e))
+            return
+        why = ingest.subject_mismatch(m.subject, wire.MessageKind.FINDING, f.cluster, f.node, rule=f.rule_id)
+        if why is not None:
+            await self._refuse(m, ingest.SUBJECT_MISMATCH, why)
+            return
+        why = ingest.finding_clock_problem(f, self.wall(), self.cfg.max_clock_skew, wire.FINDINGS_STREAM.max_age_s)
+        if why is not None:
+            await self._refuse(m, ingest.CLOCK_SKEW, why)
+            return
+        if f.scope not in GROUP_SCOPES and not self._heard(f.node):
+            # not lost: JetStream offers it again once silent nodes have made room
+            self._reject("finding", ingest.TOO_MANY_NODES, m.subject, f"node {f.node!r} is new and "
+                         f"{self.cfg.max_nodes} nodes are live (ingest.max_nodes); redelivered later")
+            try:
+                await m.nak(delay=self.nodes.silent_after(f.node))
+            except Exception:  # noqa: BLE001 - then ack_wait brings it back
+                pass
+            return
+        self.stats.findings_in += 1
+        try:
+            async with self._lock:
+                if self.correlator.observe(f):
+                    if agent_open(f):  # re-announced after its node's silence: it is open again
+                        self._silenced.pop(f.id, None)
+                    await self.state.put_finding(f)  # type: ignore[union-attr]
+                else:
+                    self.stats.findings_duplicate += 1
+            await m.ack()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - KV unavailable: leave unacked, JetStream redelivers
+            self.stats.errors += 1
+            log.warning("finding %s not stored yet (%s); it will be redelivered", f.event_id, e)
+
+    async def _kv_watch_loop(self) -> None:
+        """Findings other replicas stored: every replica correlates over all of them."""
+        assert self.state is not None
+        while not self._stopping:
+            try:
+                leader = self.role == ROLE_LEADER
+                w = await self.state.kv.watch(f"{self.state.prefix}.finding.>", ignore_deletes=not leader)
+                async for e in w:
+                    if e is None:
+                        continue
+                    if not e.value:
+                        if leader and e.operation in ("DEL", "PURGE"):
+                            self._forget_lapsed(e.key.rsplit(".", 1)[-1])
+                        continue
+                    try:
+                        f = wire.finding_from_dict(wire.load_json(e.value, max_bytes=STATE_VALUE_BYTES))
+                    except wire.WireError as err:
+                        log.warning("KV finding %s unreadable, skipped: %s", e.key, err)
+                        continue
+                    async with self._lock:
+                        self.correlator.observe(f)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - watcher lost with the connection: start again
+                log.debug("kv watch restarting: %s", e)
+                await asyncio.sleep(1.0)

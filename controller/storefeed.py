@@ -1,0 +1,268 @@
+"""Summary samples into the window store, batched: the controller's hot path.
+
+Every node sends a summary per interval; taking each into the store as it arrives would cost a
+store ingest per message, and a multi-node batch per tick goes the store's general path (seconds
+for 250,000 rows, the event loop blocked). So summaries wait here until the next tick (or until
+:data:`FLUSH_ROWS` pile up), and a node's summaries, which carry the same signals and entities
+time after time, are recognised by their *layout*: the column arrays the store already holds
+rows for, shared by identity, so a flush of known layouts takes the store's fast path. The
+controller's own derived ``ctl_*`` values go the same way at every tick.
+
+This is bookkeeping about the store, apart from what the controller does with a summary
+(:mod:`skewd.controller.intake`); the one thing it must be told is when the store forgot rows
+(:meth:`StoreFeed.gc`, :meth:`StoreFeed.forget_node`), since a layout learned before is then void.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from skewd.model import SampleBatch
+from skewd.rules.store import WindowStore
+
+from .catalogue import NAMES as CTL_SIGNALS
+from .timeline import ENGINE_KEYS
+
+#: summary keys that carry per-burst data for alignment, not signals
+BURST_STARTS = "collective_burst_starts"
+BURST_BYTES = "collective_burst_bytes"
+#: pending samples that force a flush between ticks: at a rate the ticks cannot keep up with, a
+#: tick's flush would otherwise grow to seconds with the event loop blocked (250,000 rows took
+#: ~1 s on this machine under load); 50,000 bound it to a few hundred ms
+FLUSH_ROWS = 50_000
+#: pending samples of layouts the store does not know yet that force a flush: new nodes go the
+#: store's general path (seconds for 250,000 rows, the event loop blocked); a small early flush
+#: teaches the store their layouts, and later flushes take the fast path
+FLUSH_NEW_ROWS = 20_000
+LAYOUTS_PER_NODE = 4  # a node whose values come and go (None) sends a few layouts
+LAYOUT_BUDGET_PER_SAMPLE = 4  # store layout-cache budget per sample of the layouts we know (see StoreFeed.flush)
+#: summary keys that are not window-store samples
+_NOT_SAMPLES = frozenset({BURST_STARTS, BURST_BYTES}) | frozenset(CTL_SIGNALS) | ENGINE_KEYS
+
+
+@dataclass
+class _Layout:
+    """Which samples a node's summary carries (signal and entity per position), as the column
+    arrays of a SampleBatch, shared by every batch of that layout."""
+
+    names: list[str]
+    entities: list[str]
+    signal_col: np.ndarray
+    entity_col: np.ndarray
+    node_col: np.ndarray
+
+    @classmethod
+    def of(cls, p: "_Pending") -> "_Layout":
+        def col(values: list[str]) -> np.ndarray:
+            a = np.empty(len(values), dtype=object)
+            a[:] = values
+            return a
+
+        return cls(list(p.names), list(p.entities), col(p.names), col(p.entities), col([p.node] * len(p.names)))
+
+
+@dataclass
+class _Pending:
+    """One summary's samples, waiting for the next store flush."""
+
+    node: str
+    t: float
+    names: list[str]
+    entities: list[str]
+    values: list[float]
+    layout: _Layout | None  # the node's known layout when the summary matches it
+
+
+class StoreFeed:
+    """Owns the samples waiting for the window store and the layouts the store knows; the
+    :class:`~skewd.controller.service.Controller` feeds it every summary (and the leader every
+    digest row) and flushes it at each tick."""
+
+    def __init__(self, store: WindowStore) -> None:
+        self.store = store
+        self._pending: list[_Pending] = []  # summary samples not yet in the store
+        self._pending_rows = 0
+        self._pending_new = 0  # ... of them from summaries whose layout the store does not know yet
+        self._layouts: dict[str, list[_Layout]] = {}  # node → its summaries' layouts the store holds rows for
+        self._store_gcs = 0  # store.gc calls that forgot entities (rows our layouts may point at)
+        self._layouts_gcs = -1  # ... when _layouts was last known valid
+        self._ncat = -1
+        self._derived_layouts: dict[str, _Layout] = {}  # node → its ctl_* signals the store holds rows for
+        self._derived_gcs = -1
+        self._derived_ncat = -1
+        self.fast_flushes = 0  # flushes that took the per-summary path (tests look)
+        self._shapes: dict[str, tuple] = {}  # node → its summaries' last shape (see samples)
+
+    def samples(self, node: str, sig: dict[str, dict[str, float | None]]) -> tuple[list, list, list]:
+        """A summary's samples as (signal names, entities, values), None values left out. A node
+        sends the same signals and entities summary after summary: when this one has the
+        node's last shape (same signal keys in the same order, the same entity count per
+        sample signal, no None), the values are read in one comprehension and the names and
+        entities are the shape's own lists; anything else is walked and becomes the new shape."""
+        sh = self._shapes.get(node)
+        if sh is not None and sh[0] == tuple(sig):
+            _, pairs, names, ents, sample_names, counts = sh
+            try:
+                if list(map(len, map(sig.__getitem__, sample_names))) == counts:
+                    values = [sig[n][e] for n, e in pairs]
+                    if None not in values:
+                        return names, ents, values
+            except KeyError:  # an entity renamed: the walk below
+                pass
+        names, ents, values = [], [], []
+        sample_names, counts = [], []
+        complete = True
+        for name, es in sig.items():
+            if name in _NOT_SAMPLES:
+                continue
+            sample_names.append(name)
+            counts.append(len(es))
+            for ent, v in es.items():
+                if v is not None:
+                    names.append(name)
+                    ents.append(ent)
+                    values.append(float(v))
+                else:
+                    complete = False
+        if complete:
+            self._shapes[node] = (tuple(sig), list(zip(names, ents)), names, ents, sample_names, counts)
+        return names, ents, values
+
+    def add(self, node: str, t: float, names: list[str], ents: list[str],
+            values: list[float]) -> tuple[list[str], list[str]]:
+        """Queue one node's samples at ``t`` for the next store flush, recognising the node's
+        known layout (returns the layout's lists when they match, else the ones given)."""
+        lay = None
+        for known in self._layouts.get(node, ()):
+            if known.names == names and known.entities == ents:
+                lay = known
+                break
+        if lay is not None:  # the layout's lists stand for these (equal) ones
+            names, ents = lay.names, lay.entities
+        self._pending.append(_Pending(node, t, names, ents, values, lay))
+        self._pending_rows += len(values)
+        if lay is None:
+            self._pending_new += len(values)
+        if self._pending_rows >= FLUSH_ROWS or self._pending_new >= FLUSH_NEW_ROWS:
+            self.flush()
+        return names, ents
+
+    def flush(self) -> None:
+        """Summary samples into the window store. The store's fast path takes one-node,
+        one-time batches whose rows it knows, so when every pending summary has a layout the
+        store already holds (and the store's shape is unchanged since), each summary goes in
+        as its own batch, grouped by node and in time order per node: the same columns and
+        values as the one multi-node batch of the general path, which is taken otherwise, so
+        new entities get their ids in the same order as always."""
+        if not self._pending:
+            return
+        pend, self._pending, self._pending_rows, self._pending_new = self._pending, [], 0, 0
+        store = self.store
+        # a known layout means the store holds a row for each of its catalogued samples: only a
+        # gc that forgets entities, or a catalogue that grows, can make that untrue (new rows
+        # and blocks elsewhere leave it true)
+        same_shape = self._store_gcs == self._layouts_gcs and len(store.catalogue) == self._ncat
+        if same_shape and all(p.layout is not None for p in pend):
+            by_node: dict[str, list[_Pending]] = {}
+            for p in pend:
+                by_node.setdefault(p.node, []).append(p)
+            batches = []
+            for ps in by_node.values():
+                if len(ps) > 1 and any(a.t > b.t for a, b in zip(ps, ps[1:])):
+                    ps = sorted(ps, key=lambda p: p.t)  # stable: a repeated time keeps arrival order
+                for p in ps:
+                    lay = p.layout
+                    batches.append(SampleBatch(np.full(len(p.values), p.t), lay.node_col, lay.entity_col,
+                                               lay.signal_col, np.array(p.values, dtype=np.float64)))
+            # a layout's column arrays are made once and never modified: the store may know
+            # them by identity; its layout cache is sized to hold every node's (see below)
+            store.ingest_many(batches, shared_columns=True)
+            self.fast_flushes += 1
+        else:
+            store.ingest(SampleBatch.from_rows(
+                [(p.t, p.node, e, n, v) for p in pend for n, e, v in zip(p.names, p.entities, p.values)]))
+            if not same_shape:
+                self._layouts.clear()
+            for p in pend:
+                known = self._layouts.setdefault(p.node, [])
+                if any(k.names == p.names and k.entities == p.entities for k in known) or not self._in_store(p):
+                    continue
+                known.append(_Layout.of(p))
+                del known[:-LAYOUTS_PER_NODE]
+            self._size_layout_cache()
+        self._layouts_gcs, self._ncat = self._store_gcs, len(store.catalogue)
+
+    def ingest_derived(self, t: float, derived: dict[str, dict[str, float]]) -> None:
+        """The tick's ctl_* values into the store. Like summaries: when every node's derived
+        signals are a set the store already holds rows for, one batch per node (the store's
+        fast path, by identity); otherwise one multi-node batch, the general way, and the
+        nodes' sets are learned."""
+        store = self.store
+        per_node = []
+        known = self._store_gcs == self._derived_gcs and len(store.catalogue) == self._derived_ncat
+        for node, vals in derived.items():
+            names = [sig for sig, v in vals.items() if v is not None and not math.isnan(v)]
+            if not names:
+                continue
+            lay = self._derived_layouts.get(node)
+            if known and (lay is None or lay.names != names):
+                known = False
+            per_node.append((node, names, [vals[n] for n in names], lay))
+        if not per_node:
+            return
+        if known:
+            store.ingest_many([SampleBatch(np.full(len(vs), t), lay.node_col, lay.entity_col, lay.signal_col,
+                                           np.array(vs, dtype=np.float64)) for _, _, vs, lay in per_node],
+                              shared_columns=True)
+            return
+        store.ingest(SampleBatch.from_rows([(t, node, "", n, v) for node, names, vs, _ in per_node
+                                            for n, v in zip(names, vs)]))
+        if self._store_gcs != self._derived_gcs or len(store.catalogue) != self._derived_ncat:
+            self._derived_layouts.clear()
+        for node, names, vs, lay in per_node:
+            if lay is not None and lay.names == names:
+                continue
+            p = _Pending(node, t, names, [""] * len(names), vs, None)
+            if self._in_store(p):
+                self._derived_layouts[node] = _Layout.of(p)
+            else:
+                self._derived_layouts.pop(node, None)
+        self._derived_gcs, self._derived_ncat = self._store_gcs, len(store.catalogue)
+        self._size_layout_cache()
+
+    def _size_layout_cache(self) -> None:
+        """Every node's summaries and derived values are one-node batches to the store: keep all
+        their layouts cached there (the default bound is one agent's; only speed depends on it)."""
+        n = sum(len(k.names) for ks in self._layouts.values() for k in ks)
+        n += sum(len(k.names) for k in self._derived_layouts.values())
+        self.store.layout_budget = max(self.store.layout_budget, LAYOUT_BUDGET_PER_SAMPLE * n)
+
+    def gc(self, now: float) -> int:
+        """``store.gc`` (always through here: :meth:`flush` must know when rows were forgotten)."""
+        removed = self.store.gc(now)
+        if removed:
+            self._store_gcs += 1
+        return removed
+
+    def _in_store(self, p: "_Pending") -> bool:
+        """Whether the store has a row for every catalogued sample of ``p``."""
+        cat, blocks = self.store.catalogue, self.store.blocks
+        for name, ent in zip(p.names, p.entities):
+            if cat.get(name) is None:
+                continue  # uncatalogued: the store counts and drops it on either path
+            blk = blocks.get(name, {}).get(p.node)
+            if blk is None or ent not in blk.rows:
+                return False
+        return True
+
+
+    def forget_node(self, node: str) -> None:
+        """Drop the node's rows from the store and what is known of its layouts (they come back
+        with its next summary)."""
+        if self.store.forget_node(node):
+            self._store_gcs += 1  # the store's rows moved: layouts learned before are void
+        self._layouts.pop(node, None)
+        self._shapes.pop(node, None)
+        self._derived_layouts.pop(node, None)
