@@ -52,7 +52,10 @@ async def test_many_restarts_restore_every_key_the_bucket_holds(nats_server) -> 
         try:
             assert len(ctl.correlator.findings) == FINDINGS - DELETED
             assert len(ctl.remaps) == REMAPS and len(ctl.correlator.ids) == INCIDENTS
-            assert ctl.status()["state_load"]["read_singly"] == ctl.status()["state_load"]["missed_by_watch"]
+            # what the first watch missed came from a second watch pass or was read singly (a
+            # second pass can deliver them on a busy host: then none is read singly)
+            load = ctl.status()["state_load"]
+            assert load["read_singly"] <= load["missed_by_watch"], load
         finally:
             await ctl.stop()
 
