@@ -246,6 +246,9 @@ class Compiler:
         self.windows: list = []
         self._macro_stack: list[str] = []
         self._nodes = [0]  # syntax nodes compiled, macros included (shared with macro compilers)
+        #: reads of a per-entity signal in a rule over many entities (shared with macro compilers):
+        #: what tells a node-wide guard from a per-entity part of an and/or (see _dispatch)
+        self._wide_reads = [0]
         self._durs: list[float] = []
         self._spans: list = []
         self._src = ""
@@ -336,7 +339,11 @@ class Compiler:
 
     def _dispatch(self, node: ast.AST, depth: int) -> _Node:
         if isinstance(node, ast.BoolOp):
-            parts = [self._need(self._expr(v, depth), (T.VEC, T.NUM), v, "and/or") for v in node.values]
+            parts, wide = [], []
+            for v in node.values:
+                before = self._wide_reads[0]
+                parts.append(self._need(self._expr(v, depth), (T.VEC, T.NUM), v, "and/or"))
+                wide.append(self._wide_reads[0] > before)
             op = _and if isinstance(node.op, ast.And) else _or
             fns = [p.fn for p in parts]
 
@@ -346,8 +353,14 @@ class Compiler:
                     acc = op(acc, f(ctx))
                 return acc
 
-            pos = [_pos_of(p) for p in parts]
-            neg = [_neg_of(p) for p in parts]
+            # the masks settle the outcome from the parts in any order (true and false masks are
+            # exact, ``and``/``or`` commute on them): parts that read only node-wide values (one
+            # row) go first, so a node-wide guard that fails skips the per-entity windows after it
+            # (a healthy node's missing RDMA wait spares EW-5's 984 flows). Otherwise in the
+            # author's order; ``fn`` (the value and its evidence) keeps the author's order always.
+            order = sorted(range(len(parts)), key=lambda i: wide[i])
+            pos = [_pos_of(parts[i]) for i in order]
+            neg = [_neg_of(parts[i]) for i in order]
             if op is _and:  # true where all are true; false where any is false
                 return _Node(T.VEC, boolop, pos=_mask_and(pos), neg=_mask_or(neg))
             return _Node(T.VEC, boolop, pos=_mask_or(pos), neg=_mask_and(neg))
@@ -532,6 +545,7 @@ class Compiler:
                 sub = Compiler(self.env, env.macros[name])
                 sub._macro_stack = list(self._macro_stack)
                 sub._nodes = self._nodes
+                sub._wide_reads = self._wide_reads
                 tree = sub._parse(env.macros[name])
                 res = sub._expr(tree.body, depth)
             except ExprError as e:
@@ -596,6 +610,8 @@ class Compiler:
             raise self._fix(_err(Code.SCOPE_MISMATCH,
                                  f"{name} is per {spec.scope.value}, but this rule's scope is {rs.value}: "
                                  f"use scope: {spec.scope.value}", node))
+        if spec.scope != Scope.NODE:
+            self._wide_reads[0] += 1
         self.signals.add(name)
 
     # -- calls -------------------------------------------------------------------------------
