@@ -697,6 +697,8 @@ class Compiler:
 
             def default(ctx, f=f, d=d):
                 x = np.asarray(f(ctx), dtype=float)
+                if not functions.has_nan(x):  # the usual case: nothing to fill, no new array
+                    return x
                 return np.where(np.isnan(x), d, x)
 
             return _Node(T.VEC, default)

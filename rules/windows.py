@@ -200,7 +200,8 @@ def _gather(ctx: EvalContext, sig: str, vals: np.ndarray) -> np.ndarray:
     if rows is None:
         # the kernel's own array (shared through the memo by every rule that reads it):
         # nothing downstream writes into a value, and read-only makes sure of it
-        vals.flags.writeable = False
+        if vals.flags.writeable:  # (reading the flag costs a tenth of setting it, ~35 vs ~320 ns)
+            vals.flags.writeable = False
         return vals
     if ok is None:
         return vals[rows] if vals.ndim == 1 else vals[..., rows]
