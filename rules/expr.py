@@ -13,16 +13,17 @@ Three-valued logic: a comparison with a missing value is *unknown* (NaN); ``and`
 follow Kleene logic, and a rule fires only where its expression is exactly true, so missing
 data never fires a rule through a negation.
 
-This module is the compiler; the lexical pre-pass (``lexer``), the error codes (``codes``), the
-function tables (``vocabulary``) and the window evaluation the closures call (``windows``) are
-their own modules.
+This module is the compiler: it checks every node of a parsed expression against the whitelist
+and the types, and builds the closures. Parsing the text (``parse``, with its lexical pre-pass in
+``lexer``), the three-valued logic and true/false masks the closures compute with (``logic``),
+the error codes (``codes``), the function tables (``vocabulary``) and the window evaluation the
+closures call (``windows``) are their own modules.
 """
 from __future__ import annotations
 
 import ast
 import difflib
 import re
-import warnings
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Callable, Mapping
@@ -33,10 +34,12 @@ from skewd.model import Catalogue, Kind, Scope, format_duration, parse_duration
 
 from . import functions
 from .codes import Code, ExprError
-from .lexer import PLACEHOLDER, map_offset, rewrite_durations, split_strings
+from .lexer import PLACEHOLDER, map_offset
 from .vocabulary import (CONDITION_WINDOW_FUNCTIONS, ELEMENTWISE_FUNCTIONS, FUNCTION_DOCS, FUNCTIONS,
                          PEER_FUNCTIONS, WINDOW_FUNCTIONS)
 from .limits import DEFAULT_LIMITS, RuleLimits
+from .parse import parse_expr
+from .logic import BIN, CMP, CMP_MASKS, kleene_and, kleene_not, kleene_or, mask_and, mask_or, num_cmp, truth
 from .windows import BATCHED_KINDS, EvalContext, identity, peer_range, window_vec
 
 
@@ -104,61 +107,8 @@ def _err(code: Code, msg: str, node: ast.AST | None) -> ExprError:
     return ExprError(code, msg, getattr(node, "col_offset", 0) if node is not None else 0)
 
 
-def _truth(x: Any) -> Any:
-    """Kleene truth of a value: 1.0 true, 0.0 false, NaN unknown."""
-    if isinstance(x, np.ndarray):
-        return np.where(np.isnan(x), np.nan, (x != 0).astype(float))
-    if x != x:
-        return np.nan
-    return 1.0 if x else 0.0
-
-
-def _and(a: Any, b: Any) -> Any:
-    a, b = _truth(a), _truth(b)
-    false = (a == 0) | (b == 0)
-    unknown = np.isnan(a) | np.isnan(b)
-    return np.where(false, 0.0, np.where(unknown, np.nan, 1.0))
-
-
-def _or(a: Any, b: Any) -> Any:
-    a, b = _truth(a), _truth(b)
-    true = (a == 1) | (b == 1)
-    unknown = np.isnan(a) | np.isnan(b)
-    return np.where(true, 1.0, np.where(unknown, np.nan, 0.0))
-
-
-def _not(a: Any) -> Any:
-    a = _truth(a)
-    return np.where(np.isnan(a), np.nan, 1.0 - a)
-
-
-_CMP = {
-    ast.Lt: np.less, ast.LtE: np.less_equal, ast.Gt: np.greater, ast.GtE: np.greater_equal,
-    ast.Eq: np.equal, ast.NotEq: np.not_equal,
-}
-_BIN = {
-    ast.Add: np.add, ast.Sub: np.subtract, ast.Mult: np.multiply, ast.Div: np.true_divide,
-    ast.Mod: np.mod, ast.Pow: np.power,
-}
-
-
-def _num_cmp(op: Callable, a: Any, b: Any) -> Any:
-    """Comparison with NaN = unknown. (The engine runs inside functions.quiet(): no warnings.)"""
-    r = op(a, b)
-    unknown = np.isnan(a) | np.isnan(b)
-    return np.where(unknown, np.nan, r.astype(float) if isinstance(r, np.ndarray) else float(r))
-
-
-def _any(m: Any) -> bool:
-    return functions.count_nonzero(m) > 0  # (ndarray.any and np.count_nonzero are Python wrappers, several times slower)
-
-
-def _all(m: Any) -> bool:
-    return functions.count_nonzero(m) == (m.size if isinstance(m, np.ndarray) else 1)
-
-
 def _pos_of(n: _Node) -> Callable[[EvalContext], Any]:
-    """Where a value is exactly true in a boolean context (``_truth`` == 1)."""
+    """Where a value is exactly true in a boolean context (``truth`` == 1)."""
     if n.pos is not None:
         return n.pos
     if n.const is not None:
@@ -175,7 +125,7 @@ def _pos_of(n: _Node) -> Callable[[EvalContext], Any]:
 
 
 def _neg_of(n: _Node) -> Callable[[EvalContext], Any]:
-    """Where a value is exactly false in a boolean context (``_truth`` == 0)."""
+    """Where a value is exactly false in a boolean context (``truth`` == 0)."""
     if n.neg is not None:
         return n.neg
     if n.const is not None:
@@ -186,55 +136,11 @@ def _neg_of(n: _Node) -> Callable[[EvalContext], Any]:
     return lambda ctx: np.asarray(f(ctx), dtype=float) == 0
 
 
-def _mask_and(fns: list[Callable]) -> Callable:
-    """Conjunction of masks, stopping as soon as no entity is left true."""
-    if len(fns) == 1:
-        return fns[0]
-
-    def mand(ctx, fns=fns):
-        acc = fns[0](ctx)
-        for f in fns[1:]:
-            if not _any(acc):
-                return acc
-            acc = acc & f(ctx)
-        return acc
-
-    return mand
-
-
-def _mask_or(fns: list[Callable]) -> Callable:
-    """Disjunction of masks, stopping as soon as every entity is true."""
-    if len(fns) == 1:
-        return fns[0]
-
-    def mor(ctx, fns=fns):
-        acc = fns[0](ctx)
-        for f in fns[1:]:
-            if _all(acc):
-                return acc
-            acc = acc | f(ctx)
-        return acc
-
-    return mor
-
-
-def _both_known(a: Any, b: Any) -> Any:
-    return ~(np.isnan(a) | np.isnan(b))
-
-
-# comparison → (mask where exactly true, mask where exactly false); a comparison with NaN
-# is false in numpy for every operator but !=, which is the one that needs the explicit check
-_CMP_MASKS: dict[type, tuple[Callable, Callable]] = {
-    ast.Lt: (np.less, np.greater_equal),
-    ast.LtE: (np.less_equal, np.greater),
-    ast.Gt: (np.greater, np.less_equal),
-    ast.GtE: (np.greater_equal, np.less),
-    ast.Eq: (np.equal, lambda a, b: np.not_equal(a, b) & _both_known(a, b)),
-    ast.NotEq: (lambda a, b: np.not_equal(a, b) & _both_known(a, b), np.equal),
-}
-
-
 class Compiler:
+    """Compiles one expression (and, through sub-compilers, its macros) into a ``Compiled``; owns
+    what the expression reads (signals, windows, evidence labels) as it goes. ``compile_expr``
+    calls it for the loader."""
+
     def __init__(self, env: CompileEnv, text: str) -> None:
         self.env = env
         self.text = text
@@ -246,6 +152,9 @@ class Compiler:
         self.windows: list = []
         self._macro_stack: list[str] = []
         self._nodes = [0]  # syntax nodes compiled, macros included (shared with macro compilers)
+        #: reads of a per-entity signal in a rule over many entities (shared with macro compilers):
+        #: what tells a node-wide guard from a per-entity part of an and/or (see _dispatch)
+        self._wide_reads = [0]
         self._durs: list[float] = []
         self._spans: list = []
         self._src = ""
@@ -269,42 +178,9 @@ class Compiler:
                         self.uses_horizon, self.windows)
 
     def _parse(self, text: str) -> ast.Expression:
-        if not isinstance(text, str) or not text.strip():
-            raise ExprError(Code.EXPR_SYNTAX, "empty expression", 0)
-        limit = self.env.limits.expr_chars
-        if len(text) > limit:
-            raise ExprError(Code.LIMIT, f"expression of {len(text)} characters; the limit is {limit} "
-                                        "(rule_limits.expr_chars)", 0)
-        try:
-            src, durs, spans = rewrite_durations(text, self.env.limits)
-        except ValueError as e:
-            raise ExprError(Code.BAD_DURATION, str(e), 0) from None
-        self._durs, self._spans = durs, spans
-        for a, b, is_str in split_strings(src):
-            if not is_str and "#" in src[a:b]:
-                raise ExprError(Code.EXPR_SYNTAX, "comments are not allowed inside expr (use a YAML comment)",
-                                a + src[a:b].index("#"))
-        # one line, same length: AST column offsets are then offsets into the original text
-        src = src.replace("\r", " ").replace("\n", " ").replace("\t", " ")
-        self._src = src
-        body = src.lstrip()
-        lead = len(src) - len(body)
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # SyntaxWarning for e.g. "1if": we report our own errors
-                tree = ast.parse(body, mode="eval")
-        except SyntaxError as e:
-            raise ExprError(Code.EXPR_SYNTAX, f"syntax error: {e.msg}", (e.offset or 1) - 1 + lead) from None
-        except (RecursionError, MemoryError, ValueError, OverflowError) as e:
-            raise ExprError(Code.EXPR_SYNTAX, f"expression cannot be parsed: {type(e).__name__}", 0) from None
-        if lead:
-            for n in ast.walk(tree):
-                if hasattr(n, "col_offset"):
-                    n.col_offset += lead
-                    if getattr(n, "end_col_offset", None) is not None:
-                        n.end_col_offset += lead
-        self._src = " " * lead + body
-        return tree
+        parsed = parse_expr(text, self.env.limits)
+        self._src, self._durs, self._spans = parsed.src, parsed.durations, parsed.spans
+        return parsed.tree
 
     @staticmethod
     def _fix(e: ExprError) -> ExprError:
@@ -336,8 +212,12 @@ class Compiler:
 
     def _dispatch(self, node: ast.AST, depth: int) -> _Node:
         if isinstance(node, ast.BoolOp):
-            parts = [self._need(self._expr(v, depth), (T.VEC, T.NUM), v, "and/or") for v in node.values]
-            op = _and if isinstance(node.op, ast.And) else _or
+            parts, wide = [], []
+            for v in node.values:
+                before = self._wide_reads[0]
+                parts.append(self._need(self._expr(v, depth), (T.VEC, T.NUM), v, "and/or"))
+                wide.append(self._wide_reads[0] > before)
+            op = kleene_and if isinstance(node.op, ast.And) else kleene_or
             fns = [p.fn for p in parts]
 
             def boolop(ctx, fns=fns, op=op):
@@ -346,17 +226,23 @@ class Compiler:
                     acc = op(acc, f(ctx))
                 return acc
 
-            pos = [_pos_of(p) for p in parts]
-            neg = [_neg_of(p) for p in parts]
-            if op is _and:  # true where all are true; false where any is false
-                return _Node(T.VEC, boolop, pos=_mask_and(pos), neg=_mask_or(neg))
-            return _Node(T.VEC, boolop, pos=_mask_or(pos), neg=_mask_and(neg))
+            # the masks settle the outcome from the parts in any order (true and false masks are
+            # exact, ``and``/``or`` commute on them): parts that read only node-wide values (one
+            # row) go first, so a node-wide guard that fails skips the per-entity windows after it
+            # (a healthy node's missing RDMA wait spares EW-5's 984 flows). Otherwise in the
+            # author's order; ``fn`` (the value and its evidence) keeps the author's order always.
+            order = sorted(range(len(parts)), key=lambda i: wide[i])
+            pos = [_pos_of(parts[i]) for i in order]
+            neg = [_neg_of(parts[i]) for i in order]
+            if op is kleene_and:  # true where all are true; false where any is false
+                return _Node(T.VEC, boolop, pos=mask_and(pos), neg=mask_or(neg))
+            return _Node(T.VEC, boolop, pos=mask_or(pos), neg=mask_and(neg))
         if isinstance(node, ast.UnaryOp):
             inner = self._expr(node.operand, depth)
             if isinstance(node.op, ast.Not):
                 self._need(inner, (T.VEC, T.NUM), node.operand, "not")
                 f = inner.fn
-                return _Node(T.VEC, lambda ctx: _not(f(ctx)), pos=_neg_of(inner), neg=_pos_of(inner))
+                return _Node(T.VEC, lambda ctx: kleene_not(f(ctx)), pos=_neg_of(inner), neg=_pos_of(inner))
             if isinstance(node.op, (ast.USub, ast.UAdd)):
                 self._need(inner, (T.VEC, T.NUM, T.DUR), node.operand, "unary minus")
                 sign = -1.0 if isinstance(node.op, ast.USub) else 1.0
@@ -366,7 +252,7 @@ class Compiler:
                 return _Node(inner.t, lambda ctx: sign * f(ctx))
             raise self._fix(_err(Code.FORBIDDEN_SYNTAX, "operator not allowed (use and/or/not, + - * / % **)", node))
         if isinstance(node, ast.BinOp):
-            op = _BIN.get(type(node.op))
+            op = BIN.get(type(node.op))
             if op is None:
                 raise self._fix(_err(Code.FORBIDDEN_SYNTAX, f"operator {type(node.op).__name__} not allowed", node))
             a = self._need(self._expr(node.left, depth), (T.VEC, T.NUM, T.DUR), node.left, "arithmetic")
@@ -442,10 +328,10 @@ class Compiler:
         def compare(ctx, parts=parts):
             acc = parts[0](ctx)
             for p in parts[1:]:
-                acc = _and(acc, p(ctx))
+                acc = kleene_and(acc, p(ctx))
             return acc
 
-        return _Node(T.VEC, compare, pos=_mask_and(poss), neg=_mask_or(negs))
+        return _Node(T.VEC, compare, pos=mask_and(poss), neg=mask_or(negs))
 
     def _cmp_one(self, op: ast.cmpop, a: _Node, b: _Node, an: ast.AST,
                  bn: ast.AST) -> tuple[Callable, Callable | None, Callable | None]:
@@ -471,7 +357,7 @@ class Compiler:
                     r = np.where(np.isnan(x), np.nan, np.isin(x, nitems).astype(float))
                     return np.where(np.isnan(r), np.nan, 1.0 - r) if neg else r
             return member, None, None
-        cmp = _CMP.get(type(op))
+        cmp = CMP.get(type(op))
         if cmp is None:
             raise self._fix(_err(Code.FORBIDDEN_SYNTAX, f"comparison {type(op).__name__} not allowed", an))
         if a.t in (T.STRVEC, T.STR) or b.t in (T.STRVEC, T.STR):
@@ -486,8 +372,8 @@ class Compiler:
         self._need(a, (T.VEC, T.NUM, T.DUR), an, "comparison")
         self._need(b, (T.VEC, T.NUM, T.DUR), bn, "comparison")
         fa, fb = a.fn, b.fn
-        mpos, mneg = _CMP_MASKS[type(op)]
-        return (lambda ctx: _num_cmp(cmp, fa(ctx), fb(ctx)),
+        mpos, mneg = CMP_MASKS[type(op)]
+        return (lambda ctx: num_cmp(cmp, fa(ctx), fb(ctx)),
                 lambda ctx: mpos(fa(ctx), fb(ctx)),
                 lambda ctx: mneg(fa(ctx), fb(ctx)))
 
@@ -532,6 +418,7 @@ class Compiler:
                 sub = Compiler(self.env, env.macros[name])
                 sub._macro_stack = list(self._macro_stack)
                 sub._nodes = self._nodes
+                sub._wide_reads = self._wide_reads
                 tree = sub._parse(env.macros[name])
                 res = sub._expr(tree.body, depth)
             except ExprError as e:
@@ -596,6 +483,8 @@ class Compiler:
             raise self._fix(_err(Code.SCOPE_MISMATCH,
                                  f"{name} is per {spec.scope.value}, but this rule's scope is {rs.value}: "
                                  f"use scope: {spec.scope.value}", node))
+        if spec.scope != Scope.NODE:
+            self._wide_reads[0] += 1
         self.signals.add(name)
 
     # -- calls -------------------------------------------------------------------------------
@@ -681,6 +570,8 @@ class Compiler:
 
             def default(ctx, f=f, d=d):
                 x = np.asarray(f(ctx), dtype=float)
+                if not functions.has_nan(x):  # the usual case: nothing to fill, no new array
+                    return x
                 return np.where(np.isnan(x), d, x)
 
             return _Node(T.VEC, default)
@@ -733,16 +624,16 @@ class Compiler:
         if isinstance(node, ast.Name) and node.id == sig:
             return lambda W: W
         if isinstance(node, ast.Compare):
-            if len(node.ops) != 1 or type(node.ops[0]) not in _CMP:
+            if len(node.ops) != 1 or type(node.ops[0]) not in CMP:
                 raise self._fix(_err(Code.WRONG_TYPE, "only one <, <=, >, >=, ==, != per window condition", node))
             a = self._series_fn(node.left, sig, depth + 1)
             b = self._series_fn(node.comparators[0], sig, depth + 1)
-            cmp = _CMP[type(node.ops[0])]
-            return lambda W: _num_cmp(cmp, a(W), b(W))
-        if isinstance(node, ast.BinOp) and type(node.op) in _BIN:
+            cmp = CMP[type(node.ops[0])]
+            return lambda W: num_cmp(cmp, a(W), b(W))
+        if isinstance(node, ast.BinOp) and type(node.op) in BIN:
             a = self._series_fn(node.left, sig, depth + 1)
             b = self._series_fn(node.right, sig, depth + 1)
-            op = _BIN[type(node.op)]
+            op = BIN[type(node.op)]
 
             def binop(W):
                 return op(a(W), b(W))
@@ -750,7 +641,7 @@ class Compiler:
             return binop
         if isinstance(node, ast.BoolOp):
             parts = [self._series_fn(v, sig, depth + 1) for v in node.values]
-            op = _and if isinstance(node.op, ast.And) else _or
+            op = kleene_and if isinstance(node.op, ast.And) else kleene_or
 
             def boolop(W):
                 acc = parts[0](W)
@@ -761,7 +652,7 @@ class Compiler:
             return boolop
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.Not)):
             a = self._series_fn(node.operand, sig, depth + 1)
-            return (lambda W: -a(W)) if isinstance(node.op, ast.USub) else (lambda W: _not(a(W)))
+            return (lambda W: -a(W)) if isinstance(node.op, ast.USub) else (lambda W: kleene_not(a(W)))
         sub = self._expr(node, depth + 1)
         if sub.const is None or sub.t not in (T.NUM, T.DUR):
             raise self._fix(_err(Code.WRONG_TYPE, "inside a window function only the signal, numbers, params "
@@ -805,9 +696,9 @@ class Compiler:
 
             def cond_win(ctx, sig=sig, key=key, tf=tf, name=name, label=label):
                 if name == "gaps":
-                    k = lambda t, W: functions.gaps(t, _truth(tf(W)))
+                    k = lambda t, W: functions.gaps(t, truth(tf(W)))
                 else:
-                    k = lambda t, W: functions.longest_gap(t, _truth(tf(W)), ctx.now - dur, ctx.now)
+                    k = lambda t, W: functions.longest_gap(t, truth(tf(W)), ctx.now - dur, ctx.now)
                 v = window_vec(ctx, sig, dur, key, k)
                 ctx.evidence.append((label, v))
                 return v

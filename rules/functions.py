@@ -73,6 +73,7 @@ except ImportError:  # numpy < 2 keeps it in numpy.core; a later numpy may move 
 #: copy and numpy's own row reductions cost less (a few calls instead of up to ~50). The window
 #: store keeps blocks of fewer rows row-major (store.WIDE_ROWS) anyway.
 _WIDE = 64
+WIDE = _WIDE  # (read by windows: rows from which a window is reduced along its rows)
 _NEG_ZERO = np.float64(-0.0).view(np.int64)
 
 

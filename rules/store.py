@@ -125,8 +125,10 @@ class Block:
     def nrows(self) -> int:
         return len(self.rows)
 
-    def window(self, start: float, end: float) -> tuple[np.ndarray, np.ndarray]:
-        """Columns with start < t <= end: (times[k], values[rows, k]) as views."""
+    def window(self, start: float, end: float, all_rows: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Columns with start < t <= end: (times[k], values[rows, k]) as views. ``all_rows``: of
+        a time-major block, every row of its capacity, used or not (the window is then one
+        contiguous piece of memory; the rows past ``nrows`` hold nothing to read)."""
         times = self.times
         n = self.n
         # a bisection over the used columns (a memoryview: plain floats, none of numpy's
@@ -137,7 +139,7 @@ class Block:
         lo = bisect_right(tv, start, 0, n)
         hi = n if not n or end >= tv[n - 1] else bisect_right(tv, end, lo, n)
         if self.time_major:
-            return times[lo:hi], self.data[lo:hi, : len(self.rows)].T
+            return times[lo:hi], (self.data[lo:hi] if all_rows else self.data[lo:hi, : len(self.rows)]).T
         return times[lo:hi], self.data[: len(self.rows), lo:hi]
 
 

@@ -176,3 +176,25 @@ def test_engine_findings_equal_full_evaluation(table, exprs, fors, keeps):
                         blk_store.ingest(b.build())
         assert fast.evaluate(float(k)) == ref.evaluate(float(k)), (k, exprs)
         assert fast.last_eval_errors == ref.last_eval_errors
+
+
+def test_a_failing_node_wide_guard_skips_the_per_entity_windows():
+    """``fires`` tries an and's node-wide parts first, whatever the author's order: a guard on
+    one node value that fails leaves the per-GPU windows before it uncomputed, and one that holds
+    gives the same entities as the full value."""
+    table = [[1.0] * 12 for _ in range(6)] + [[0.0] * 12]  # h_val: 0 on n1, 1 on n2
+    store = build_store(table)
+    for guard, want in (("h_val > 5", []), ("h_val > 0.5", ["gpu0", "gpu1", "gpu2"])):
+        comp = compile_expr(f"max(g_val, 5s) > 0 and {guard}", CompileEnv(CAT, Scope.GPU))
+        ctx = contexts(store, comp, 11.0)
+        with F.quiet():
+            F._ACTIVE[0] = True
+            try:
+                fires = np.broadcast_to(np.asarray(comp.fires(ctx), dtype=bool), (len(ctx.eids),))
+                full = np.asarray(comp.fn(contexts(store, comp, 11.0)), dtype=float) == 1.0
+            finally:
+                F._ACTIVE[0] = False
+        windows_read = {k[0] for k in ctx.memo if isinstance(k, tuple) and isinstance(k[0], str)}
+        assert ("max" in windows_read) == bool(want), (guard, windows_read)
+        assert np.array_equal(fires, full)
+        assert sorted(f"{n}/{e}" for n, e in zip(ctx.nodes[fires], ctx.names[fires])) == [f"n2/{g}" for g in want]

@@ -116,3 +116,54 @@ def test_peer_kernels_of_a_few_entities_equal_the_numpy_paths_bit_for_bit(seed, 
         big = [[k(x, g).tobytes() for k in kernels.values()] for x, g in cases]
     for (x, g), a, b in zip(cases, small, big):
         assert a == b, (x, g)
+
+
+@pytest.mark.parametrize("wrap_bits", [None, 32])
+def test_counter_rates_over_a_wide_blocks_whole_capacity_equal_the_kernels(wrap_bits) -> None:
+    """increase()/rate() of an agent's flows are computed over every row of the block's capacity
+    (contiguous memory; windows._wide_counter): the used rows' values are the kernels' own, bit
+    for bit, whatever the unused rows hold, and a missing sample leaves the window to the kernel."""
+    from skewd.model import BatchBuilder, Catalogue, Scope, signal
+    from skewd.rules import windows
+    from skewd.rules.store import WindowStore
+
+    cat = Catalogue([signal("f_total", "counter", "packets", "flow", "a flow counter", "t", wrap_bits=wrap_bits)])
+    rng = np.random.default_rng(7 if wrap_bits else 8)
+    rows, k = 100, 90
+    W = _values(rng, rows, k, "counter")
+    W[np.isnan(W)] = 5.0
+    store = WindowStore(cat, horizon=1e6)
+    for j in range(k):
+        b = BatchBuilder("n1")
+        for e in range(rows):
+            b.add(float(j), f"f{e}", "f_total", float(W[e, j]))
+        store.ingest(b.build())
+    blk = next(iter(store.signal_blocks("f_total")))
+    assert blk.time_major and blk.nrows == rows < blk.data.shape[1]
+    # what unused rows may hold (rows of entities gone): decreases, NaN, infinities
+    blk.data[:, rows:] = rng.choice([np.nan, np.inf, -1e300, 3.0], size=blk.data[:, rows:].shape)
+    blk.data[::2, rows:] *= -1.0
+    eids = blk.eids[:rows]
+    ctx = windows.EvalContext(store, 0.0, eids, eids, eids, np.array([""] * rows, dtype=object),
+                              np.array(["n1"] * rows, dtype=object), 60.0, {})
+    kernels = {"increase": F.increase, "rate": F.rate}
+    with F.quiet():
+        for now in (1.0, 2.0, 9.0, 60.0, 89.0):
+            for dur in (2.0, 8.0, 9.0, 30.0, 60.0, 200.0):
+                ctx.now = now
+                t, V = blk.window(now - dur, now)
+                for kind, kernel in kernels.items():
+                    want = kernel(t, V, wrap_bits)
+                    got = windows._wide_counter(ctx, "f_total", dur, kind)
+                    if V.shape[1] >= 2 and (kind == "increase" or t[-1] > t[0]):
+                        assert got is not None, (kind, now, dur)
+                    if got is not None:
+                        assert got.tobytes() == want.tobytes(), (kind, now, dur)
+        blk.data[blk.n - 3, 17] = np.nan  # a missing sample: the kernel's own path
+        ctx.now = 89.0
+        assert windows._wide_counter(ctx, "f_total", 30.0, "increase") is None
+        ctx.memo.clear()
+        got = windows.window_vec(ctx, "f_total", 30.0, ("increase", "f_total", windows.identity, 30.0),
+                                 lambda t, W: F.increase(t, W, wrap_bits))
+        t, V = blk.window(59.0, 89.0)
+        assert got.tobytes() == F.increase(t, V, wrap_bits).tobytes()
