@@ -262,9 +262,10 @@ class _Split:
 
         if hasattr(Engine, "evaluate_range"):  # range evaluation (the default at --speed max)
             self._wrap(Engine, "evaluate_range", "evaluate")
-        from skewd.agent.replay import core as replay_core
+        from skewd.agent.replay import ahead, feed
 
-        self._wrap(replay_core._SegmentFeed, "until", "read", gen=True)
+        self._wrap(feed.SegmentFeed, "until", "read")
+        self._wrap(ahead.AheadIngest, "write", "ingest")
         return self
 
     def __exit__(self, *exc) -> None:

@@ -23,7 +23,7 @@ import pyarrow.ipc as ipc
 
 from skewd.model import SampleBatch, SignalSpec
 
-from .columns import int_column, num_column, str_codes
+from .columns import NameColumn, int_column, name_column, num_column
 from .format import (FINDINGS, FORMAT, FORMAT_VERSION, INDEX, META, SAMPLES, SAMPLES_SCHEMA, SUMMARIES, TICKS,
                      TICKS_SCHEMA, line_crc, spec_from_dict)
 from .validate import (DEFAULT_LIMITS, BundleLimits, MetaCheck, describe, entry_problem, is_num, loads_bounded,
@@ -71,6 +71,28 @@ class FileView:
     good: list[Chunk]
     end: int
     damage: Damage | None
+
+
+@dataclass
+class SampleColumns:
+    """One stored chunk of samples: batch number, time and value per sample as numpy arrays, and
+    the node, entity and signal columns undecoded (decoding every row's names is most of the cost
+    of reading a chunk, and replay needs them once per collector layout)."""
+
+    seq: np.ndarray
+    t: np.ndarray
+    value: np.ndarray
+    node: NameColumn
+    entity: NameColumn
+    signal: NameColumn
+
+    def codes(self) -> np.ndarray | None:
+        """A code per sample of its (node, entity, signal), equal codes meaning equal names
+        (None for plain string columns, or dictionaries too large to combine)."""
+        nc, ec, sc = self.node, self.entity, self.signal
+        if nc.codes is None or ec.codes is None or sc.codes is None or nc.size * ec.size * sc.size >= 1 << 62:
+            return None
+        return (nc.codes.astype(np.int64) * ec.size + ec.codes) * sc.size + sc.codes
 
 
 class Segment:
@@ -334,29 +356,32 @@ class Segment:
             return None
         return max([c.extra["batches"][1] for c in v.good if "batches" in c.extra] or [0])
 
-    def iter_sample_chunks(self, first_batch: int = 0) -> Iterator[tuple[np.ndarray, SampleBatch, np.ndarray | None]]:
-        """Per stored chunk over the intact prefix, in arrival order: (batch number per sample,
-        the chunk's samples, a code per sample of its (node, entity, signal) or None). Two runs
-        of samples of one chunk with equal codes have equal node, entity and signal columns:
-        replay uses that to recognise a collector's batch layout without comparing strings.
-        ``first_batch``: chunks holding only earlier batches are skipped undecoded (a replay's
-        time slice starting inside the segment)."""
+    def iter_sample_columns(self, first_batch: int = 0) -> Iterator[SampleColumns]:
+        """Per stored chunk over the intact prefix, in arrival order, its columns with the names
+        not yet decoded (:class:`SampleColumns`). ``first_batch``: chunks holding only earlier
+        batches are skipped undecoded (a replay's time slice starting inside the segment)."""
+        prev: SampleColumns | None = None
         for rb in self._record_batches(SAMPLES):
             names = rb.schema.names
             if first_batch and "batch" in names and len(rb) and \
                     rb.column(names.index("batch"))[len(rb) - 1].as_py() < first_batch:
                 continue
             t = num_column(rb.column(names.index("t")))
-            node, nc, nn = str_codes(rb.column(names.index("node")))
-            ent, ec, en = str_codes(rb.column(names.index("entity")))
-            sig, sc, sn = str_codes(rb.column(names.index("signal")))
-            val = num_column(rb.column(names.index("value")))
             seq = (int_column(rb.column(names.index("batch")))
                    if "batch" in names else np.zeros(len(t), dtype=np.int64))
-            codes = None
-            if nc is not None and ec is not None and sc is not None and nn * en * sn < 1 << 62:
-                codes = (nc.astype(np.int64) * en + ec) * sn + sc
-            yield seq, SampleBatch(t, node, ent, sig, val), codes
+            prev = SampleColumns(seq, t, num_column(rb.column(names.index("value"))),
+                                 name_column(rb.column(names.index("node")), prev and prev.node),
+                                 name_column(rb.column(names.index("entity")), prev and prev.entity),
+                                 name_column(rb.column(names.index("signal")), prev and prev.signal))
+            yield prev
+
+    def iter_sample_chunks(self, first_batch: int = 0) -> Iterator[tuple[np.ndarray, SampleBatch, np.ndarray | None]]:
+        """Per stored chunk over the intact prefix, in arrival order: (batch number per sample,
+        the chunk's samples, a code per sample of its (node, entity, signal) or None). Two runs
+        of samples of one chunk with equal codes have equal node, entity and signal columns.
+        ``first_batch``: as for :meth:`iter_sample_columns`."""
+        for c in self.iter_sample_columns(first_batch):
+            yield c.seq, SampleBatch(c.t, c.node.strings(), c.entity.strings(), c.signal.strings(), c.value), c.codes()
 
     def iter_batches(self, signals: set[str] | None = None) -> Iterator[tuple[int, SampleBatch]]:
         """(batch number, SampleBatch) in arrival order over the intact prefix. ``signals``
