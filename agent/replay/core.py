@@ -256,9 +256,9 @@ class Replayer:
 
     def events(self) -> Iterator[Event]:
         """Events in tick order. With ``range_eval`` (the default) each node's ticks are
-        evaluated in ranges (``Engine.evaluate_range``): batches are still ingested tick by tick
-        (summaries are made from the store as at each tick), evaluation waits until a
-        range must end, and the events are yielded then, in the same order and with the same
+        evaluated in ranges (``Engine.evaluate_range``): the waiting ticks' collections are
+        held back and written per layout when the store is read (:mod:`.ahead`: summaries are
+        still made from the store as at each tick), evaluation waits until a range must end, and the events are yielded then, in the same order and with the same
         findings as evaluating at every tick (:class:`.slices.ParallelReplayer` cuts the recording
         into time slices replayed in parallel, with the same events)."""
         for x in self.steps():
@@ -310,6 +310,11 @@ class Replayer:
                 break
             seg = self.segments[i]
             if k < 0:  # open the segment: its ticks, its feed from the first batch needed
+                if warm_from is not None:  # a slice: what precedes it is the verifying process's
+                    t0, b0, _ = seg.ticks()
+                    k_ = int(np.searchsorted(t0, warm_from, "left"))
+                    if k_:
+                        seg.trust_samples_below(int(b0[k_ - 1]))
                 tt, nb = ticks[i] = self._ticks(seg)
                 k0 = 0 if warm_from is None else int(np.searchsorted(tt, warm_from, "left"))
                 if k0 == len(tt):
@@ -409,8 +414,10 @@ class Replayer:
 
     # -- time slices (see .slices) ----------------------------------------------------------------
     def tick_times(self) -> np.ndarray:
-        """Every evaluation time this replay will run (sorted; repeats kept), for slicing."""
-        out = [self._ticks(seg)[0] for seg in self.segments
+        """Every recorded evaluation time (sorted; repeats kept), for slicing. Damage is not
+        checked here (that CRCs every sample: 0.4 s per GB before any worker could start): a
+        slice boundary past where damage stops the replay is simply never reached."""
+        out = [seg.ticks()[0] for seg in self.segments
                if any(self.only is None or n in self.only for n in self._seg_nodes(seg))]
         t = np.sort(np.concatenate(out)) if out else np.empty(0)
         if self.t_from is not None:
