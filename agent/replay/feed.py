@@ -214,9 +214,8 @@ class SegmentFeed:
                 assert ch is not None
             nums = ch.nums
             p = self._pos
-            if ch.monotonic:
-                e = int(np.searchsorted(nums, n, "left", sorter=None)) if int(nums[p]) < n else p
-                e = max(e, p)
+            if ch.monotonic:  # the first batch numbered n or more, by bisection
+                e = max(p, int(np.searchsorted(nums, n, "left")))
             else:
                 e = p
                 while e < len(nums) and int(nums[e]) < n:
