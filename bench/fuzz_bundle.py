@@ -155,8 +155,8 @@ def _reseal(files: dict[str, bytes], changed: str) -> None:
     for raw, e in zip(lines, entries):
         if isinstance(e, dict) and e.get("file") == changed:
             e.pop("line_crc32", None)
-            e["line_crc32"] = B._line_crc(e)
-            out.append(B._canon(e).encode() if _finite_json(e) else raw)
+            e["line_crc32"] = B.line_crc(e)
+            out.append(B.canon(e).encode() if _finite_json(e) else raw)
         else:
             out.append(raw)
     files["index.jsonl"] = b"\n".join(out)
@@ -198,7 +198,7 @@ def make_bundle(ctx: dict, rng: random.Random) -> bytes:
                         from skewd.agent import bundle as B
 
                         if _finite_json(doc):
-                            doc["line_crc32"] = B._line_crc(doc)
+                            doc["line_crc32"] = B.line_crc(doc)
                     lines[i] = dumps(doc).encode("utf-8", "surrogatepass")
                 except (ValueError, RecursionError):
                     lines[i] = m.bytes_(lines[i])

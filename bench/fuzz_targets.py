@@ -430,7 +430,7 @@ TARGETS: dict[str, Target] = {t.name: t for t in [
     Target("nvml", "collectors/nvml_backend.py + gpu/pcie parse: NVML answers through the pynvml double",
            (), load_nvml, make_nvml, run_nvml),
     Target("wire", "skewd/wire/decoding.py: decode of findings, summaries, health", (), load_wire, make_wire, run_wire),
-    Target("bundle", "agent/bundle.py + agent/replay (nodes and controller): segments with CRC-consistent tampering",
+    Target("bundle", "agent/bundle/ + agent/replay (nodes and controller): segments with CRC-consistent tampering",
            (), load_bundle, make_bundle, run_bundle),
 ]}
 

@@ -271,6 +271,40 @@ class WindowStore:
         if pending:
             self._flush(pending)
 
+    def cached_layout_blocks(self, signal: np.ndarray, entity: np.ndarray, node: np.ndarray) -> frozenset | None:
+        """The ids of the blocks a one-node, one-timestamp collection with these columns writes,
+        when the store has its layout cached and every signal of it is catalogued; None
+        otherwise. Such a collection creates no row or block and drops no sample as
+        uncatalogued, so :meth:`ingest_collections` can write many at once, and the ids tell a
+        caller which collections share blocks (their order matters then). The arrays are
+        recognised by identity as with ``ingest_many(shared_columns=True)``. Added for replay
+        (agent/replay/ahead.py)."""
+        n = len(signal)
+        if not n:
+            return None
+        lay = self._known_layout(SampleBatch(np.zeros(n), node, entity, signal, np.zeros(n)), shared=True)
+        if lay is None or any(g.blk is None for g in lay.groups):
+            return None
+        return lay.block_ids
+
+    def ingest_collections(self, signal: np.ndarray, entity: np.ndarray, node: np.ndarray, ts: np.ndarray,
+                           values: np.ndarray) -> bool:
+        """``len(ts)`` collections of one cached layout, ``values[j]`` (one row per collection)
+        at ``ts[j]``, written at once: the store ends up exactly as after one :meth:`ingest` of
+        each collection in order (it is :meth:`ingest_many`'s write of consecutive batches of a
+        layout, for a caller that already holds them as a matrix). Returns False, having
+        written nothing, when the layout is not cached (ingest them as SampleBatches then).
+        Column arrays as for :meth:`cached_layout_blocks`. Added for replay."""
+        n = len(signal)
+        if not len(ts) or not n:
+            return True
+        lay = self._known_layout(SampleBatch(np.full(n, float(ts[0])), node, entity, signal, values[0]), shared=True)
+        if lay is None:
+            return False
+        self._write(lay, np.asarray(ts, dtype=np.float64), values)
+        self.samples_ingested += len(ts) * n
+        return True
+
     def _known_layout(self, batch: SampleBatch, shared: bool = False) -> "_Layout | None":
         """The cached layout of a one-node, one-timestamp batch, if it is still valid."""
         sig, ent, node = batch.signal, batch.entity, batch.node

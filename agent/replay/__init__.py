@@ -5,6 +5,10 @@ One idea per module:
 
 - :mod:`.core` - the nodes: :class:`Replayer` drives one agent pipeline per recorded node from
   the bundle's batches at the recorded ticks (range evaluation included);
+- :mod:`.feed` - a segment's stored chunks cut per collector layout with numpy;
+- :mod:`.ahead` - a node's collections held back and written per layout while its ticks wait;
+- :mod:`.slices` - ``--jobs``: time slices replayed in parallel processes, handed over only on
+  an equal state;
 - :mod:`.cluster` - cluster replay: :class:`ClusterReplay` adds the controller service
   (:mod:`skewd.controller.offline`, shared with the fault lab) fed with what the agents sent;
 - :mod:`.diff` - ``--diff``: incident-level and finding-level differences between two rule sets;

@@ -25,7 +25,9 @@ from skewd import wire
 from skewd.controller import messages as controller_messages
 from skewd.model import NODE_SCOPES, Catalogue, Finding, SampleBatch
 
+from .ahead import AheadIngest
 from .events import Checkpoint, Event
+from .feed import SegmentFeed
 from skewd.rules.engine import RuleSet
 from skewd.rules.loader import LoadIssue, load_rules
 
@@ -121,80 +123,6 @@ class ReplayResult:
         return next(iter(self.rulesets.values())) if self.rulesets else RuleSet([], [], "")
 
 
-class _SegmentFeed:
-    """Pulls one segment's batches in order up to a batch number and routes them per node.
-
-    It reads whole stored chunks: a chunk's node column is checked once, not per batch, and the
-    batches of a chunk with the same (node, entity, signal) codes share one set of those column
-    arrays, so the store recognises a collector's layout by identity instead of comparing
-    strings (see ``WindowStore.ingest_many``'s ``shared_columns``)."""
-
-    def __init__(self, seg: bundle.Segment, nodes: set[str] | None, start: int = 0) -> None:
-        """``start``: the first batch number delivered; earlier ones are skipped (a time slice's
-        warm-up begins inside the segment), whole stored chunks below it without decoding."""
-        self.seg = seg
-        self.chunks = seg.iter_sample_chunks(first_batch=start)
-        self.nodes = nodes
-        self.start = start
-        self.done = start
-        self._chunk: tuple | None = None
-        self._pos = 0
-
-    def _load(self) -> bool:
-        for seq, c, codes in self.chunks:
-            if not len(seq):
-                continue
-            if int(seq[-1]) < self.start:
-                continue
-            cuts = np.flatnonzero(seq[1:] != seq[:-1]) + 1
-            node = c.node
-            one = str(node[0]) if bool((node == node[0]).all()) else None
-            starts = [0] + cuts.tolist()
-            self._chunk = (seq, c, codes, starts, cuts.tolist() + [len(seq)], one, {})
-            self._pos = 0
-            while self._pos < len(starts) and int(seq[starts[self._pos]]) < self.start:
-                self._pos += 1
-            return True
-        self._chunk = None
-        return False
-
-    def until(self, n: int) -> Iterator[tuple[str, SampleBatch]]:
-        while True:
-            if self._chunk is None or self._pos == len(self._chunk[3]):
-                if not self._load():
-                    return
-            seq, c, codes, starts, ends, one, shapes = self._chunk
-            a, b = starts[self._pos], ends[self._pos]
-            num = int(seq[a])
-            if num >= n:
-                return
-            self._pos += 1
-            self.done = num + 1
-            cols = None
-            if codes is not None:
-                key = codes[a:b].tobytes()
-                cols = shapes.get(key)
-                if cols is None:
-                    # copies: the store may keep them, and must not keep the whole chunk alive
-                    cols = shapes[key] = (c.node[a:b].copy(), c.entity[a:b].copy(), c.signal[a:b].copy())
-            else:
-                cols = (c.node[a:b], c.entity[a:b], c.signal[a:b])
-            batch = SampleBatch(c.t[a:b], cols[0], cols[1], cols[2], c.value[a:b])
-            if one is not None:
-                if self.nodes is None or one in self.nodes:
-                    yield one, batch
-                continue
-            nodes = batch.node
-            first = nodes[0]
-            if (nodes == first).all():
-                if self.nodes is None or first in self.nodes:
-                    yield str(first), batch
-                continue
-            for n_ in dict.fromkeys(nodes.tolist()):
-                if self.nodes is None or n_ in self.nodes:
-                    yield str(n_), batch.select(nodes == n_)
-
-
 class Replayer:
     """Owns one agent pipeline per recorded node and drives them from the segments at the
     recorded tick times. Called by :class:`~skewd.agent.replay.cluster.ClusterReplay` (which
@@ -252,6 +180,7 @@ class Replayer:
         self.end = -math.inf
         self._next_summary: dict[str, float] = {}
         self._seed_gc: dict[str, float | None] = {}  # a slice's pipelines start on the serial gc schedule
+        self._ahead = AheadIngest()  # collections held back until the store is read (range evaluation)
 
     @property
     def fixed_rules(self) -> RuleSet | None:
@@ -327,9 +256,9 @@ class Replayer:
 
     def events(self) -> Iterator[Event]:
         """Events in tick order. With ``range_eval`` (the default) each node's ticks are
-        evaluated in ranges (``Engine.evaluate_range``): batches are still ingested tick by tick
-        (summaries are made from the store as at each tick), evaluation waits until a
-        range must end, and the events are yielded then, in the same order and with the same
+        evaluated in ranges (``Engine.evaluate_range``): the waiting ticks' collections are
+        held back and written per layout when the store is read (:mod:`.ahead`: summaries are
+        still made from the store as at each tick), evaluation waits until a range must end, and the events are yielded then, in the same order and with the same
         findings as evaluating at every tick (:class:`.slices.ParallelReplayer` cuts the recording
         into time slices replayed in parallel, with the same events)."""
         for x in self.steps():
@@ -348,7 +277,7 @@ class Replayer:
             self._seed_schedule(warm_from)
         heap: list[tuple[float, int, int]] = []
         ticks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        feeds: dict[int, _SegmentFeed] = {}
+        feeds: dict[int, SegmentFeed] = {}
         summaries: dict[int, list[dict[str, Any]]] = {}
         for i, seg in enumerate(self.segments):
             nodes = [n for n in self._seg_nodes(seg) if self.only is None or n in self.only]
@@ -362,6 +291,7 @@ class Replayer:
         queue: list[tuple] = []  # (t, [(node, index in its range)], made) waiting for their findings
 
         def flush() -> Iterator[Event]:
+            self._ahead.write_all(self.pipelines)
             found = {node: self.pipelines[node].evaluate_range(ts, seen[node])
                      for node, ts in waiting.items() if ts}
             waiting.clear()
@@ -380,11 +310,16 @@ class Replayer:
                 break
             seg = self.segments[i]
             if k < 0:  # open the segment: its ticks, its feed from the first batch needed
+                if warm_from is not None:  # a slice: what precedes it is the verifying process's
+                    t0, b0, _ = seg.ticks()
+                    k_ = int(np.searchsorted(t0, warm_from, "left"))
+                    if k_:
+                        seg.trust_samples_below(int(b0[k_ - 1]))
                 tt, nb = ticks[i] = self._ticks(seg)
                 k0 = 0 if warm_from is None else int(np.searchsorted(tt, warm_from, "left"))
                 if k0 == len(tt):
                     continue
-                feeds[i] = _SegmentFeed(seg, self.only, int(nb[k0 - 1]) if k0 else 0)
+                feeds[i] = SegmentFeed(seg, self.only, int(nb[k0 - 1]) if k0 else 0)
                 rec = [s for s in seg.summaries() if self.only is None or s.get("node") in self.only]
                 summaries[i] = sorted(rec, key=lambda s: (float(s.get("t", 0.0)), str(s.get("node"))))
                 sum_pos[i] = 0
@@ -397,21 +332,33 @@ class Replayer:
                 cps.pop(0)
             rs = self._seg_rules[i]
             _, nb = ticks[i]
-            due: dict[str, list[SampleBatch]] = {}
-            for node, batch in feeds[i].until(int(nb[k])):
-                got = due.get(node)
-                if got is None:
-                    if waiting.get(node) and self._reconfigures(node, rs, seg):
-                        yield from flush()  # a hot reload: the waiting ticks ran with the old rules
-                    if self._pipeline(node, rs, seg) is None:  # created in arrival order, as before
-                        continue  # past max_nodes (noted once)
-                    got = due[node] = []
-                got.append(batch)
+            # per node, in arrival order: SampleBatches, or (chunk, first, end) pieces of a chunk
+            # of plain collections of that one node (see .feed)
+            due: dict[str, list] = {}
+            for ch, a, b in feeds[i].until(int(nb[k])):
+                if ch.fast:
+                    items: Any = [(ch.one_node, (ch, a, b))] if self.only is None or ch.one_node in self.only else []
+                else:
+                    items = ch.batches(a, b, self.only)
+                for node, item in items:
+                    got = due.get(node)
+                    if got is None:
+                        if waiting.get(node) and self._reconfigures(node, rs, seg):
+                            yield from flush()  # a hot reload: the waiting ticks ran with the old rules
+                        if self._pipeline(node, rs, seg) is None:  # created in arrival order, as before
+                            continue  # past max_nodes (noted once)
+                        got = due[node] = []
+                    got.append(item)
             evaluate = self.t_from is None or t >= self.t_from
             emit = evaluate and (emit_from is None or t >= emit_from)
-            for node, batches in due.items():  # one ingest per node and tick: see WindowStore.ingest_many
+            for node, items in due.items():  # one ingest per node and tick: see WindowStore.ingest_many
                 pipe = self._pipeline(node, rs, seg)
                 assert pipe is not None  # due holds only nodes with a pipeline
+                if self.range_eval and evaluate and all(type(x) is tuple for x in items):
+                    if self._ahead.offer(node, pipe, [c for ch, a, b in items for c in ch.collections(a, b)]):
+                        continue  # held back until the store is read (see .ahead)
+                batches = self._batches(items)
+                self._ahead.write(node, pipe)
                 w = waiting.get(node)
                 if w and not self._may_ingest_ahead(pipe, w, batches):
                     yield from flush()
@@ -433,7 +380,7 @@ class Replayer:
                         w = waiting.setdefault(node, [])
                         where.append((node, len(w)))
                         w.append(t)
-                        seen.setdefault(node, []).append(pipe.store.latest_t)
+                        seen.setdefault(node, []).append(self._ahead.latest(node, pipe))
                     else:
                         found += pipe.evaluate(t)
                     if emit:
@@ -445,6 +392,7 @@ class Replayer:
                     continue
                 if t >= next_summary.get(node, -math.inf):
                     next_summary[node] = t + self.summary_interval
+                    self._ahead.write(node, pipe)  # the summary reads the store
                     made.append(node_summary.make_summary(pipe.store, node, self.cluster, t, self.summary_interval))
             rec = summaries[i]
             while sum_pos[i] < len(rec) and float(rec[sum_pos[i]]["t"]) <= t:
@@ -466,8 +414,10 @@ class Replayer:
 
     # -- time slices (see .slices) ----------------------------------------------------------------
     def tick_times(self) -> np.ndarray:
-        """Every evaluation time this replay will run (sorted; repeats kept), for slicing."""
-        out = [self._ticks(seg)[0] for seg in self.segments
+        """Every recorded evaluation time (sorted; repeats kept), for slicing. Damage is not
+        checked here (that CRCs every sample: 0.4 s per GB before any worker could start): a
+        slice boundary past where damage stops the replay is simply never reached."""
+        out = [seg.ticks()[0] for seg in self.segments
                if any(self.only is None or n in self.only for n in self._seg_nodes(seg))]
         t = np.sort(np.concatenate(out)) if out else np.empty(0)
         if self.t_from is not None:
@@ -562,6 +512,17 @@ class Replayer:
         avail = seg.meta.get("available_signals")
         return avail is not None and self._avail.get(node) != avail
 
+    def _batches(self, items: list) -> list[SampleBatch]:
+        """The SampleBatches of a node's due items (see ``steps``), in arrival order."""
+        out: list[SampleBatch] = []
+        for x in items:
+            if type(x) is tuple:
+                ch, a, b = x
+                out += [bt for _, bt in ch.batches(a, b, None)]
+            else:
+                out.append(x)
+        return out
+
     def _may_ingest_ahead(self, pipe: Pipeline, waiting: list[float], batches: list[SampleBatch]) -> bool:
         """Whether these batches can be ingested before the node's waiting ticks are evaluated
         without changing what those ticks see: every sample newer than any in the store (so each
@@ -628,7 +589,10 @@ class Replayer:
         for tt in waiting[:-1]:  # the gc times of the ticks before (each checked a no-op when added)
             if tt - last >= pipe.gc_every:
                 last = tt
-        return t - last >= pipe.gc_every and pipe.store.gc_would_remove(t)
+        if t - last < pipe.gc_every:
+            return False
+        self._ahead.write(pipe.node, pipe)  # the gc check reads the store's last sample times
+        return pipe.store.gc_would_remove(t)
 
     def run(self) -> ReplayResult:
         findings: list[Finding] = []

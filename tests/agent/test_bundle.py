@@ -106,6 +106,27 @@ def test_bit_flip_is_caught_by_the_crc(tmp_path: Path) -> None:
     assert [b for _, b in seg.iter_batches()] == [c[0] for c in chunks[:4]]
 
 
+def test_a_slice_worker_skips_the_crc_only_below_its_start(tmp_path: Path) -> None:
+    # a replay time slice's worker leaves the chunks before its warm-up to the process that
+    # verifies the whole file: a flip there goes unnoticed by the worker, one at or after its
+    # start is still caught
+    chunks = [[batch(i)] for i in range(6)]
+    write_segment(tmp_path / "s", chunks)
+    p = tmp_path / "s" / bundle.SAMPLES
+    data = bytearray(p.read_bytes())
+    for k in (1, 4):
+        c = _chunk(tmp_path / "s", bundle.SAMPLES, k)
+        data[c["offset"] + c["length"] - 20] ^= 0x10
+    p.write_bytes(bytes(data))
+    seg = bundle.Segment(tmp_path / "s")
+    seg.trust_samples_below(3)
+    (dmg,) = seg.verify()
+    assert "CRC32 mismatch in chunk 4" in dmg.message and seg.readable_batches() == 4
+    whole = bundle.Segment(tmp_path / "s")
+    (dmg,) = whole.verify()
+    assert "CRC32 mismatch in chunk 1" in dmg.message and whole.readable_batches() == 1
+
+
 def test_bit_flip_in_json_lines_and_ticks(tmp_path: Path) -> None:
     write_segment(tmp_path / "s", [[batch(i)] for i in range(4)])
     for name in (bundle.FINDINGS, bundle.TICKS):

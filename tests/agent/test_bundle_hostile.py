@@ -51,8 +51,8 @@ def reseal(seg: Path, name: str) -> None:
             first = False
             e.update(offset=0, length=len(data), crc32=zlib.crc32(data))
             e.pop("line_crc32")
-            e["line_crc32"] = B._line_crc(e)
-            line = B._canon(e)
+            e["line_crc32"] = B.line_crc(e)
+            line = B.canon(e)
         lines.append(line)
     (seg / B.INDEX).write_text("\n".join(lines) + "\n")
 
@@ -106,8 +106,8 @@ def test_index_entries_of_the_wrong_shape_with_valid_line_crcs_are_damage(seg: P
     e = json.loads(lines[k])
     e["length"] = "12"
     e.pop("line_crc32")
-    e["line_crc32"] = B._line_crc(e)
-    lines[k] = B._canon(e)
+    e["line_crc32"] = B.line_crc(e)
+    lines[k] = B.canon(e)
     (seg / B.INDEX).write_text("\n".join(lines) + "\n")
     at = sum(len(ln) + 1 for ln in lines[:k])
     rc, out, err = cli(seg, "--json")

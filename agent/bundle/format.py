@@ -1,0 +1,74 @@
+"""The on-disk layout of a capture segment: file names, Arrow schemas, and how index lines are sealed.
+
+One module holds what writer and reader must agree on byte for byte (docs/capture-format.md),
+so a change to the format is a change to this file and its version number, never a drift between
+two copies. Index lines are canonical JSON (sorted keys, no spaces) carrying a CRC32 of
+themselves: :func:`line_crc` is the one definition both the recorder and every checker use.
+"""
+from __future__ import annotations
+
+import json
+import zlib
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import pyarrow as pa
+
+from skewd.model import SignalSpec, signal
+
+FORMAT = "skewd-capture"
+FORMAT_VERSION = 1
+
+META = "meta.json"
+INDEX = "index.jsonl"
+SAMPLES = "samples.arrow"
+TICKS = "ticks.arrow"
+FINDINGS = "findings.jsonl"
+SUMMARIES = "summaries.jsonl"
+PACKETS = "packets.pcapng"
+RULES_DIR = "rules"
+CAPTURES_DIR = "captures"
+
+
+def indexed_name(name: str) -> bool:
+    """A file an index entry may name: the data files, or a copied capture under captures/."""
+    if name in (SAMPLES, TICKS, FINDINGS, SUMMARIES, PACKETS):
+        return True
+    parts = Path(name).parts
+    return len(parts) == 2 and parts[0] == CAPTURES_DIR and parts[1] not in ("..", ".") and "\0" not in name
+
+_DICT = pa.dictionary(pa.int32(), pa.string())
+#: One row per sample. ``batch`` numbers the SampleBatches in arrival order within the segment,
+#: so replay can re-create the exact ingest boundaries the live agent saw.
+SAMPLES_SCHEMA = pa.schema([
+    ("t", pa.float64()), ("node", _DICT), ("entity", _DICT), ("signal", _DICT),
+    ("value", pa.float64()), ("batch", pa.int64()),
+])
+#: One row per evaluation: its time, how many sample batches had been ingested before it,
+#: and how many transitions it produced.
+TICKS_SCHEMA = pa.schema([("t", pa.float64()), ("batches", pa.int64()), ("findings", pa.int32())])
+
+
+def canon(d: Mapping[str, Any]) -> str:
+    return json.dumps(d, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def line_crc(entry: Mapping[str, Any]) -> int:
+    return zlib.crc32(canon({k: v for k, v in entry.items() if k != "line_crc32"}).encode())
+
+
+def finite(x: float | None) -> float | None:
+    if x is None or not np.isfinite(x):
+        return None
+    return float(x)
+
+
+def spec_to_dict(s: SignalSpec) -> dict[str, Any]:
+    return {"name": s.name, "kind": s.kind.value, "unit": s.unit, "scope": s.scope.value, "desc": s.desc,
+            "collector": s.collector, "wrap_bits": s.wrap_bits}
+
+
+def spec_from_dict(d: Mapping[str, Any]) -> SignalSpec:
+    return signal(d["name"], d["kind"], d["unit"], d["scope"], d.get("desc", ""), d.get("collector", ""),
+                  d.get("wrap_bits"))
