@@ -366,8 +366,14 @@ def render(sc: dict[str, IdScore], extra: dict[str, Any], runs: Sequence[RunResu
               "variant (EW-1-tp-straggler-aligned) stands down, and the controller says so (`unaligned_groups`).",
               "- Collective steps reach the controller as the agent reads them from packets: silences on the "
               "collective's connections shorter than the collector's `burst_gap` (1 ms) are not seen, so steps "
-              "closer than that merge, and a pipeline's last stage (~4 KB a step) has too little payload for a "
-              "step structure (`min_step_bytes`).",
+              "closer than that merge.",
+              "- EW-2 (PP bubble) is not found with the agent's bursts: the simulator lists collective silences "
+              "only for cross-node TP all-reduces, so the nodes of a pipeline whose stages are single nodes report "
+              "no step entries and the controller has no hand-off times (`ctl_pp_gap_seconds`); with the "
+              "simulator's true hand-off times (`--bursts every`) EW-2-pp-handoff-gap finds it. Listing hand-off "
+              "silences needs a model of which stage's packet ends the other's silence: in a balanced pipeline "
+              "both stages hand off at the same moment, and a last stage sends only a few kB a step (sampled "
+              "tokens), under the collector's collective-connection share.",
               "- `rdma_port_xmit_wait_total` is a 32-bit saturating counter: on a long-running node it pins at "
               "2^32-1 and reads as zero rate; the lab starts it below the ceiling.",
               "- RoCE traffic bypasses the kernel, so an AF_PACKET capture on the host sees it only with a DPU or a "

@@ -61,7 +61,14 @@ class GroupReport:
 
 
 def estimate_period(events: Mapping[str, np.ndarray]) -> float:
-    """Median of the per-node median gaps between consecutive bursts (NaN if unknown).
+    """The lower median of the per-node median gaps between consecutive bursts (NaN if unknown).
+
+    Lower, not the mean of the two middle ones: a member that sits out steps (EW-9) or whose
+    capture misses them only lengthens its own spacing, never shortens it, and in a pair the
+    mean of the two took the skipper's half in - a node skipping two steps in three made a 27 ms
+    step a 72 ms "period", the matching window (half of it) outgrew a step, and the skipper's
+    on-time bursts joined its partner's previous step a period late (ew9 seed 101: an EW-1
+    straggler incident on the early-stopping node). Odd groups are unchanged.
 
     The per-node medians come from one sort of the group's gaps padded to a matrix (the middle
     one or two of each row, averaged as ``np.median`` does): one numpy call instead of one
@@ -75,11 +82,19 @@ def estimate_period(events: Mapping[str, np.ndarray]) -> float:
     for i, d in enumerate(diffs):
         m[i, :len(d)] = d
     if np.isnan(m).any():
-        return float(np.median([float(np.median(d)) for d in diffs]))
+        return lower_median([float(np.median(d)) for d in diffs])
     m.sort(axis=1)
     rows = np.arange(len(diffs))
     med = (m[rows, (n - 1) // 2] + m[rows, n // 2]) / 2
-    return float(np.median(med))
+    return lower_median(med)
+
+
+def lower_median(values) -> float:
+    """The lower of the two middle values (the middle one of an odd count); NaN if any is NaN."""
+    v = np.sort(np.asarray(values, np.float64))
+    if not len(v) or np.isnan(v[-1]):
+        return float("nan")
+    return float(v[(len(v) - 1) // 2])
 
 
 def align(events: Mapping[str, np.ndarray], nbytes: Mapping[str, np.ndarray] | None, window: float) -> list[Step]:

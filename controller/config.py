@@ -97,11 +97,13 @@ DEFAULTS: dict[str, Any] = {
                         # spread too) are why the engine's generation lengths spread (NS-8's latency tail);
                         # PCIE-10 names the GPU or engine, NS-8 the engine or port: the node joins them
                         {"source": ["PCIE-10"], "target": ["NS-8"], "equal": ["node"]},
-                        # a congested, lossy or registration-churning port delays and smears the node's
-                        # collective sends: the agent's capture sees steps merge or start late, which reads as
-                        # missing steps (EW-9) or a straggler (EW-1) on that node (fault lab, agent bursts:
-                        # ew4 seeds 1 and 3, ew6 seed 1, pcie9 seed 1)
-                        {"source": ["EW-4", "EW-6", "PCIE-9"], "target": ["EW-1", "EW-9"], "equal": ["node"]},
+                        # a congested, lossy, head-of-line blocked, credit-starved or registration-churning
+                        # port delays and smears the node's collective sends: the agent's capture sees steps
+                        # merge or start late, which reads as missing steps (EW-9) or a straggler (EW-1) on
+                        # that node (fault lab, agent bursts: ew4 seeds 1 and 3, ew6 seed 1, pcie9 seed 1,
+                        # ew5 seeds 101 and 103)
+                        {"source": ["EW-4", "EW-5", "EW-6", "EW-7", "PCIE-9"], "target": ["EW-1", "EW-9"],
+                         "equal": ["node"]},
                         # direct evidence beats inference: a node whose own egress/ingress drops packets or
                         # backs up (qdisc/NIC drops, a backlog, a saturated link, an RDMA loss storm)
                         # explains why its collectives look late, skipped or uneven to the controller - the

@@ -62,6 +62,7 @@ class Effects:
     serving: bool = True  # False: the engine process is gone (no steps, endpoint down)
     burst: tuple[float, float] | None = None  # (period s, share of the period's arrivals in 1 s)
     prompt_scale: float = 1.0
+    prompt_cap: int = 0  # longest prompt admitted when above the load's prompt_max (long-context serving)
     output_scale: float = 1.0
     output_sigma_add: float = 0.0
     lengths_bimodal: float = 0.0  # share of requests that stop almost at once (early stops)
@@ -181,7 +182,7 @@ class EngineSim:
         if eff.lengths_bimodal > 0:
             short = self.rng.random(n) < eff.lengths_bimodal
             o = np.where(short, self.rng.integers(1, 12, n), o * (1 + eff.lengths_bimodal))
-        p = np.clip(np.round(p), 8, L.prompt_max)
+        p = np.clip(np.round(p), 8, max(L.prompt_max, eff.prompt_cap))
         o = np.clip(np.round(o), 1, L.output_max)
         return p, o
 

@@ -43,9 +43,11 @@ class GroupReport:
 
 
 def estimate_period(events: Mapping[str, np.ndarray]) -> float:
-    """Median of the per-node median gaps between consecutive bursts (NaN if unknown)."""
-    gaps = [float(np.median(np.diff(v))) for v in events.values() if len(v) >= 3]
-    return float(np.median(gaps)) if gaps else float("nan")
+    """Lower median of the per-node median gaps between consecutive bursts (NaN if unknown)."""
+    gaps = sorted(float(np.median(np.diff(v))) for v in events.values() if len(v) >= 3)
+    if not gaps or any(g != g for g in gaps):
+        return float("nan")
+    return gaps[(len(gaps) - 1) // 2]
 
 
 def align(events: Mapping[str, np.ndarray], nbytes: Mapping[str, np.ndarray] | None, window: float) -> list[Step]:

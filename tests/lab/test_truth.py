@@ -85,3 +85,29 @@ faults:
     for key, arr in ser.items():
         if key not in culprit:  # natural noise elsewhere stays far below the injected effect
             assert level(arr, *on) < 0.05 * hit, f"{key} changed too"
+
+
+def test_oversized_kv_ships_larger_transfers_than_the_healthy_cap(tmp_path):
+    """EW-8's long-prompt cause must reach the wire: the culprit prefill node's largest KV burst
+    during the fault is well above any before it. The load's 32k-token prompt cap once clipped
+    every long prompt back to the healthy maximum, and the fault changed no transfer size."""
+    sc = scenario(tmp_path, """\
+name: eff-ew8
+shape: disagg
+duration: 4m
+faults:
+  - pathology: EW-8
+    variant: oversized_kv
+    onset: 60s
+    duration: 150s
+    severity: 0.8
+""")
+    sim = simulate(sc, 4)
+    truth = sim.truth[0]
+    ser = _series(sim, "pkt_flow_burst_bytes_max")
+    mine = [k for k in ser if k[0] in truth.nodes and ":4791" in k[1]]
+    assert mine, "no RDMA flow bursts on the culprit"
+    before = max((float(np.nanmax(_during(ser[k], sim.start, truth.onset), initial=0.0)) for k in mine))
+    during = max((float(np.nanmax(_during(ser[k], truth.onset, truth.end), initial=0.0)) for k in mine))
+    assert before > 0
+    assert during > 1.5 * before, (before, during)

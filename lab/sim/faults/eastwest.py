@@ -7,6 +7,9 @@ import numpy as np
 
 from .base import Injector, add_rdma, cross_tp_nodes, rdma_nodes
 
+#: tokens: the context window of today's 70B-class models (Llama 3.1 70B: 128k)
+LONG_CONTEXT = 131072
+
 
 class EW1(Injector):
     """TP straggler: one node of a TP group reaches every collective late (skewed GPU load,
@@ -288,7 +291,12 @@ class EW8(Injector):
     def on_engine(self, t0, t1, effs):
         rid = self.engine_replica()
         if rid is not None and self.variant == "oversized_kv":
+            # long prompts: longer ones than the healthy load's cap, or the cap clips the cause away
+            # (every prompt above 32k tokens became 32k: the largest KV transfer stayed the healthy
+            # one's, 10.5 GB in 65 ms over four 400G rails, and nothing was oversized). Up to the
+            # model's context (128k tokens for a 70B: 42 GB, ~260 ms on those rails)
             effs[rid].prompt_scale *= self.mult
+            effs[rid].prompt_cap = max(effs[rid].prompt_cap, LONG_CONTEXT)
 
     def on_traffic(self, t0, t1, rep, node):
         rid = self.engine_replica()
