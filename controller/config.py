@@ -90,6 +90,9 @@ DEFAULTS: dict[str, Any] = {
                         # a preemption storm re-queues what it evicts and holds the cache full: the
                         # engine's KV saturation and growing queue (GPU-2) are the storm's symptoms
                         {"source": ["GPU-4"], "target": ["GPU-2"], "equal": ["node", "entity"]},
+                        # a D2H drain or a slow pipeline stage slows every step of the engine: its cache
+                        # fills and its queue grows (pcie2, ew2 seeds 101-103 showed GPU-2 beside them)
+                        {"source": ["PCIE-2", "EW-2"], "target": ["GPU-2"], "equal": ["node"]},
                         # ... and holds that node's cache full while evictions shrink its batch, which reads as
                         # memory-bound unlike its peers (GPU-7-memory-bound names the node only)
                         {"source": ["GPU-4"], "target": ["GPU-7"], "equal": ["node"]},

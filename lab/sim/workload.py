@@ -417,7 +417,7 @@ class EngineSim:
         out.steps = StepTimeline(starts, durs, bps, pre)
         out.running = int(np.sum(stay))
         out.waiting = len(self.wait)
-        out.kv = min(1.0, self._blocks(self.run) / self.capacity_blocks)
+        out.kv = min(1.0, self._kv_gauge_blocks(allc, finished, out.running, t1) / self.capacity_blocks)
         self.last_gauges = (out.running, out.waiting, out.kv)
         busy_t = float(np.sum(durs))
         out.busy = min(1.0, busy_t / dt)
@@ -435,6 +435,29 @@ class EngineSim:
         out.fin_prompt = allc["prompt"][finished]
         out.conn_close = eff.conn_close
         return out
+
+    def _kv_gauge_blocks(self, allc: dict[str, np.ndarray], finished: np.ndarray, running: int, t1: float) -> float:
+        """Blocks in use as a scrape at the end of the interval reads them. vLLM frees a finished
+        sequence's blocks and, with requests waiting, allocates them to the queue's head in the
+        next step (tens of ms later), so a full cache with a queue stays full. This simulator
+        admits once per interval, at its start: counted alone, every block freed during the
+        second would read as free until the next interval - a sawtooth down to 0.7 under long
+        contexts (gpu2 long_context), where vLLM shows the cache full. With a queue, the blocks
+        freed this interval count as taken again by the first chunks of the requests waiting
+        (as many as there are free sequence slots), up to the admission watermark."""
+        used = self._blocks(self.run)
+        if not len(self.wait) or not np.any(finished):
+            return used
+        freed = float(np.sum(np.ceil((allc["prompt"][finished] + allc["gen"][finished]) / BLOCK)))
+        W = self.wait.c
+        nq = min(len(self.wait), max(0, self.max_seqs - running))
+        head = np.flatnonzero(W["arr"][:nq] < t1)
+        if not len(head):
+            return used
+        ctx = W["prompt"][head] + W["gen"][head]
+        compute = np.where(W["gen"][head] == 0, ctx * (1 - W["hit"][head]), ctx)
+        need = float(np.sum(np.ceil((ctx - compute + np.minimum(compute, CHUNK_TOKENS) + 1) / BLOCK)))
+        return max(used, min(used + min(freed, need), self.capacity_blocks * 0.99))
 
     def _blocks(self, R: dict[str, np.ndarray]) -> float:
         if not len(R["arr"]):
