@@ -90,19 +90,18 @@ DEFAULTS: dict[str, Any] = {
                         # a preemption storm re-queues what it evicts and holds the cache full: the
                         # engine's KV saturation and growing queue (GPU-2) are the storm's symptoms
                         {"source": ["GPU-4"], "target": ["GPU-2"], "equal": ["node", "entity"]},
-                        # a D2H drain or a slow pipeline stage slows every step of the engine: its cache
-                        # fills and its queue grows (pcie2, ew2 seeds 101-103 showed GPU-2 beside them)
-                        {"source": ["PCIE-2", "EW-2"], "target": ["GPU-2"], "equal": ["node"]},
-                        # ... and so does every other cause that slows the node's engine or floods it: a
-                        # starved or sporadic H2D feed, a slow launch path or host, a downtrained, saturated
-                        # or shared link, pinned-memory shortage, clock skew, a resource-imbalanced engine,
-                        # bursts of admissions. A growing queue over a full cache is demand outgrowing the
-                        # cache only when nothing slowed the engine (held-out seeds 104-106: 17 of 19 wrong
-                        # GPU-2 incidents sat on the node of one of these faults). PCIE-4 and GPU-8 stay out:
-                        # GPU-2 already explains PCIE-4's thin feed, which explains GPU-8 (a cycle)
-                        {"source": ["PCIE-1", "PCIE-3", "PCIE-5", "PCIE-6", "PCIE-7", "PCIE-8", "GPU-5", "GPU-7",
-                                    "NS-1"], "target": ["GPU-2"], "equal": ["node"]},
-                        # ... and holds that node's cache full while evictions shrink its batch, which reads as
+                        # anything that slows the node's engine or floods it fills its cache and grows its
+                        # queue - GPU-2's red flag: a D2H drain or a slow pipeline stage (pcie2, ew2 seeds
+                        # 101-103), a starved or sporadic H2D feed, a slow launch path or host, a
+                        # downtrained, saturated or shared link, pinned-memory shortage, clock skew, a
+                        # resource-imbalanced engine, bursts of admissions. A growing queue over a full cache
+                        # is demand outgrowing the cache only when nothing slowed the engine (held-out seeds
+                        # 104-106: 17 of 19 wrong GPU-2 incidents sat on the node of one of these faults).
+                        # PCIE-4 and GPU-8 stay out: GPU-2 already explains PCIE-4's thin feed, which
+                        # explains GPU-8 (a cycle)
+                        {"source": ["PCIE-1", "PCIE-2", "PCIE-3", "PCIE-5", "PCIE-6", "PCIE-7", "PCIE-8", "GPU-5",
+                                    "GPU-7", "EW-2", "NS-1"], "target": ["GPU-2"], "equal": ["node"]},
+                        # a preemption storm also holds its node's cache full while evictions shrink its batch, which reads as
                         # memory-bound unlike its peers (GPU-7-memory-bound names the node only)
                         {"source": ["GPU-4"], "target": ["GPU-7"], "equal": ["node"]},
                         # GPUs that stop decoding early (PCIE-10, whose runbook reads the finished-length
