@@ -256,14 +256,21 @@ def parse_topology(topo: Any, pos: Any, problems: list[str]) -> tuple[dict[str, 
             return {}
         return v
 
+    def entry(sec: str, name: Any, v: Any, keys: Any, what: str) -> bool:
+        """Whether one named entry of a section is a mapping; its unknown keys are problems."""
+        where = ("topology", sec, name)
+        if not isinstance(v, dict):
+            problems.append(f"{pos(*where)}: {what}")
+            return False
+        for k in v:
+            if k not in keys:
+                problems.append(f"{pos(*where, k)}: unknown key topology.{sec}.{name}.{k}{hint(k, keys)}")
+        return True
+
     for name, g in section("tp_groups").items():
         where = ("topology", "tp_groups", name)
-        if not isinstance(g, dict):
-            problems.append(f"{pos(*where)}: tp group {name!r} must be a mapping with nodes")
+        if not entry("tp_groups", name, g, TP_KEYS, f"tp group {name!r} must be a mapping with nodes"):
             continue
-        for k in g:
-            if k not in TP_KEYS:
-                problems.append(f"{pos(*where, k)}: unknown key topology.tp_groups.{name}.{k}{hint(k, TP_KEYS)}")
         nodes = g.get("nodes")
         if not isinstance(nodes, list) or not nodes or not all(isinstance(n, str) and n for n in nodes):
             problems.append(f"{pos(*where, 'nodes')}: tp group {name!r}: nodes must be a non-empty list of node names "
@@ -279,12 +286,8 @@ def parse_topology(topo: Any, pos: Any, problems: list[str]) -> tuple[dict[str, 
         tp[str(name)] = TPGroup(str(name), tuple(nodes), str(g.get("model", "")), str(g.get("engine", "")))
     for name, g in section("pp_groups").items():
         where = ("topology", "pp_groups", name)
-        if not isinstance(g, dict):
-            problems.append(f"{pos(*where)}: pp group {name!r} must be a mapping with stages")
+        if not entry("pp_groups", name, g, PP_KEYS, f"pp group {name!r} must be a mapping with stages"):
             continue
-        for k in g:
-            if k not in PP_KEYS:
-                problems.append(f"{pos(*where, k)}: unknown key topology.pp_groups.{name}.{k}{hint(k, PP_KEYS)}")
         stages = g.get("stages")
         if not isinstance(stages, list) or len(stages) < 2 or not all(isinstance(s, str) for s in stages):
             problems.append(f"{pos(*where, 'stages')}: pp group {name!r}: stages must list at least two TP groups "
@@ -294,12 +297,8 @@ def parse_topology(topo: Any, pos: Any, problems: list[str]) -> tuple[dict[str, 
     for name, m in section("models").items():
         where = ("topology", "models", name)
         m = m or {}
-        if not isinstance(m, dict):
-            problems.append(f"{pos(*where)}: model {name!r} must be a mapping")
+        if not entry("models", name, m, MODEL_KEYS, f"model {name!r} must be a mapping"):
             continue
-        for k in m:
-            if k not in MODEL_KEYS:
-                problems.append(f"{pos(*where, k)}: unknown key topology.models.{name}.{k}{hint(k, MODEL_KEYS)}")
         ints = {}
         for k in ("max_num_seqs", "max_model_len"):
             v = m.get(k)
