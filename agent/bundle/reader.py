@@ -25,7 +25,7 @@ from skewd.model import SampleBatch, SignalSpec
 
 from .columns import NameColumn, int_column, name_column, num_column
 from .format import (FINDINGS, FORMAT, FORMAT_VERSION, INDEX, META, SAMPLES, SAMPLES_SCHEMA, SUMMARIES, TICKS,
-                     TICKS_SCHEMA, line_crc, spec_from_dict)
+                     TICKS_SCHEMA, line_crc, raw_line_crc_ok, spec_from_dict)
 from .validate import (DEFAULT_LIMITS, BundleLimits, MetaCheck, describe, entry_problem, is_num, loads_bounded,
                        loads_bounded_lenient, schema_problem)
 
@@ -134,6 +134,7 @@ class Segment:
         self._views: dict[str, FileView] = {}
         self._maps: list[Any] = []
         self._trusted_below = 0  # see trust_samples_below
+        self._tick_index: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # see ticks
 
     def __repr__(self) -> str:
         return f"Segment({str(self.path)!r}, nodes={self.nodes})"
@@ -226,8 +227,9 @@ class Segment:
             try:
                 if nl - pos > self.limits.line_bytes:
                     raise ValueError(f"line longer than {self.limits.line_bytes} bytes")
-                entry = loads_bounded(raw[pos:nl], self.limits.json_depth)
-                ok = isinstance(entry, dict) and entry.get("line_crc32") == line_crc(entry)
+                line = raw[pos:nl]
+                entry = loads_bounded(line, self.limits.json_depth)
+                ok = isinstance(entry, dict) and (raw_line_crc_ok(line) or entry.get("line_crc32") == line_crc(entry))
                 if ok:
                     why = entry_problem(entry)
                     ok = not why
@@ -415,7 +417,53 @@ class Segment:
         return SampleBatch.concat([b for _, b in self.iter_batches(signals)])
 
     def ticks(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(t, batches ingested before, findings raised) per evaluation, over the intact prefix."""
+        """(t, batches ingested before, findings raised) per evaluation, over the intact prefix.
+        Read once (replay asks for them when slicing, scheduling and stepping); the arrays are
+        read-only."""
+        if self._tick_index is None:
+            out = self._read_ticks_whole()
+            if out is None:
+                out = self._read_ticks()
+            for a in out:
+                a.flags.writeable = False
+            self._tick_index = out
+        return self._tick_index
+
+    def adopt_ticks(self, t: np.ndarray, batches: np.ndarray, findings: np.ndarray) -> None:
+        """Use a tick index another process of the same replay read from this segment (a time
+        slice's worker, agent/replay/slices.py: the replay process read and verified it, and a
+        day's index costs seconds to read again). Call before :meth:`ticks`."""
+        if self._tick_index is None:
+            out = (np.asarray(t, dtype=np.float64), np.asarray(batches, dtype=np.int64),
+                   np.asarray(findings, dtype=np.int64))
+            for a in out:
+                a.flags.writeable = False
+            self._tick_index = out
+
+    def _read_ticks_whole(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """:meth:`_read_ticks` in one read of the stream (a tick per record batch, thousands an
+        hour, made reading them one by one cost 15 us each); None when anything is unusual
+        (damage, a wrong schema, a row to skip), left to :meth:`_read_ticks` to report."""
+        v = self.view(TICKS)
+        if not v.good:
+            return np.empty(0), np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+        try:
+            reader = ipc.open_stream(pa.BufferReader(pa.py_buffer(v.data)[: v.end]))
+            if schema_problem(reader.schema, TICKS_SCHEMA):
+                return None
+            table = reader.read_all()
+            table.validate(full=True)
+            cols = [table.column(n).combine_chunks() if table.num_rows else None for n in ("t", "batches", "findings")]
+        except (pa.ArrowException, OSError, ValueError, IndexError, KeyError, TypeError, MemoryError):
+            return None
+        if not table.num_rows:
+            return np.empty(0), np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+        t, b, f = num_column(cols[0]), int_column(cols[1]), int_column(cols[2])
+        if not (np.isfinite(t) & (b >= 0)).all():
+            return None
+        return t, b, f
+
+    def _read_ticks(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         ts, bs, fs = [], [], []
         for rb in self._record_batches(TICKS):
             names = rb.schema.names
