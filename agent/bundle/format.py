@@ -38,6 +38,19 @@ def indexed_name(name: str) -> bool:
     parts = Path(name).parts
     return len(parts) == 2 and parts[0] == CAPTURES_DIR and parts[1] not in ("..", ".") and "\0" not in name
 
+try:  # ISA-L's CRC32: the same values as zlib's, ~6x faster (15 against 2.3 GB/s measured here)
+    from isal.isal_zlib import crc32 as _crc32
+except ImportError:  # a platform without its wheel: zlib's, slower
+    _crc32 = zlib.crc32
+
+
+def crc32(data: Any, value: int = 0) -> int:
+    """CRC32 (zlib's polynomial and values) of a data chunk, as recorded in the index. Replay
+    checks every byte of a recording before using it: a day at 10 Hz is ~45 GB, ~20 s of zlib's
+    CRC and ~3 s of ISA-L's (``isal``, a dependency for this: wheels for x86-64 and aarch64)."""
+    return _crc32(data, value)
+
+
 _DICT = pa.dictionary(pa.int32(), pa.string())
 #: One row per sample. ``batch`` numbers the SampleBatches in arrival order within the segment,
 #: so replay can re-create the exact ingest boundaries the live agent saw.

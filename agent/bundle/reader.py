@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import mmap
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -25,7 +24,7 @@ from skewd.model import SampleBatch, SignalSpec
 
 from .columns import NameColumn, int_column, name_column, num_column
 from .format import (FINDINGS, FORMAT, FORMAT_VERSION, INDEX, META, SAMPLES, SAMPLES_SCHEMA, SUMMARIES, TICKS,
-                     TICKS_SCHEMA, line_crc, raw_line_crc_ok, spec_from_dict)
+                     TICKS_SCHEMA, crc32, line_crc, raw_line_crc_ok, spec_from_dict)
 from .validate import (DEFAULT_LIMITS, BundleLimits, MetaCheck, describe, entry_problem, is_num, loads_bounded,
                        loads_bounded_lenient, schema_problem)
 
@@ -302,7 +301,7 @@ class Segment:
                 good.append(c)  # see trust_samples_below
                 end = c.offset + c.length
                 continue
-            crc = zlib.crc32(mv[c.offset:c.offset + c.length])
+            crc = crc32(mv[c.offset:c.offset + c.length])
             if crc != c.crc32:
                 damage = Damage(str(p), c.offset,
                                 f"CRC32 mismatch in chunk {c.chunk} (bytes {c.offset}..{c.offset + c.length}: "
