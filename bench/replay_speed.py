@@ -22,7 +22,11 @@ A full day at 10 Hz is ~1.3 billion samples and ~45 GB on disk; by default one h
 generated and replayed, and the 24 h time is extrapolated from the steady state (after the
 first 10 minutes, when the windows are full, the cost per recorded second is constant).
 Peer: real time (the recording's own duration) → speed-up; and, on the same samples, the naive
-ingest path (every sample its own batch) against the recorded batches.
+ingest path (every sample its own batch) against the recorded batches. ``--serial-peer``
+replays the bundle serially too, in the same run. On a shared machine wall time lies, so the
+figures to compare are CPU: per recorded second serial and sliced (all processes), their ratio,
+each process's CPU per second of its slice, and from the slowest of them a day on two free
+cores (a 12-hour slice and the worker's warm-up at that rate).
 Exits non-zero only if it could not run.
 """
 from __future__ import annotations
@@ -287,6 +291,7 @@ def replay(directory: Path, warm_s: float, per_tick: bool = False, jobs: int = 1
     from skewd.agent import replay as R
     from skewd.rules.cli import PACKS
 
+    kids0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     with _Split() as split:
         w0 = time.perf_counter()
         segments, damage = R.open_segments([directory])
@@ -314,7 +319,8 @@ def replay(directory: Path, warm_s: float, per_tick: bool = False, jobs: int = 1
         end = split.snap()
     cpu = time.process_time() - c0
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu_workers = kids.ru_utime + kids.ru_stime  # the slice workers (joined by now)
+    # the slice workers of this replay (joined by now)
+    cpu_workers = kids.ru_utime + kids.ru_stime - kids0.ru_utime - kids0.ru_stime
     res = rep.result([])
     steady = None
     parts = None
@@ -324,11 +330,27 @@ def replay(directory: Path, warm_s: float, per_tick: bool = False, jobs: int = 1
         parts["rest"] = steady - sum(parts.values())
     ingested = sum(p.store.samples_ingested for p in rep.pipelines.values()) + rep.samples_elsewhere
     st = getattr(rep, "slice_stats", None)
-    return {"cpu_s": cpu, "cpu_workers_s": cpu_workers, "jobs": jobs,
+    bounds = list(st.boundaries) if st else []
+    return {"cpu_s": cpu, "cpu_workers_s": cpu_workers, "jobs": jobs, "first": first, "last": t, "bounds": bounds,
             "handed_over": (sum(st.handed_over), len(st.boundaries)) if st else None, "warmup_s": rep.warmup(),
             "wall_s": w1 - w0, "evaluations": res.evaluations, "transitions": transitions,
             "recorded_s": (t - first) if first is not None else 0.0, "steady_per_s": steady, "ingested": ingested,
             "rules": len(res.ruleset.rules), "steady_parts": parts}
+
+
+def _two_cores(r: dict) -> dict | None:
+    """A day on ``jobs`` free cores from a sliced run's CPU (wall lies on a shared machine): each
+    process's CPU per recorded second it replayed (the worker's slice plus its warm-up), and the
+    slowest process replaying a day's slice and its warm-up at that rate. With one boundary only
+    (two jobs); None otherwise. Start-up is counted per second, so a short bundle overstates it."""
+    if r["jobs"] != 2 or len(r["bounds"]) != 1 or not r["handed_over"] or not r["handed_over"][0]:
+        return None
+    b = r["bounds"][0]
+    parent_s = max(1.0, b - r["first"])
+    worker_s = max(1.0, r["last"] - b + r["warmup_s"])
+    pm, wm = r["cpu_s"] / parent_s, r["cpu_workers_s"] / worker_s
+    day_s = max(pm * 43_200, wm * (43_200 + r["warmup_s"]))
+    return {"parent_ms": pm * 1e3, "worker_ms": wm * 1e3, "day_s": day_s}
 
 
 def naive_peer(gen: NodeGen, hz: float, seconds: int = 5) -> dict:
@@ -426,12 +448,22 @@ def main(argv: list[str] | None = None) -> int:
             print(f"    no boundary: {r['recorded_s'] / 3600:.2f} h cut in {a.jobs} is less than two warm-ups of "
                   f"{r['warmup_s']:.0f} s per slice (longest rule window + lookback + 2 gc periods), so this "
                   f"ran serially; {a.jobs * 2 * r['warmup_s'] / 3600:.1f} h or more engages {a.jobs} jobs")
+    rec = max(1.0, r["recorded_s"])
     print(f"  CPU: {r['cpu_s']:.1f} s this process + {r['cpu_workers_s']:.1f} s slice workers = "
-          f"{(r['cpu_s'] + r['cpu_workers_s']) / max(1.0, r['recorded_s']) * 1e3:.2f} ms per recorded second; "
+          f"{(r['cpu_s'] + r['cpu_workers_s']) / rec * 1e3:.2f} ms per recorded second; "
           f"wall {r['wall_s']:.1f} s")
+    proj = _two_cores(r)
+    if proj is not None:
+        print(f"  sliced, per process: this one {proj['parent_ms']:.2f} ms CPU per second of its slice, the worker "
+              f"{proj['worker_ms']:.2f} ms per second of its slice and warm-up ({r['warmup_s']:.0f} s); 24 h on "
+              f"{a.jobs} free cores (the slowest process, {86400 / a.jobs / 3600:g} h + warm-up): "
+              f"{proj['day_s']:.0f} s = {86400 / proj['day_s']:.0f}x real time (goal <= 90 s)")
     if serial is not None:
-        print(f"  same-run serial peer (--jobs 1): wall {serial['wall_s']:.1f} s, CPU {serial['cpu_s']:.1f} s; "
-              f"sliced/serial wall {r['wall_s'] / serial['wall_s']:.2f}, same transitions: "
+        s_ms = serial["cpu_s"] / max(1.0, serial["recorded_s"]) * 1e3
+        x_ms = (r["cpu_s"] + r["cpu_workers_s"]) / rec * 1e3
+        print(f"  same-run serial peer (--jobs 1): wall {serial['wall_s']:.1f} s, CPU {serial['cpu_s']:.1f} s = "
+              f"{s_ms:.2f} ms per recorded second (24 h on one core: {s_ms * 86.4:.0f} s); sliced/serial CPU "
+              f"{x_ms / s_ms:.2f}, wall {r['wall_s'] / serial['wall_s']:.2f}; same transitions: "
               f"{serial['transitions'] == r['transitions']}")
     print(f"  replay with all packs ({r['rules']} rules): {r['wall_s']:.1f} s for {r['recorded_s'] / 3600:.2f} h "
           f"({r['evaluations']:,} evaluations, {r['ingested']:,} samples ingested, {r['transitions']} transitions) = "
@@ -449,7 +481,12 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         print(json.dumps({"benchmark": "replay_speed", "jobs": a.jobs, "cpu_s": r["cpu_s"],
                           "cpu_workers_s": r["cpu_workers_s"], "handed_over": r["handed_over"],
-                          "serial_wall_s": serial["wall_s"] if serial else None, "hours": w["seconds"] / 3600, "series": w["series"],
+                          "serial_wall_s": serial["wall_s"] if serial else None,
+                          "serial_cpu_s": serial["cpu_s"] if serial else None,
+                          "cpu_ms_per_recorded_s": (r["cpu_s"] + r["cpu_workers_s"]) / rec * 1e3,
+                          "serial_cpu_ms_per_recorded_s": serial["cpu_s"] / max(1.0, serial["recorded_s"]) * 1e3
+                          if serial else None,
+                          "day_s_two_free_cores": proj["day_s"] if proj else None, "hours": w["seconds"] / 3600, "series": w["series"],
                           "samples": w["samples"], "bundle_bytes": w["bytes"], "replay_wall_s": r["wall_s"],
                           "day_s": day_s, "day_measured": measured_day, "speedup_real_time": day / day_s,
                           "evaluations": r["evaluations"], "ingest_ns_batched": peer["batched"] * 1e9,

@@ -216,11 +216,17 @@ def _increase_dense(t: np.ndarray, W: np.ndarray, wrap_bits: int | None) -> np.n
     one of its differences, and so its sum, NaN."""
     if W.shape[1] < 2:
         return None
+    r = rowsum(counter_steps(W, wrap_bits))
+    return None if has_nan(r) else r
+
+
+def counter_steps(W: np.ndarray, wrap_bits: int | None) -> np.ndarray:
+    """The dense path's increase between each pair of adjacent columns of ``W`` (resets and
+    wraps unwrapped): elementwise, so the steps of a window are a slice of those of any longer
+    span holding it (range evaluation computes them once for all its ticks)."""
     prev = W[:, :-1]
     cur = W[:, 1:]
-    d = unwrap_counter(prev, cur, cur - prev, wrap_bits)
-    r = rowsum(d)
-    return None if has_nan(r) else r
+    return unwrap_counter(prev, cur, cur - prev, wrap_bits)
 
 
 def unwrap_counter(prev: np.ndarray, cur: np.ndarray, d: np.ndarray, wrap_bits: int | None) -> np.ndarray:

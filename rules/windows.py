@@ -101,9 +101,7 @@ _BATCH_ELEMS = 4096
 
 
 def _b_increase(W: np.ndarray, wrap_bits: int | None, span: Any) -> np.ndarray:
-    prev = W[:, :-1]
-    cur = W[:, 1:]
-    return functions.rowsum(functions.unwrap_counter(prev, cur, cur - prev, wrap_bits))  # = functions._increase_dense
+    return functions.rowsum(functions.counter_steps(W, wrap_bits))  # = functions._increase_dense
 
 
 def _b_rate(W: np.ndarray, wrap_bits: int | None, span: Any) -> np.ndarray:
@@ -212,9 +210,7 @@ def _wide_counter(ctx: EvalContext, sig: str, dur: float, kind: str) -> np.ndarr
     t, F = blk.window(ctx.now - dur, ctx.now, all_rows=True)
     if F.shape[1] < 2:
         return None
-    prev = F[:, :-1]
-    cur = F[:, 1:]
-    r = functions.rowsum(functions.unwrap_counter(prev, cur, cur - prev, ctx.store.catalogue[sig].wrap_bits))[:nr]
+    r = functions.rowsum(functions.counter_steps(F, ctx.store.catalogue[sig].wrap_bits))[:nr]
     if functions.has_nan(r):
         return None
     if kind == "rate":
@@ -360,6 +356,8 @@ def _window_range(ctx: EvalContext, sig: str, dur: float, key: tuple, kernel: Ca
             W = blk.values[:nr, : blk.n]
             if rk is not None:
                 v = rk(times, W, los, his, ticks)
+            elif key[0] in _COUNTER_KINDS and key[2] is identity:
+                v = _r_counter(ctx, key[0], sig, times, W, los, his, kernel)
             else:
                 v = np.empty((T, nr))
                 lo_l, hi_l = los.tolist(), his.tolist()
@@ -379,6 +377,37 @@ def _window_range(ctx: EvalContext, sig: str, dur: float, key: tuple, kernel: Ca
         vals = np.concatenate(parts, axis=1) if len(parts) > 1 else (parts[0] if parts else np.empty((T, 0)))
         memo[key] = vals
     return _gather(ctx, sig, vals)
+
+
+def _r_counter(ctx: EvalContext, kind: str, sig: str, times: np.ndarray, W: np.ndarray, los: np.ndarray,
+               his: np.ndarray, kernel: Callable) -> np.ndarray:
+    """increase/rate at every tick of a range, [ticks x rows]: the counter steps (the dense
+    path's elementwise differences, ``functions.counter_steps``) computed once over the span of
+    all the ticks' windows, each tick's window summed from its slice of them (``rowsum`` adds a
+    row in numpy's row-major order whatever the layout, so the bits are the per-tick kernel's).
+    A tick whose sum is NaN, or whose window has fewer than two columns, runs the per-tick kernel,
+    whose exact path it would have taken. The steps were ~60 % of the packs' flow ``increase``."""
+    T, nr = len(los), W.shape[0]
+    out = np.empty((T, nr))
+    a, b = int(los.min()), int(his.max())
+    steps = functions.counter_steps(W[:, a:b], ctx.store.catalogue[sig].wrap_bits) if b - a >= 2 else None
+    rate = kind == "rate"
+    saved = ctx.now
+    try:
+        for j, (lo, hi) in enumerate(zip(los.tolist(), his.tolist())):
+            if hi - lo >= 2 and steps is not None:
+                r = functions.rowsum(steps[:, lo - a: hi - a - 1])
+                if not functions.has_nan(r):
+                    if rate:  # = functions.rate's dense path
+                        span = times[hi - 1] - times[lo]
+                        r = r / span if span > 0 else np.full(nr, _NAN_)
+                    out[j] = r
+                    continue
+            ctx.now = float(ctx.ticks[j])
+            out[j] = kernel(times[lo:hi], W[:, lo:hi])
+    finally:
+        ctx.now = saved
+    return out
 
 
 def _slices(ctx: EvalContext, sig: str, dur: float) -> list:

@@ -70,10 +70,20 @@ def int_column(arr: pa.Array) -> np.ndarray:
         x = num_column(arr)
         ok = np.isfinite(x) & (np.abs(x) < 2.0 ** 62)
         return np.where(ok, x, -1).astype(np.int64)
-    return arr.to_numpy(zero_copy_only=False).astype(np.int64)
+    return arr.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)  # (read-only when not copied)
 
 
 def num_column(arr: pa.Array) -> np.ndarray:
     if arr.null_count:  # fill_null costs a pass and a copy even when there is nothing to fill
         arr = arr.fill_null(np.nan)
     return arr.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+
+
+def same_indices(a: pa.Array, b: pa.Array) -> bool:
+    """Whether two integer arrays without nulls hold the same values, by comparing their bytes
+    (one memcmp; Arrow's ``equals`` costs ten times as much). Safe on arrays that passed
+    ``validate()``: their buffers are long enough for their lengths."""
+    if a.type != b.type or len(a) != len(b) or a.null_count or b.null_count:
+        return False
+    w = a.type.bit_width // 8
+    return a.buffers()[1].slice(a.offset * w, len(a) * w).equals(b.buffers()[1].slice(b.offset * w, len(b) * w))

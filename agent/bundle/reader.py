@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import mmap
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -23,9 +22,9 @@ import pyarrow.ipc as ipc
 
 from skewd.model import SampleBatch, SignalSpec
 
-from .columns import NameColumn, int_column, name_column, num_column
+from .columns import NameColumn, int_column, name_column, num_column, same_indices
 from .format import (FINDINGS, FORMAT, FORMAT_VERSION, INDEX, META, SAMPLES, SAMPLES_SCHEMA, SUMMARIES, TICKS,
-                     TICKS_SCHEMA, line_crc, spec_from_dict)
+                     TICKS_SCHEMA, crc32, line_crc, raw_line_crc_ok, spec_from_dict)
 from .validate import (DEFAULT_LIMITS, BundleLimits, MetaCheck, describe, entry_problem, is_num, loads_bounded,
                        loads_bounded_lenient, schema_problem)
 
@@ -134,6 +133,7 @@ class Segment:
         self._views: dict[str, FileView] = {}
         self._maps: list[Any] = []
         self._trusted_below = 0  # see trust_samples_below
+        self._tick_index: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # see ticks
 
     def __repr__(self) -> str:
         return f"Segment({str(self.path)!r}, nodes={self.nodes})"
@@ -226,8 +226,9 @@ class Segment:
             try:
                 if nl - pos > self.limits.line_bytes:
                     raise ValueError(f"line longer than {self.limits.line_bytes} bytes")
-                entry = loads_bounded(raw[pos:nl], self.limits.json_depth)
-                ok = isinstance(entry, dict) and entry.get("line_crc32") == line_crc(entry)
+                line = raw[pos:nl]
+                entry = loads_bounded(line, self.limits.json_depth)
+                ok = isinstance(entry, dict) and (raw_line_crc_ok(line) or entry.get("line_crc32") == line_crc(entry))
                 if ok:
                     why = entry_problem(entry)
                     ok = not why
@@ -300,7 +301,7 @@ class Segment:
                 good.append(c)  # see trust_samples_below
                 end = c.offset + c.length
                 continue
-            crc = zlib.crc32(mv[c.offset:c.offset + c.length])
+            crc = crc32(mv[c.offset:c.offset + c.length])
             if crc != c.crc32:
                 damage = Damage(str(p), c.offset,
                                 f"CRC32 mismatch in chunk {c.chunk} (bytes {c.offset}..{c.offset + c.length}: "
@@ -344,6 +345,7 @@ class Segment:
         want = SAMPLES_SCHEMA if name == SAMPLES else TICKS_SCHEMA
         buf = pa.py_buffer(v.data)[: v.end]
         stream = pa.BufferReader(buf)
+        seen: dict[int, tuple[int, pa.Array]] = {}
         try:
             reader = ipc.open_stream(stream)
             why = schema_problem(reader.schema, want)
@@ -356,7 +358,7 @@ class Segment:
                     rb = reader.read_next_batch()
                 except StopIteration:
                     return
-                rb.validate(full=True)  # dictionary codes in range, offsets inside the buffers
+                _validate(rb, seen)  # dictionary codes in range, offsets inside the buffers
                 yield rb
         except (pa.ArrowException, OSError, ValueError, IndexError, KeyError, TypeError, MemoryError) as e:
             self._note(Damage(path, locals().get("at", 0), f"Arrow stream unreadable despite valid CRCs: "
@@ -415,7 +417,53 @@ class Segment:
         return SampleBatch.concat([b for _, b in self.iter_batches(signals)])
 
     def ticks(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(t, batches ingested before, findings raised) per evaluation, over the intact prefix."""
+        """(t, batches ingested before, findings raised) per evaluation, over the intact prefix.
+        Read once (replay asks for them when slicing, scheduling and stepping); the arrays are
+        read-only."""
+        if self._tick_index is None:
+            out = self._read_ticks_whole()
+            if out is None:
+                out = self._read_ticks()
+            for a in out:
+                a.flags.writeable = False
+            self._tick_index = out
+        return self._tick_index
+
+    def adopt_ticks(self, t: np.ndarray, batches: np.ndarray, findings: np.ndarray) -> None:
+        """Use a tick index another process of the same replay read from this segment (a time
+        slice's worker, agent/replay/slices.py: the replay process read and verified it, and a
+        day's index costs seconds to read again). Call before :meth:`ticks`."""
+        if self._tick_index is None:
+            out = (np.asarray(t, dtype=np.float64), np.asarray(batches, dtype=np.int64),
+                   np.asarray(findings, dtype=np.int64))
+            for a in out:
+                a.flags.writeable = False
+            self._tick_index = out
+
+    def _read_ticks_whole(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """:meth:`_read_ticks` in one read of the stream (a tick per record batch, thousands an
+        hour, made reading them one by one cost 15 us each); None when anything is unusual
+        (damage, a wrong schema, a row to skip), left to :meth:`_read_ticks` to report."""
+        v = self.view(TICKS)
+        if not v.good:
+            return np.empty(0), np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+        try:
+            reader = ipc.open_stream(pa.BufferReader(pa.py_buffer(v.data)[: v.end]))
+            if schema_problem(reader.schema, TICKS_SCHEMA):
+                return None
+            table = reader.read_all()
+            table.validate(full=True)
+            cols = [table.column(n).combine_chunks() if table.num_rows else None for n in ("t", "batches", "findings")]
+        except (pa.ArrowException, OSError, ValueError, IndexError, KeyError, TypeError, MemoryError):
+            return None
+        if not table.num_rows:
+            return np.empty(0), np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+        t, b, f = num_column(cols[0]), int_column(cols[1]), int_column(cols[2])
+        if not (np.isfinite(t) & (b >= 0)).all():
+            return None
+        return t, b, f
+
+    def _read_ticks(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         ts, bs, fs = [], [], []
         for rb in self._record_batches(TICKS):
             names = rb.schema.names
@@ -489,6 +537,30 @@ class Segment:
                 pass
         self._maps.clear()
         self._views.clear()
+
+
+def _validate(rb: pa.RecordBatch, seen: dict[int, tuple[int, pa.Array]]) -> None:
+    """``rb.validate(full=True)`` (raises on a malformed batch), without checking again the
+    codes of a dictionary column whose codes repeat, byte for byte, those of an earlier batch of
+    the stream checked against a dictionary of the same size. A recorder writes the same
+    collections in the same order every chunk, and the full check of three code columns was
+    ~70 us of a chunk's ~370 (a chunk a second). ``seen``: per column, the dictionary size and
+    codes last checked in full. Every dictionary itself (offsets, UTF-8) is checked in full."""
+    rb.validate()  # lengths and buffer sizes, so the codes' bytes can be compared
+    for i in range(rb.num_columns):
+        col = rb.column(i)
+        if not pa.types.is_dictionary(col.type):
+            col.validate(full=True)
+            continue
+        dic = col.dictionary
+        dic.validate(full=True)
+        idx = col.indices
+        got = seen.get(i)
+        if got is not None and got[0] == len(dic) and same_indices(idx, got[1]):
+            continue
+        col.validate(full=True)
+        if not idx.null_count:
+            seen[i] = (len(dic), idx)
 
 
 def is_segment(path: Path) -> bool:

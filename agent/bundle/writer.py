@@ -10,7 +10,6 @@ import hashlib
 import json
 import os
 import shutil
-import zlib
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -21,7 +20,7 @@ import pyarrow.ipc as ipc
 from skewd.model import SampleBatch, SignalSpec
 
 from .format import (CAPTURES_DIR, FINDINGS, FORMAT, FORMAT_VERSION, INDEX, META, PACKETS, RULES_DIR, SAMPLES,
-                     SAMPLES_SCHEMA, SUMMARIES, TICKS, TICKS_SCHEMA, canon, finite, line_crc, spec_to_dict)
+                     SAMPLES_SCHEMA, SUMMARIES, TICKS, TICKS_SCHEMA, canon, crc32, finite, line_crc, spec_to_dict)
 from .pcapng import pcapng_interface, pcapng_packet, pcapng_section_header
 
 _COPY_CHUNK = 1 << 20
@@ -40,7 +39,7 @@ class _Tap:
     def write(self, b: Any) -> int:
         mv = memoryview(b).cast("B")
         self.f.write(mv)
-        self.crc = zlib.crc32(mv, self.crc)
+        self.crc = crc32(mv, self.crc)
         self.pos += len(mv)
         return len(mv)
 
@@ -200,7 +199,7 @@ class SegmentWriter:
         extra: dict[str, Any] = {"rows": len(lines)}
         if len(times):
             extra.update(t_min=finite(min(times)), t_max=finite(max(times)))
-        self._index_line(name, off, len(data), zlib.crc32(data), **extra)
+        self._index_line(name, off, len(data), crc32(data), **extra)
         key = "findings" if name == FINDINGS else "summaries" if name == SUMMARIES else None
         if key:
             self.counts[key] += len(lines)
@@ -223,7 +222,7 @@ class SegmentWriter:
         self._pcap.write(out)
         self._pcap.flush()
         times = [p[0] / 1e9 for p in packets]
-        self._index_line(PACKETS, off, len(out), zlib.crc32(out), rows=len(packets),
+        self._index_line(PACKETS, off, len(out), crc32(out), rows=len(packets),
                          t_min=finite(min(times)), t_max=finite(max(times)))
         self.counts["packets"] += len(packets)
         self.meta["packets"] = {"file": PACKETS, "linktypes": sorted(self._ifaces)}
@@ -246,7 +245,7 @@ class SegmentWriter:
                     break
                 fo.write(data)
                 fo.flush()
-                self._index_line(name, off, len(data), zlib.crc32(data))
+                self._index_line(name, off, len(data), crc32(data))
                 off += len(data)
         self.meta.setdefault("captures", []).append(name)
         return name

@@ -181,6 +181,7 @@ class Replayer:
         self._next_summary: dict[str, float] = {}
         self._seed_gc: dict[str, float | None] = {}  # a slice's pipelines start on the serial gc schedule
         self._ahead = AheadIngest()  # collections held back until the store is read (range evaluation)
+        self._has_summaries: dict[str, bool] = {}  # segment path → whether it recorded summaries
 
     @property
     def fixed_rules(self) -> RuleSet | None:
@@ -313,6 +314,8 @@ class Replayer:
                 if warm_from is not None:  # a slice: what precedes it is the verifying process's
                     t0, b0, _ = seg.ticks()
                     k_ = int(np.searchsorted(t0, warm_from, "left"))
+                    if k_ == len(t0):
+                        continue  # wholly before the warm-up: not even its index is read
                     if k_:
                         seg.trust_samples_below(int(b0[k_ - 1]))
                 tt, nb = ticks[i] = self._ticks(seg)
@@ -462,7 +465,26 @@ class Replayer:
         self._seed_gc = dict(last_gc)
 
     def _seg_has_summaries(self, seg: bundle.Segment) -> bool:
-        return any(c.extra.get("rows") for c in seg.index().get(bundle.SUMMARIES, []))
+        got = self._has_summaries.get(str(seg.path))
+        if got is None:
+            got = self._has_summaries[str(seg.path)] = any(c.extra.get("rows")
+                                                           for c in seg.index().get(bundle.SUMMARIES, []))
+        return got
+
+    def tick_index(self) -> dict[str, Any]:
+        """What a time slice's worker needs to know of the segments before it and would
+        otherwise read again from every one of them (index, tick file: ~0.2 s a segment, ~5 s a
+        day): each segment's tick index and whether it holds summaries (:meth:`adopt_tick_index`)."""
+        return {str(seg.path): (*seg.ticks(), self._seg_has_summaries(seg)) for seg in self.segments
+                if any(self.only is None or n in self.only for n in self._seg_nodes(seg))}
+
+    def adopt_tick_index(self, known: dict[str, Any]) -> None:
+        """Take :meth:`tick_index` of the replay process (same bundle, already read there)."""
+        for seg in self.segments:
+            got = known.get(str(seg.path))
+            if got is not None:
+                seg.adopt_ticks(*got[:3])
+                self._has_summaries.setdefault(str(seg.path), bool(got[3]))
 
     def state_digest(self, t: float) -> str:
         """A hash of everything that decides the findings after ``t``: each node's alert states

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Iterator
 
 import numpy as np
+import pyarrow as pa
 
 from skewd.model import SampleBatch
 
@@ -53,7 +54,7 @@ class _Structure:
         self.ends = np.concatenate((cuts, [len(seq)])).astype(np.int64)
         self.nums = self.rel[self.starts]
         self.monotonic = bool((self.nums[1:] > self.nums[:-1]).all())
-        self.first_of = np.repeat(self.starts, self.ends - self.starts)  # a sample's batch start
+        self._inner: np.ndarray | None = None  # per sample from the second: not a batch's first (one_time)
         self.one_node: str | None = None
         nc = cols.node
         if nc.codes is not None:
@@ -84,6 +85,19 @@ class _Structure:
                 self.parts.append((self.shape(cols, rep, int(rows[0]), L), sel[mine], rows,
                                    rows[:, None] + np.arange(L)))
 
+    def one_time(self, t: np.ndarray) -> bool:
+        """Whether every batch's samples share one time that is not NaN: ``(t ==
+        t[first_of]).all()`` without gathering a copy of ``t`` (no time changes inside a batch;
+        NaN differs from itself, so a NaN inside a batch is a change, and one at a batch's
+        start is caught by the check of the starts)."""
+        if self._inner is None:
+            inner = np.ones(len(t), dtype=bool)
+            inner[self.starts] = False
+            self._inner = inner[1:]
+        if np.isnan(t[self.starts]).any():
+            return False
+        return not bool(((t[1:] != t[:-1]) & self._inner).any())
+
     def shape(self, cols: SampleColumns, rep: np.ndarray, a: int, n: int) -> Shape:
         key = rep.tobytes()
         s = self.shapes.get(key)
@@ -97,11 +111,18 @@ class _Structure:
         return (shapes is self.shapes and len(cols.seq) == len(self.rel)
                 and _same(cols.node.codes, self.node_codes) and _same(cols.entity.codes, self.entity_codes)
                 and _same(cols.signal.codes, self.signal_codes)
-                and bool(np.array_equal(cols.seq - cols.seq[0], self.rel)))
+                and _same(cols.seq - cols.seq[0], self.rel))
 
 
 def _same(a: np.ndarray | None, b: np.ndarray | None) -> bool:
-    return a is not None and b is not None and bool(np.array_equal(a, b))
+    """Equal arrays, compared as bytes when they allow it (a memcmp: ~1 us against ~12 for
+    ``np.array_equal`` on a chunk's 15,000 codes; run for three columns of every chunk)."""
+    if a is None or b is None:
+        return False
+    if a.dtype == b.dtype and a.shape == b.shape and a.flags.c_contiguous and b.flags.c_contiguous \
+            and a.dtype.kind in "iu":
+        return pa.py_buffer(a).equals(pa.py_buffer(b))
+    return bool(np.array_equal(a, b))
 
 
 class Chunk:
@@ -119,7 +140,7 @@ class Chunk:
         #: (shape, positions of its batches, their times, values [collections, samples])
         self.parts: list[tuple[Shape, np.ndarray, np.ndarray, np.ndarray]] = []
         t = cols.t
-        if not st.parts or not bool((t == t[st.first_of]).all()):  # NaN times too: batch by batch
+        if not st.parts or not st.one_time(t):  # NaN times too: batch by batch
             return
         self.fast = True
         v = cols.value

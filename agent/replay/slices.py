@@ -63,7 +63,7 @@ def _spec(rep: Replayer) -> dict[str, Any]:
     return {"paths": [str(s.path) for s in rep.segments], "rules": rep.rule_paths, "t_from": rep.t_from,
             "t_to": rep.t_to, "nodes": sorted(rep.only) if rep.only is not None else None,
             "range_eval": rep.range_eval, "max_range": rep.max_range, "horizon": rep.horizon,
-            "max_nodes": rep.max_nodes}
+            "max_nodes": rep.max_nodes, "ticks": rep.tick_index()}
 
 
 def _stats(rep: Replayer, mark: dict) -> dict:
@@ -86,6 +86,7 @@ def _worker(conn: Any, spec: dict, warm_from: float, emit_from: float, checkpoin
                        nodes=spec["nodes"], range_eval=spec["range_eval"], max_range=spec["max_range"],
                        max_nodes=spec["max_nodes"])
         rep.horizon = spec["horizon"]
+        rep.adopt_tick_index(spec["ticks"])
         events: list[Event] = []
         mark: dict = {}
         for x in rep.steps(warm_from, emit_from, checkpoints):

@@ -159,6 +159,40 @@ def test_damaged_index_line_and_unindexed_tail(tmp_path: Path) -> None:
     assert len(list(seg.iter_batches())) == 1
 
 
+def test_index_lines_are_proven_from_their_bytes_and_an_equivalent_rewrite_still_reads(tmp_path: Path) -> None:
+    # the reader proves a line from its own bytes (format.raw_line_crc_ok); a line another tool
+    # rewrote (other key order, spaces) with the CRC of its canonical form reads as before
+    write_segment(tmp_path / "s", [[batch(i)] for i in range(4)])
+    idx = tmp_path / "s" / bundle.INDEX
+    lines = idx.read_text().splitlines()
+    assert all(bundle.format.raw_line_crc_ok(ln.encode()) for ln in lines)
+    e = json.loads(lines[1])
+    lines[1] = json.dumps(dict(reversed(list(e.items()))), indent=None, separators=(", ", ": "))
+    assert not bundle.format.raw_line_crc_ok(lines[1].encode())
+    idx.write_text("\n".join(lines) + "\n")
+    seg = bundle.Segment(tmp_path / "s")
+    assert seg.verify() == []
+    assert len(list(seg.iter_batches())) == 4
+    # a changed digit fails both ways
+    lines[2] = lines[2].replace('"chunk":', '"chunk":1', 1)
+    idx.write_text("\n".join(lines) + "\n")
+    assert any("line CRC32" in d.message for d in bundle.Segment(tmp_path / "s").verify())
+
+
+def test_ticks_are_read_once_whole_and_equal_the_batch_by_batch_read(tmp_path: Path) -> None:
+    write_segment(tmp_path / "s", [[batch(i)] for i in range(6)])
+    seg = bundle.Segment(tmp_path / "s")
+    t, b, f = seg.ticks()
+    slow = seg._read_ticks()
+    assert [x.tolist() for x in (t, b, f)] == [x.tolist() for x in slow]
+    assert t.tolist() == [T0 + k for k in range(6)] and b.tolist() == [1, 2, 3, 4, 5, 6]
+    assert seg.ticks()[0] is t and not t.flags.writeable  # once, and nobody changes it
+    # another process's reading is taken as it is (a slice worker: agent/replay/slices.py)
+    other = bundle.Segment(tmp_path / "s")
+    other.adopt_ticks(t, b, f)
+    assert other.ticks()[0].tolist() == t.tolist() and bundle.TICKS not in other._views
+
+
 def test_interrupted_recording_reads_up_to_the_last_indexed_chunk(tmp_path: Path) -> None:
     """A crash between a data write and its index line: the tail is reported and ignored."""
     w = bundle.SegmentWriter(tmp_path / "s", {})

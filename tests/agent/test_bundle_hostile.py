@@ -141,6 +141,31 @@ def test_dictionary_codes_out_of_range_with_valid_crcs_are_damage(seg: Path) -> 
     assert rc == R.EXIT_DAMAGED and f"{seg / B.SAMPLES}: byte offset" in err and "Traceback" not in err, err
 
 
+def test_repeated_codes_against_a_smaller_dictionary_are_damage(seg: Path) -> None:
+    # the reader checks a code column in full only when its bytes or its dictionary's size
+    # change (reader._validate): a batch repeating the codes of a good one under a dictionary
+    # cut to one name is damage at that batch, and the two good batches before it still read
+    reader = ipc.open_stream((seg / B.SAMPLES).read_bytes())
+    rb = reader.read_next_batch()
+    k = rb.schema.get_field_index("signal")
+    sig = rb.column(k)
+    assert len(sig.dictionary) > 1 and max(sig.indices.to_pylist()) >= 1
+    cut = pa.DictionaryArray.from_arrays(sig.indices, sig.dictionary[:1], safe=False)
+    bad = pa.record_batch([cut if i == k else rb.column(i) for i in range(rb.num_columns)], schema=rb.schema)
+    sink = io.BytesIO()
+    with ipc.new_stream(sink, rb.schema) as w:
+        w.write_batch(rb)
+        w.write_batch(rb)
+        at = sink.tell()
+        w.write_batch(bad)
+    (seg / B.SAMPLES).write_bytes(sink.getvalue())
+    reseal(seg, B.SAMPLES)
+    s = B.Segment(seg)
+    cols = list(s.iter_sample_columns())
+    assert len(cols) == 2
+    assert any(d.path.endswith(B.SAMPLES) and d.offset == at and "unreadable" in d.message for d in s.damage), s.damage
+
+
 def test_summary_lines_that_are_not_objects_are_damage(seg: Path) -> None:
     lines = (seg / B.SUMMARIES).read_text().splitlines()
     lines[3] = "[1, 2, 3]"
