@@ -63,6 +63,11 @@ class StepStats:
     steps: int  # steps found
     starts: np.ndarray  # step entries (the sends that ended the compute gaps), time order
     nbytes: np.ndarray  # bytes sent in each step (NaN for the last, still open)
+    #: share of the time analysed spent in the steps' compute gaps (their sum over the time):
+    #: the whole of a node's lateness, where the median compute gap sees only the typical step
+    compute_share: float = float("nan")
+    #: share of the time analysed in silences a peer ended (by_send 0): time spent waiting
+    waited_share: float = float("nan")
 
 
 def split_long(length: np.ndarray, min_ratio: float = SEPARATION) -> float:
@@ -165,10 +170,20 @@ def analyse(end: np.ndarray, length: np.ndarray, by_send: np.ndarray, sent: np.n
             waits[k] = float(inner.max()) if len(inner) else 0.0
         nbytes[k] = float(cs[b] - cs[a])  # sent[i] is what preceded silence i: entries a+1..b
     single = waits[~np.isnan(waits)]
+    # shares of the time the silences cover (from the first one's start, within [t0, t1]): sums,
+    # not medians. A rank held up in only some steps - a CPU quota spent until the next CFS
+    # period, a GC pause, a page-fault storm - leaves the median step untouched, but every
+    # millisecond it computed longer is one its peers waited (lock step), and the sum counts it.
+    # Extra entries (a stall inside a collective read as a compute gap) still count as the
+    # node's own time: the others waited for that too
+    span = t1 - max(t0, float(end[0] - length[0]))
+    compute_share = float(length[ti].sum() / span) if span > 0 else float("nan")
+    waited_share = float(length[by_send == 0].sum() / span) if span > 0 else float("nan")
     return StepStats(period=period, periodicity=regular, compute=float(np.median(length[ti])),
                      wait=float(np.median(single)) if len(single) else float("nan"),
                      step_bytes=float(np.median(nbytes[:-1])),
-                     steps=len(ti), starts=starts, nbytes=nbytes)
+                     steps=len(ti), starts=starts, nbytes=nbytes,
+                     compute_share=compute_share, waited_share=waited_share)
 
 
 def node_steps(store: WindowStore, node: str, t: float, lookback: float = LOOKBACK) -> StepStats | None:
@@ -221,6 +236,14 @@ SUMMARY_SIGNALS: dict[str, tuple[str, str]] = {
     "summary_collective_wait_seconds": (
         "seconds", "median longest silence inside the node's collectives: time spent waiting for a peer "
         "(a straggler's peers wait, the straggler does not; EW-1)"),
+    "summary_collective_compute_share_ratio": (
+        "ratio", f"share of the last {LOOKBACK:g} s the node spent in its steps' compute gaps (their sum over "
+        "the time): a rank late in only some steps (a CPU quota, GC or page-fault pauses) raises it by what "
+        "its lateness costs the group, where the median compute gap does not move (EW-1)"),
+    "summary_collective_waited_share_ratio": (
+        "ratio", f"share of the last {LOOKBACK:g} s in silences of the node's collective traffic that a peer "
+        "ended (its data arrived, or the node answered a peer's message at once): time spent waiting for "
+        "the others (EW-1)"),
     "summary_collective_step_bytes": ("bytes", "median payload bytes the node sent per collective step"),
     "summary_collective_steps": ("steps", f"collective steps found in the last {LOOKBACK:g} s"),
     "summary_collective_regularity_ratio": (
@@ -233,7 +256,9 @@ def summary_values(s: StepStats) -> dict[str, float]:
     """The summary signals of :data:`SUMMARY_SIGNALS` for one analysis."""
     vals = {"summary_collective_period_seconds": s.period, "summary_collective_compute_seconds": s.compute,
             "summary_collective_wait_seconds": s.wait, "summary_collective_step_bytes": s.step_bytes,
-            "summary_collective_steps": float(s.steps), "summary_collective_regularity_ratio": s.periodicity}
+            "summary_collective_steps": float(s.steps), "summary_collective_regularity_ratio": s.periodicity,
+            "summary_collective_compute_share_ratio": s.compute_share,
+            "summary_collective_waited_share_ratio": s.waited_share}
     return {k: v for k, v in vals.items() if v == v}
 
 

@@ -137,6 +137,12 @@ DEFAULTS: dict[str, Any] = {
                                               "minus": "peer_others(avg(summary_collective_compute_seconds, window))",
                                               "above": "lag", "steps": "min(summary_collective_steps, window)",
                                               "min_steps": "min_steps"},
+                        # clock-free, late in bursts: its share of the time computing over the others' median
+                        "EW-1-tp-straggler-time-share": {
+                            "measure": "avg(summary_collective_compute_share_ratio, window)",
+                            "minus": "peer_others(avg(summary_collective_compute_share_ratio, window))",
+                            "above": "time_share", "steps": "min(summary_collective_steps, window)",
+                            "min_steps": "min_steps"},
                         "EW-1-tp-straggler-aligned": {"measure": "avg(ctl_arrival_lag_excess_seconds, window)",
                                                       "above": "lag", "steps": "min(ctl_aligned_steps, window)",
                                                       "min_steps": "min_steps"},

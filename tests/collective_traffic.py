@@ -21,18 +21,20 @@ from tests.pkt_packets import udp_packets
 T0 = 1_700_000_000  # synthetic epoch start (invented)
 
 
-def entries(rng: np.random.Generator, nodes: int, steps: int, compute: float = 0.045, lag: dict[int, float] | None = None,
+def entries(rng: np.random.Generator, nodes: int, steps: int, compute: float = 0.045,
+            lag: dict[int, float | np.ndarray] | None = None,
             active: float = 0.012, jitter: float = 0.002, start: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
     """Step entries (s, shape (steps, nodes)) and the group's finish time per step, for ranks that
-    compute ``compute`` seconds (+ ``lag[node]``, + exponential jitter) after the previous step
-    finished, then all-reduce for ``active`` seconds once the latest has joined."""
-    lag = lag or {}
+    compute ``compute`` seconds (+ ``lag[node]``: seconds, or one value per step for a rank late
+    in bursts, + exponential jitter) after the previous step finished, then all-reduce for
+    ``active`` seconds once the latest has joined."""
+    lag = {n: np.broadcast_to(np.asarray(v, float), (steps,)) for n, v in (lag or {}).items()}
     e = np.zeros((steps, nodes))
     fin = np.zeros(steps)
     t = T0 + start
     for k in range(steps):
         for n in range(nodes):
-            e[k, n] = t + compute + lag.get(n, 0.0) + rng.exponential(jitter)
+            e[k, n] = t + compute + (lag[n][k] if n in lag else 0.0) + rng.exponential(jitter)
         fin[k] = e[k].max() + active
         t = fin[k]
     return e, fin

@@ -55,6 +55,32 @@ def test_a_stragglers_summary_shows_longer_compute_and_no_wait() -> None:
         assert lo <= vals[n]["summary_collective_steps"][""] / (steps_mod.LOOKBACK / true_period) <= 1.02
 
 
+def test_a_straggler_late_in_bursts_moves_the_time_shares_not_the_median() -> None:
+    """A rank held up in one step of four by 40 ms (a CPU quota spent, a GC pause): its median
+    compute gap stays with its peers', but the share of the time it computes rises by what it
+    costs the group, and its peers' share of the time waiting by as much."""
+    rng = np.random.default_rng(3)
+    burst = np.where(np.arange(300) % 4 == 0, 0.04, 0.0)
+    e, fin = entries(rng, 4, 300, lag={3: burst})
+    vals = {}
+    for node in range(4):
+        pipe = pipeline_of(node_packets(rng, e, fin, node), f"n{node}")
+        t = float(np.floor(fin[-1])) - 1
+        vals[node] = summary_mod.make_summary(pipe.store, f"n{node}", "c", t, 1.0).signals
+
+    def v(name: str, n: int) -> float:
+        return vals[n][name][""]
+    comp, share, waited = ("summary_collective_compute_seconds", "summary_collective_compute_share_ratio",
+                           "summary_collective_waited_share_ratio")
+    assert v(comp, 3) - np.median([v(comp, n) for n in range(3)]) < 0.005  # under EW-1-tp-straggler's lag
+    # 10 ms a step on average over a ~70 ms step: about a seventh of the time
+    excess = v(share, 3) - np.median([v(share, n) for n in range(3)])
+    assert 0.1 < excess < 0.25
+    assert min(v(waited, n) for n in range(3)) - v(waited, 3) > 0.5 * excess
+    for n in range(4):
+        assert 0 < v(share, n) < 1 and 0 <= v(waited, n) < 1
+
+
 @pytest.mark.parametrize("interval", [1.0, 5.0])
 def test_every_recognised_step_entry_reaches_one_summary(interval: float) -> None:
     rng = np.random.default_rng(2)
