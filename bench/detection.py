@@ -523,7 +523,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     ap.add_argument("--seeds", type=int, help="seeds per fault scenario (default 3; --quick: 1)")
     ap.add_argument("--healthy-seeds", type=int, help="seeds per healthy scenario (default 3; --quick: 1)")
     ap.add_argument("--seed-base", type=int,
-                    help="first seed (default: the evaluation seeds of bench/seeds.json; --tuning: the tuning seeds)")
+                    help="first seed (default: the evaluation seeds of bench/seeds.json; with --tuning: the tuning seeds listed there from this one on, never a range past them)")
     ap.add_argument("--tuning", action="store_true",
                     help="run on the tuning seeds (bench/seeds.json): what you look at while changing rules; "
                          "never written to docs")
@@ -548,12 +548,31 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         if getattr(a, name) is None:
             setattr(a, name, 1 if a.quick else 3)
     ledger = seed_ledger()
-    if a.seed_base is None:
-        a.seed_base = min(ledger["tuning"] if a.tuning else ledger["evaluation"])
+    n = max(a.seeds, a.healthy_seeds)
+    if a.tuning:
+        # Tuning runs draw from the tuning list itself, not a range from its first seed: a range
+        # (`--tuning --seeds 15` = 1..15) silently walks into seeds nobody listed, and the
+        # evaluation seeds sit right after the tuning ones.
+        pool = sorted(s for s in ledger["tuning"] if a.seed_base is None or s >= a.seed_base)
+        if len(pool) < n:
+            ap.error(f"--tuning: {n} seeds asked for, but the tuning seeds of bench/seeds.json"
+                     f"{'' if a.seed_base is None else f' from {a.seed_base} on'} are only {pool}")
+        a.seed_list = pool[:n]
+    else:
+        base = min(ledger["evaluation"]) if a.seed_base is None else a.seed_base
+        a.seed_list = [base + k for k in range(n)]
+    a.seed_base = a.seed_list[0]
     return a
 
 
 SEEDS = Path(__file__).resolve().parent / "seeds.json"
+
+
+def seed_span(seeds: Sequence[int]) -> str:
+    """``107..109`` for a contiguous run, else the seeds listed (tuning runs mix 1-6 and 101-)."""
+    if list(seeds) == list(range(seeds[0], seeds[0] + len(seeds))):
+        return f"{seeds[0]}..{seeds[-1]}"
+    return ", ".join(map(str, seeds))
 
 
 def seed_ledger() -> dict[str, Any]:
@@ -598,7 +617,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for p in paths:
             sc = load_scenario(p)
             n = a.seeds if sc.faults else a.healthy_seeds
-            jobs += [(str(p), a.seed_base + k) for k in range(n)]
+            jobs += [(str(p), a.seed_list[k]) for k in range(n)]
     except ScenarioError as e:
         print(f"skewd bench: invalid scenario:\n{e}", file=sys.stderr)
         return 2
@@ -644,7 +663,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                    or (i and argv[i - 1] == "--json"))]
     cmd = "python bench/detection.py" + ("" if not shown else " " + " ".join(shown))
     meta = {"command": cmd, "rules_commit": _git_commit(ROOT / "rules" / "packs"),
-            "rules": len(_W["rules"].rules), "seeds": f"{a.seed_base}..{a.seed_base + max(a.seeds, a.healthy_seeds) - 1}",
+            "rules": len(_W["rules"].rules), "seeds": seed_span(a.seed_list),
             "tuning_seeds": seed_ledger()["tuning"], "tuned_seeds_in_table": seen,
             "eval_interval": a.eval_interval, "bursts": a.bursts, "clock_report": a.clock_report, "wall": wall,
             "clocks": a.clocks or "as each scenario says (ptp unless stated)",

@@ -6,6 +6,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
+
 from skewd.catalogue import full_catalogue
 from skewd.lab.sim import simulate
 from skewd.lab.harness import Harness
@@ -137,6 +139,20 @@ def test_a_table_on_tuning_seeds_is_refused_and_the_default_seeds_were_never_tun
     assert rc == 2 and not out.exists()
     assert det.main(["--tuning", "--scenario", "healthy-dp", "--out", str(out)]) == 2 and not out.exists()
 
+
+def test_tuning_runs_draw_only_from_the_tuning_seeds_and_never_walk_into_unlisted_ones():
+    """`--tuning --seeds N` once ran 1..N: past the first block of tuning seeds into seeds nobody
+    listed (and towards the evaluation ones). It now takes the listed tuning seeds, from
+    --seed-base on, and refuses to ask for more than exist."""
+    det = _bench()
+    tuning = sorted(det.seed_ledger()["tuning"])
+    a = det.parse_args(["--tuning", "--seeds", str(len(tuning))])
+    assert a.seed_list == tuning and not set(a.seed_list) - set(tuning)
+    later = [s for s in tuning if s >= tuning[-3]]
+    assert det.parse_args(["--tuning", "--seed-base", str(tuning[-3]), "--seeds", "3"]).seed_list == later
+    with pytest.raises(SystemExit):
+        det.parse_args(["--tuning", "--seeds", str(len(tuning) + 1)])
+    assert det.seed_span([107, 108, 109]) == "107..109" and det.seed_span([5, 6, 101]) == "5, 6, 101"
 
 def test_the_honest_section_counts_the_sources_and_lists_only_simulator_bound_params():
     """Every parameter the detection page says still sits on a simulator constant is [sim]-only in
