@@ -88,8 +88,12 @@ DEFAULTS: dict[str, Any] = {
                         # a link trained below its width is a hardware fault sign before it is a thin feed
                         {"source": ["GPU-6"], "target": ["PCIE-1", "PCIE-5"], "equal": ["node", "entity"]},
                         # a preemption storm re-queues what it evicts and holds the cache full: the
-                        # engine's KV saturation and growing queue (GPU-2) are the storm's symptoms
-                        {"source": ["GPU-4"], "target": ["GPU-2"], "equal": ["node", "entity"]},
+                        # engine's KV saturation and growing queue (GPU-2) are the storm's symptoms; and
+                        # it spends the engine's steps recomputing what it evicted, so each running
+                        # request's token rate falls while the batch holds - GPU-8's erosion (gpu7
+                        # memory-bound seed 107: 40-50 evictions a minute from a batch of 13, and GPU-8
+                        # opened beside the storm)
+                        {"source": ["GPU-4"], "target": ["GPU-2", "GPU-8"], "equal": ["node", "entity"]},
                         # anything that slows the node's engine or floods it fills its cache and grows its
                         # queue - GPU-2's red flag: a D2H drain or a slow pipeline stage (pcie2, ew2 seeds
                         # 101-103), a starved or sporadic H2D feed, a slow launch path or host, a
