@@ -101,7 +101,8 @@ DEFAULTS: dict[str, Any] = {
                         # resource-imbalanced engine, bursts of admissions, or generation lengths that spread
                         # (NS-8: the long tail of a length-variance client holds its blocks for thousands of
                         # steps - ns8 seeds 107 and 109 filled the node's cache and grew its queue minutes
-                        # after NS-8 fired). A growing queue over a full cache is demand outgrowing the cache
+                        # after NS-8 fired; NS-8's rules, like GPU-7's and PCIE-7's, are sandbox and inhibit
+                        # nothing until promoted, docs/rules.md). A growing queue over a full cache is demand outgrowing the cache
                         # only when nothing slowed the engine (held-out seeds 104-106: 17 of 19 wrong GPU-2
                         # incidents sat on the node of one of these faults).
                         # PCIE-4 and GPU-8 stay out: GPU-2 already explains PCIE-4's thin feed, which
