@@ -88,19 +88,27 @@ DEFAULTS: dict[str, Any] = {
                         # a link trained below its width is a hardware fault sign before it is a thin feed
                         {"source": ["GPU-6"], "target": ["PCIE-1", "PCIE-5"], "equal": ["node", "entity"]},
                         # a preemption storm re-queues what it evicts and holds the cache full: the
-                        # engine's KV saturation and growing queue (GPU-2) are the storm's symptoms
-                        {"source": ["GPU-4"], "target": ["GPU-2"], "equal": ["node", "entity"]},
+                        # engine's KV saturation and growing queue (GPU-2) are the storm's symptoms; and
+                        # it spends the engine's steps recomputing what it evicted, so each running
+                        # request's token rate falls while the batch holds - GPU-8's erosion (gpu7
+                        # memory-bound seed 107: 40-50 evictions a minute from a batch of 13, and GPU-8
+                        # opened beside the storm)
+                        {"source": ["GPU-4"], "target": ["GPU-2", "GPU-8"], "equal": ["node", "entity"]},
                         # anything that slows the node's engine or floods it fills its cache and grows its
                         # queue - GPU-2's red flag: a D2H drain or a slow pipeline stage (pcie2, ew2 seeds
                         # 101-103), a starved or sporadic H2D feed, a slow launch path or host, a
                         # downtrained, saturated or shared link, pinned-memory shortage, clock skew, a
-                        # resource-imbalanced engine, bursts of admissions. A growing queue over a full cache
-                        # is demand outgrowing the cache only when nothing slowed the engine (held-out seeds
-                        # 104-106: 17 of 19 wrong GPU-2 incidents sat on the node of one of these faults).
+                        # resource-imbalanced engine, bursts of admissions, or generation lengths that spread
+                        # (NS-8: the long tail of a length-variance client holds its blocks for thousands of
+                        # steps - ns8 seeds 107 and 109 filled the node's cache and grew its queue minutes
+                        # after NS-8 fired; NS-8's rules, like GPU-7's and PCIE-7's, are sandbox and inhibit
+                        # nothing until promoted, docs/rules.md). A growing queue over a full cache is demand outgrowing the cache
+                        # only when nothing slowed the engine (held-out seeds 104-106: 17 of 19 wrong GPU-2
+                        # incidents sat on the node of one of these faults).
                         # PCIE-4 and GPU-8 stay out: GPU-2 already explains PCIE-4's thin feed, which
                         # explains GPU-8 (a cycle)
                         {"source": ["PCIE-1", "PCIE-2", "PCIE-3", "PCIE-5", "PCIE-6", "PCIE-7", "PCIE-8", "GPU-5",
-                                    "GPU-7", "EW-2", "NS-1"], "target": ["GPU-2"], "equal": ["node"]},
+                                    "GPU-7", "EW-2", "NS-1", "NS-8"], "target": ["GPU-2"], "equal": ["node"]},
                         # a preemption storm also holds its node's cache full while evictions shrink its batch, which reads as
                         # memory-bound unlike its peers (GPU-7-memory-bound names the node only)
                         {"source": ["GPU-4"], "target": ["GPU-7"], "equal": ["node"]},

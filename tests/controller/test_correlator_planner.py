@@ -320,6 +320,12 @@ def test_a_preemption_storm_explains_kv_saturation_and_a_thin_feed_and_early_sto
 @pytest.mark.parametrize("cause, symptom", [
     (("GPU-2", Layer.ENGINE, "vllm3", Scope.ENGINE), ("PCIE-4", Layer.PCIE, "gpu3", Scope.GPU)),
     (("GPU-4", Layer.ENGINE, "engine0", Scope.ENGINE), ("GPU-7", Layer.GPU, "", Scope.CLUSTER)),
+    # GPU-4 -> GPU-8 (same engine): a storm's steps recompute what it evicted, so each running
+    # request's token rate falls while the batch holds (gpu7 memory-bound seed 107)
+    (("GPU-4", Layer.ENGINE, "engine0", Scope.ENGINE), ("GPU-8", Layer.ENGINE, "engine0", Scope.ENGINE)),
+    # NS-8 -> GPU-2 (node): generation lengths that spread leave a long tail holding its KV blocks,
+    # which fills the node's cache while its queue grows (ns8 seeds 107 and 109)
+    (("NS-8", Layer.ENGINE, "engine0", Scope.ENGINE), ("GPU-2", Layer.ENGINE, "engine0", Scope.ENGINE)),
 ])
 def test_an_engine_cause_takes_its_nodes_symptom_not_another_nodes(cause, symptom) -> None:
     c = _corr()
