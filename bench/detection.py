@@ -367,13 +367,16 @@ def render(sc: dict[str, IdScore], extra: dict[str, Any], runs: Sequence[RunResu
               "- Collective steps reach the controller as the agent reads them from packets: silences on the "
               "collective's connections shorter than the collector's `burst_gap` (1 ms) are not seen, so steps "
               "closer than that merge.",
-              "- EW-2 (PP bubble) is not found with the agent's bursts: the simulator lists collective silences "
-              "only for cross-node TP all-reduces, so the nodes of a pipeline whose stages are single nodes report "
-              "no step entries and the controller has no hand-off times (`ctl_pp_gap_seconds`); with the "
-              "simulator's true hand-off times (`--bursts every`) EW-2-pp-handoff-gap finds it. Listing hand-off "
-              "silences needs a model of which stage's packet ends the other's silence: in a balanced pipeline "
-              "both stages hand off at the same moment, and a last stage sends only a few kB a step (sampled "
-              "tokens), under the collector's collective-connection share.",
+              "- EW-2 (PP bubble) with the agent's own packets: the simulator lists the silences of a pipeline's "
+              "stage connections as the pkt collector sees them (lab/sim/steps.py: NCCL's receiver-driven "
+              "send/recv - the receiving stage writes a clear-to-send when it is ready, the sender's "
+              "activations follow), and EW-2-pp-stage-straggler names a stage whose downstream neighbour "
+              "waits for it every step, on each node's own clock. A stage slower than the one *before* it "
+              "is not seen this way: its upstream stage has its activations early and only ever answers "
+              "the clear-to-send, so its idle time never shows on the wire, and a balanced pipeline "
+              "looks the same. That side needs the time a sender's p2p kernel spends waiting for its "
+              "receiver (NCCL Inspector p2p records) or synced clocks and the true hand-off times "
+              "(`--bursts every`, EW-2-pp-handoff-gap).",
               "- `rdma_port_xmit_wait_total` is a 32-bit saturating counter: on a long-running node it pins at "
               "2^32-1 and reads as zero rate; the lab starts it below the ceiling.",
               "- RoCE traffic bypasses the kernel, so an AF_PACKET capture on the host sees it only with a DPU or a "

@@ -583,6 +583,9 @@ class Aligner:
         for n, r in reference_ratios(group_rates).items():
             out.setdefault(n, {})["ctl_collective_bytes_ref_ratio"] = r
         for name, stages in pp_groups.items():
+            for members in stages:
+                for n in members:
+                    out.setdefault(n, {})["ctl_pp_stages"] = float(len(stages))
             times = []
             for members in stages:
                 key = next((g for g, nodes in tp_groups.items() if tuple(nodes) == tuple(members)), None)

@@ -56,6 +56,9 @@ CATALOGUE = [
     signal("ctl_pp_gap_ratio", "gauge", "ratio", "node",
            "the node's ctl_pp_gap_seconds over the median hand-off gap of all stage pairs of its "
            "pipeline group (1 = balanced)", _C, needs_synced_clock=True),
+    signal("ctl_pp_stages", "gauge", "stages", "node",
+           "stages of the pipeline (PP) group the node serves in, from the topology (absent for a node "
+           "in no pipeline): lets a cluster-scope rule compare a stage with its own pipeline only", _C),
     # -- freshness -----------------------------------------------------------------------------------
     signal("ctl_summary_age_seconds", "gauge", "seconds", "node",
            "seconds between the controller's evaluation time and the node's latest summary", _C, needs_synced_clock=True),

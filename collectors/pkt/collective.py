@@ -89,11 +89,23 @@ class _PortState:
         self.unlisted = 0
 
 
+#: RoCEv2's UDP destination port (IANA)
+ROCE_PORT = 4791
+
+
 def connection_hash(src_hi: np.ndarray, src_lo: np.ndarray, dst_hi: np.ndarray, dst_lo: np.ndarray,
                     sport: np.ndarray, dport: np.ndarray, proto: np.ndarray) -> np.ndarray:
-    """A 64-bit key per packet that is the same for both directions of a 5-tuple."""
-    s_port = sport.astype(np.uint64)
-    d_port = dport.astype(np.uint64)
+    """A 64-bit key per packet that is the same for both directions of a 5-tuple.
+
+    RoCEv2 is keyed by the address pair alone: each side of a queue pair picks its UDP source
+    port from its own QP (entropy for ECMP), so the two directions of one connection have
+    different 5-tuples. A receiver-driven transfer (a pipeline hand-off: NCCL's receiver writes
+    a clear-to-send, the sender then writes megabytes) would otherwise split into a heavy
+    direction and one of small writes that never reaches the collective share, and the
+    receiver's clear-to-send - its own send, ending its compute silence - would not count."""
+    roce = (proto == 17) & ((dport == ROCE_PORT) | (sport == ROCE_PORT))
+    s_port = np.where(roce, 0, sport).astype(np.uint64)
+    d_port = np.where(roce, 0, dport).astype(np.uint64)
     swap = (src_hi > dst_hi) | ((src_hi == dst_hi) & ((src_lo > dst_lo) | ((src_lo == dst_lo) & (s_port > d_port))))
     k = np.empty((len(src_hi), 5), np.uint64)
     k[:, 0] = np.where(swap, dst_hi, src_hi)

@@ -643,6 +643,8 @@ class NodeMeasure:
         # the connections the collectives use on this port: one per TP peer and channel
         port = self.n.rdma_netdevs.index(dev) if dev in self.n.rdma_netdevs else -1
         conns = sum(1 for f in self.roce_flows if f.egress and f.port == port and f.kind == "tp")
+        if not conns:  # a pipeline stage of one node: its hand-off connections
+            conns = sum(1 for f in self.roce_flows if f.egress and f.port == port and f.kind == "pp")
         if conns:
             o.one(t, dev, "pkt_collective_connections", float(conns))
         end = sl.end + getattr(self, "clock_offset", 0.0)

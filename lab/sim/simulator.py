@@ -26,7 +26,7 @@ from skewd.model import SampleBatch
 from .faults import make_injectors
 from .node import NodeSim
 from .scenario import SCENARIO_DIR, Scenario, build_from, load_scenario
-from .steps import StepSilences, step_silences
+from .steps import STAGE_JITTER, Events, SilenceState, StepSilences, event_silences, handoff_events, step_silences
 from .topology import Cluster
 from .traffic import NodeTraffic, RepTraffic
 from .truth import GroundTruth
@@ -92,6 +92,9 @@ class Simulation:
         #: and its last collective packet so far (lab/sim/steps.py)
         self.silences: dict[int, list[StepSilences]] = {n.index: [] for n in c.nodes}
         self._coll_last: dict[int, float] = {n.index: float("nan") for n in c.nodes}
+        #: per node index: the collector's carried state on its pipeline-stage connections
+        self._stage_state: dict[int, SilenceState] = {n.index: SilenceState() for n in c.nodes}
+        self.stage_rng = self._rng("stage-handoffs", 0)  # its own stream, as silence_rng
         self.handoff: list[tuple[int, float, float, float]] = []  # (decode replica, t, prompt, out)
         self._rr = 0
         self.t = self.start
@@ -252,6 +255,7 @@ class Simulation:
                 w = np.array([tr.stage_weight.get(s, 1.0) for s in range(len(r.stages))])
                 frac = w / w.max()
                 act = np.maximum(st.batch, 1) * m.hidden * 2.0
+                self._stage_silences(r, st, frac, act, P)
                 for s in range(len(r.stages)):
                     src = r.stages[s]
                     dst = r.stages[(s + 1) % len(r.stages)]
@@ -304,6 +308,31 @@ class Simulation:
                     roce[src][fi] = _cat(prev, (s_, du_, b_ / P))
                     fo = self.nodes[dn].roce_flow(p, src, "kv", False, 0, c.nodes[src].rdma_ips[p])
                     roce[dn][fo] = _cat(roce[dn].get(fo), (s_ + 2e-6, du_, b_ / P))
+
+    def _stage_silences(self, r, st, frac: np.ndarray, act: np.ndarray, P: int) -> None:
+        """The silences the pkt collector lists on the connections between a pipeline's stages
+        (lab/sim/steps.py, "pipeline hand-offs"): per step and stage pair s -> s+1, the
+        receiver's clear-to-send when it finished its part of the step, the activations once
+        the sender has them and the receiver asked. Only for stages of one node each: a stage
+        spanning nodes already lists its TP all-reduce's silences on the same ports."""
+        c = self.cluster
+        if any(len(stg) != 1 for stg in r.stages) or not len(st.starts):
+            return
+        rng = self.stage_rng
+        ns = len(st.starts)
+        fin = [st.starts + st.durs * frac[s] - rng.uniform(0.0, 2 * STAGE_JITTER, ns) for s in range(len(r.stages))]
+        per: dict[int, list[Events]] = {}
+        rate = c.rdma_speed * 0.8 * P
+        for s in range(len(r.stages) - 1):
+            a, b = r.stages[s][0], r.stages[s + 1][0]
+            if a == b:
+                continue
+            snd, rcv = handoff_events(fin[s], fin[s + 1], act, rate)
+            per.setdefault(a, []).append(snd)
+            per.setdefault(b, []).append(rcv)
+        for nd, evs in per.items():
+            ev = Events(*(np.concatenate([getattr(e, f) for e in evs]) for f in ("start", "end", "kind", "nbytes")))
+            self.silences[nd].append(event_silences(ev, self._stage_state[nd]))
 
     @staticmethod
     def _prefill_prompts(out: TickOut) -> list[float]:

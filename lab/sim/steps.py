@@ -110,3 +110,103 @@ def step_silences(rng: np.random.Generator, prev_last: float, entry: np.ndarray,
     sil = StepSilences(np.asarray(out_e, float), np.asarray(out_l, float), np.asarray(out_k, np.int8),
                        np.asarray(out_b, float))
     return sil, last
+
+
+# -- pipeline hand-offs ------------------------------------------------------------------------
+#
+# A pipeline stage hands its activations to the next one with a point-to-point send (NCCL
+# send/recv in vLLM's PP group). The transfer is receiver-driven: NCCL's network transport moves
+# data only into buffers the receiving side posted, and it posts them (a small clear-to-send
+# write into the sender's FIFO) when the receiving rank calls recv - in vLLM at the start of its
+# next forward, after the last stage synchronised on its sampled tokens. So:
+#
+# - the **receiver** sends a clear-to-send when it is ready for the next input - on its own,
+#   after computing - and then hears nothing until the activations arrive: a stage that waits
+#   for a slower upstream stage shows its compute gap (its data in to its next clear-to-send)
+#   and a wait ended by received data;
+# - the **sender** sends its activations once it has them *and* the receiver has asked: a
+#   sender faster than its receiver sends right after the receiver's clear-to-send (a
+#   reaction: its compute end is invisible on the wire, it only ever answers), a slower one
+#   sends on its own, its compute gap reaching from its previous hand-off to this one.
+#
+# The last stage's sampled tokens go back to the engine core over the executor's channel (a few
+# kB per step on another connection), not over the stage connections: under the pkt collector's
+# collective-connection share they never end a silence. The clear-to-send is a small RDMA write
+# (payload bytes > 0, not a RoCE ACK), a send for the collector.
+
+#: bytes of a clear-to-send (an NCCL FIFO entry: addresses, size, tag). NOTE: order of magnitude,
+#: not measured
+CTS_BYTES = 64.0
+#: the sender's proxy thread acts on a clear-to-send within tens of microseconds (it polls)
+PROXY_REACT = 3e-5
+#: the collector's reaction window (collectors/pkt/collective.py ``react``) and data floor
+REACT = 0.002
+MIN_DATA = 256
+#: per-step jitter of a stage's compute end (kernel timing, host launch): NOTE simulator
+#: choice, a few hundred microseconds on a 20-60 ms decode step
+STAGE_JITTER = 2e-4
+
+EV_SEND, EV_DATA, EV_MSG = 0, 1, 2  # an own send, received data, a received control message
+
+
+@dataclass
+class Events:
+    """One node's packets on its stage connections, as stretches: start, end, kind, bytes."""
+
+    start: np.ndarray
+    end: np.ndarray
+    kind: np.ndarray
+    nbytes: np.ndarray
+
+
+def handoff_events(f_send: np.ndarray, ready: np.ndarray, nbytes: np.ndarray,
+                   link_rate: float) -> tuple[Events, Events]:
+    """Packets of one hand-off per step between a sending stage that has its activations at
+    ``f_send`` and a receiving stage ready for them at ``ready`` (both on true time): (the
+    sender's events, the receiver's)."""
+    arrive = ready + HOP
+    send = np.maximum(f_send, arrive + PROXY_REACT)
+    dur = nbytes / link_rate
+    k = len(send)
+    snd = Events(np.r_[arrive, send], np.r_[arrive, send + dur],
+                 np.r_[np.full(k, EV_MSG), np.full(k, EV_SEND)], np.r_[np.full(k, CTS_BYTES), nbytes])
+    rcv = Events(np.r_[ready, send + HOP], np.r_[ready, send + HOP + dur],
+                 np.r_[np.full(k, EV_SEND), np.full(k, EV_DATA)], np.r_[np.full(k, CTS_BYTES), nbytes])
+    return snd, rcv
+
+
+@dataclass
+class SilenceState:
+    """What the collector carries across intervals for one node's stage connections."""
+
+    last_evt: float = float("nan")  # end of the latest send or data stretch
+    last_in: float = float("nan")  # latest received message of any size
+    acc: float = 0.0  # bytes sent since the latest listed silence
+
+
+def event_silences(ev: Events, state: SilenceState) -> StepSilences:
+    """The silences collectors/pkt/collective.py lists for a node whose stage-connection packets
+    are ``ev`` (any order): gaps of at least MIN_SILENCE between sends and data stretches, ended
+    by a send unless a peer's message (of any size) came during the silence within ``REACT``
+    before it. Updates ``state``."""
+    o = np.lexsort((ev.kind, ev.start))
+    s, e, kd, b = ev.start[o], ev.end[o], ev.kind[o], ev.nbytes[o]
+    out_e, out_l, out_k, out_b = [], [], [], []
+    last, last_in, acc = state.last_evt, state.last_in, state.acc
+    for si, ei, ki, bi in zip(s.tolist(), e.tolist(), kd.tolist(), b.tolist()):
+        if ki == EV_MSG or (ki == EV_DATA and bi < MIN_DATA):
+            last_in = si if last_in != last_in else max(last_in, si)
+            continue
+        if last == last and si - last >= MIN_SILENCE:
+            reacted = ki == EV_SEND and last_in == last_in and si - REACT <= last_in < si and last_in > last
+            out_e.append(si), out_l.append(si - last), out_k.append(int(ki == EV_SEND and not reacted))
+            out_b.append(acc)
+            acc = 0.0
+        if ki == EV_SEND:
+            acc += bi
+        else:
+            last_in = ei if last_in != last_in else max(last_in, ei)
+        last = ei if last != last else max(last, ei)
+    state.last_evt, state.last_in, state.acc = last, last_in, acc
+    return StepSilences(np.asarray(out_e, float), np.asarray(out_l, float), np.asarray(out_k, np.int8),
+                        np.asarray(out_b, float))

@@ -177,3 +177,18 @@ def test_a_replayed_capture_gives_the_same_steps(tmp_path) -> None:
     again = [{k: v for k, v in s.signals.items() if k.startswith(("collective_", "summary_collective_"))}
              for s in rep.summaries]
     assert again == live[: len(again)] and len(again) >= len(live) - 1
+
+
+def test_steps_of_two_lengths_without_pauses_are_all_steps() -> None:
+    """A pipeline stage's hand-off silences: one compute gap per step, ended by its own send, no
+    pauses - decode steps of ~40 ms with a prefill step of ~300 ms now and then. The short gaps
+    fill most of the time, so they are steps, not pauses inside a collective: the period is the
+    decode step's, and no decode gap reads as a wait between two prefill 'entries'."""
+    rng = np.random.default_rng(2)
+    gaps = np.where(rng.random(400) < 0.12, rng.uniform(0.25, 0.35, 400), rng.uniform(0.035, 0.045, 400))
+    end = T0 + np.cumsum(gaps)
+    sel = end <= end[0] + 10
+    s = steps_mod.analyse(end[sel], gaps[sel], np.ones(sel.sum()), np.full(sel.sum(), 1e6), end[0], end[0] + 10)
+    assert s is not None
+    assert 0.035 <= s.period <= 0.05 and s.wait == 0.0
+    assert s.steps >= 0.8 * sel.sum()

@@ -156,3 +156,24 @@ def test_a_capture_without_direction_lists_nothing() -> None:
     pk.direction[:] = 0
     f = FlowTracker(0.001).update(pk, pk.ts_ns[0] / NS - 0.5, pk.ts_ns[-1] / NS + 0.5, ["eth0"])
     assert len(f.ports[0].silences) == 0
+
+
+def test_roce_directions_of_one_address_pair_are_one_connection() -> None:
+    """A pipeline hand-off over RoCE: the receiving stage writes a 64-byte clear-to-send when it
+    is ready (its own send, from its QP's UDP source port), the sender then writes 2 MB to port
+    4791 from another source port. The receiver's clear-to-send ends its compute silence (the
+    two directions are one connection, heavy), and the data that follows ends its wait."""
+    T = 1_700_000_000
+    t = np.array([0.0, 0.0001, 0.0002,   # data in (the previous hand-off)
+                  0.0400,                # clear-to-send out, 40 ms later: computed 40 ms
+                  0.0600, 0.0601])       # data in 20 ms later: waited 20 ms
+    pay = np.array([700_000, 700_000, 600_000, 64, 1_000_000, 1_000_000])
+    d = np.array([DIR_IN, DIR_IN, DIR_IN, DIR_OUT, DIR_IN, DIR_IN])
+    out = d == DIR_OUT
+    pk = udp_packets(((T + t) * NS).astype(np.int64), pay + 66, dst=np.where(out, 2, 1),
+                     sport=np.where(out, 49152, 61000), dport=np.full(len(t), 4791), direction=d, payload=pay)
+    pk.src_lo[:] = np.where(out, 1, 2)
+    s = FlowTracker(0.001).update(pk, T, T + 1, ["eth1"]).ports[0].silences
+    assert (s.length_ns / 1e6).round(1).tolist() == [39.8, 20.0]
+    assert s.by_send.tolist() == [1, 0]
+    assert s.connections == 1

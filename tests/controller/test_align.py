@@ -277,3 +277,14 @@ def test_a_pair_member_that_sits_out_most_steps_is_not_late_in_those_it_takes() 
     assert out["b"]["ctl_step_missing_ratio"] == pytest.approx(4 / 5, abs=0.05)
     assert out["b"]["ctl_arrival_lag_seconds"] < 0.001
     assert out["b"]["ctl_arrival_last_share_ratio"] < 0.1
+
+
+def test_pp_stages_marks_every_node_of_a_pipeline_and_no_other() -> None:
+    """EW-2-pp-stage-straggler compares a stage with its own pipeline only: the nodes of a
+    pipeline carry its stage count, a node outside every pipeline (a TP group's) carries none,
+    even before any hand-off was timed."""
+    al = _aligner()
+    _feed(al, ("a", "b", "x", "y"), 12, {})
+    out = al.derive(T0 + 12, {"g0": ("a", "b")}, {"pp": [("x",), ("y",)]})
+    assert out["x"]["ctl_pp_stages"] == 2.0 and out["y"]["ctl_pp_stages"] == 2.0
+    assert "ctl_pp_stages" not in out["a"] and "ctl_pp_stages" not in out["b"]

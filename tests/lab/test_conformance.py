@@ -260,3 +260,69 @@ def test_collective_silences_match_the_real_pkt_collector():
     assert len(sil.end) > 500 and len(got_e) == len(sil.end)
     assert np.allclose(got_e, sil.end, atol=2e-6) and np.allclose(got_l, sil.length, atol=4e-6)
     assert got_k.tolist() == sil.by_send.tolist()
+
+
+def test_pipeline_hand_off_silences_match_the_real_pkt_collector():
+    """The simulator lists a pipeline stage's hand-off silences from the stages' compute ends
+    (lab/sim/steps.py, "pipeline hand-offs"), not from packets: realise the same hand-offs as
+    packets on one stage connection - the receiver's 64-byte clear-to-send, the sender's
+    activations once asked - hand each node's to collectors/pkt's FlowTracker interval by
+    interval and compare its silences (ends, lengths, how they ended) with the simulator's. The
+    stages take turns being slow, so both a downstream stage waiting for its input and an
+    upstream one answering its receiver are covered."""
+    from skewd.collectors.pkt.features import NS, FlowTracker
+    from skewd.collectors.pkt.frames import DIR_IN, DIR_OUT
+    from skewd.lab.sim import steps as sim_steps
+    from tests.pkt_packets import udp_packets
+
+    rng = np.random.default_rng(5)
+    T = 1_700_000_000.0
+    k = 600
+    P = 0.03 + rng.uniform(0, 0.02, k)
+    starts = T + 0.5 + np.cumsum(P)
+    slow_first = (np.arange(k) // 100) % 2 == 0  # stage 0 slow for 100 steps, then stage 1
+    w = np.where(rng.random(k) < 0.2, 1.0, rng.uniform(1.2, 2.0, k))  # some steps balanced
+    f0 = starts + P * np.where(slow_first, 1.0, 1.0 / w) - rng.uniform(0, 4e-4, k)
+    f1 = starts + P * np.where(slow_first, 1.0 / w, 1.0) - rng.uniform(0, 4e-4, k)
+    nbytes = np.full(k, 2_000_000.0)
+    snd, rcv = sim_steps.handoff_events(f0, f1, nbytes, 50e9)
+    checked = 0
+    for ev in (snd, rcv):
+        sil = sim_steps.event_silences(ev, sim_steps.SilenceState())
+        # realise: a stretch is packets every 10 us from its start to its end (one packet when
+        # it has no length), sends outgoing, data and messages incoming
+        ts, d, pay = [], [], []
+        for a, b, kind, by in zip(ev.start.tolist(), ev.end.tolist(), ev.kind.tolist(), ev.nbytes.tolist()):
+            t = np.unique(np.r_[np.arange(a, b, 1e-5), b]) if b > a else np.array([a])
+            ts.append(t)
+            d.append(np.full(len(t), DIR_OUT if kind == sim_steps.EV_SEND else DIR_IN))
+            pay.append(np.full(len(t), max(1, int(by // len(t))) if by >= 256 else int(by)))
+        ts, d, pay = np.concatenate(ts), np.concatenate(d), np.concatenate(pay)
+        o = np.argsort(ts, kind="stable")
+        ts, d, pay = ts[o], d[o], pay[o]
+        out = d == DIR_OUT
+        pk = udp_packets(np.round(ts * NS).astype(np.int64), pay + 66, dst=np.where(out, 2, 1),
+                         sport=np.where(out, 5000, 6000), dport=np.where(out, 6000, 5000), direction=d, payload=pay)
+        pk.src_lo[:] = np.where(out, 1, 2)
+        tr = FlowTracker(sim_steps.MIN_SILENCE, 60.0)
+        got_e, got_l, got_k = [], [], []
+        t0 = T
+        while t0 < ts[-1] + 1:
+            sel = np.flatnonzero((pk.ts_ns > t0 * NS) & (pk.ts_ns <= (t0 + 1) * NS))
+            f = tr.update(pk.take(sel), t0, t0 + 1, ["eth1"])
+            if f.ports:
+                s_ = f.ports[0].silences
+                got_e += (s_.end_ns / NS).tolist()
+                got_l += (s_.length_ns / NS).tolist()
+                got_k += s_.by_send.tolist()
+            t0 += 1
+        keep_s = sil.length >= sim_steps.MIN_SILENCE + 5e-6
+        keep_r = np.array(got_l) >= sim_steps.MIN_SILENCE + 5e-6
+        got_e, got_l, got_k = (np.array(x)[keep_r] for x in (got_e, got_l, got_k))
+        assert len(got_e) == keep_s.sum() > 400
+        assert np.allclose(got_e, sil.end[keep_s], atol=2e-6) and np.allclose(got_l, sil.length[keep_s], atol=4e-6)
+        assert got_k.tolist() == sil.by_send[keep_s].tolist()
+        checked += 1
+        # both ways of ending a silence occur on each side over the two halves
+        assert 0 < sil.by_send.sum() < len(sil.by_send)
+    assert checked == 2
