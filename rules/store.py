@@ -305,9 +305,15 @@ class WindowStore:
         n = len(signal)
         if not len(ts) or not n:
             return True
-        lay = self._known_layout(SampleBatch(np.full(n, float(ts[0])), node, entity, signal, values[0]), shared=True)
-        if lay is None:
-            return False
+        hit = self._shared.get(id(signal))  # _known_layout's identity check, without a batch to check
+        if (hit is not None and hit[0] is signal and hit[1] is entity and hit[2] is node
+                and hit[3].ncat == len(self.catalogue)):
+            lay = hit[3]
+        else:
+            lay = self._known_layout(SampleBatch(np.full(n, float(ts[0])), node, entity, signal, values[0]),
+                                     shared=True)
+            if lay is None:
+                return False
         self._write(lay, np.asarray(ts, dtype=np.float64), values)
         self.samples_ingested += len(ts) * n
         return True
