@@ -515,6 +515,7 @@ def offline(nodes: int, rate: float, seconds: float, warm: float, profile: str |
     ctl = Controller(cfg, wall_clock=lambda: 0.0)
     ctl.state = MemoryState(CLUSTER)
     ctl.js = CaptureJetStream()
+    parts = _time_tick_parts(ctl)
     tpls = templates(nodes)
     loop = asyncio.new_event_loop()
     t0 = 1.7e9
@@ -527,6 +528,8 @@ def offline(nodes: int, rate: float, seconds: float, warm: float, profile: str |
     for k in range(total):
         t = t0 + k / rate
         ph = phases["warm" if t - t0 < warm else "steady"]
+        if ph is phases["steady"] and k and (t - 1 / rate) - t0 < warm:
+            parts.clear()  # the tick's parts: steady state only
         if prof is not None and ph is phases["steady"] and k and (t - 1 / rate) - t0 < warm:
             prof.enable()
         msg = _Msg(tpls[i][0], payload(tpls[i], t, min(10.0, max(1e-3, t - last[i]))))
@@ -549,12 +552,54 @@ def offline(nodes: int, rate: float, seconds: float, warm: float, profile: str |
     loop.close()
     out = {"nodes": nodes, "rate": rate, "warm_s": warm, "steady_s": seconds, "evaluations": ctl.stats.evaluations,
            "rejected": ctl.stats.summaries_rejected, "errors": ctl.stats.errors}
+    nt = max(1, phases["steady"][3])
+    out["steady_tick_parts_ms"] = {k: v / nt * 1e3 for k, v in parts.items()}
     for name, (ing, tk, n, nt, mx) in phases.items():
         out[name] = {"summaries": n, "ingest_us": ing / max(1, n) * 1e6, "ticks": nt,
                      "tick_mean_ms": tk / max(1, nt) * 1e3, "tick_max_ms": mx * 1e3,
                      "cpu_us_per_summary": (ing + tk) / max(1, n) * 1e6,
                      "one_core_rate": n / (ing + tk) if ing + tk > 0 else 0.0}
     return out
+
+
+def _time_tick_parts(ctl) -> dict[str, float]:
+    """CPU seconds of the tick's parts (alignment, the group rules, the ctl_* ingest, the
+    store flush: in the tick or between ticks when FLUSH_ROWS pile up), summed until cleared."""
+    import collections
+    import functools
+
+    parts: dict[str, float] = collections.Counter()
+    cpu = time.process_time
+
+    def timed(name, fn):
+        @functools.wraps(fn)
+        def run(*a, **k):
+            c = cpu()
+            try:
+                return fn(*a, **k)
+            finally:
+                parts[name] += cpu() - c
+        return run
+
+    derive_steps = ctl.aligner.derive_steps
+
+    def steps(*a, **k):  # a generator: time each step of it
+        g = derive_steps(*a, **k)
+        while True:
+            c = cpu()
+            try:
+                name = next(g)
+            except StopIteration as done:
+                parts["align"] += cpu() - c
+                return done.value
+            parts["align"] += cpu() - c
+            yield name
+
+    ctl.aligner.derive_steps = steps
+    ctl.engine.evaluate = timed("rules", ctl.engine.evaluate)
+    ctl.feed.ingest_derived = timed("ctl_ingest", ctl.feed.ingest_derived)
+    ctl.feed.flush = timed("flush", ctl.feed.flush)
+    return parts
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -587,6 +632,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"controller ingest offline, {name:6}: {p['summaries']:,} summaries, {p['ingest_us']:.0f} us ingest "
                   f"+ {p['ticks']} ticks mean {p['tick_mean_ms']:.0f} ms (max {p['tick_max_ms']:.0f}) = "
                   f"{p['cpu_us_per_summary']:.0f} us CPU per summary: {p['one_core_rate']:,.0f}/s on one core")
+        tp = r["steady_tick_parts_ms"]
+        print("  steady state per tick: " + ", ".join(f"{k} {v:.0f} ms" for k, v in tp.items())
+              + " (flush: also between ticks, see FLUSH_ROWS)")
         print(f"  {r['nodes']} nodes, {r['rate']:g}/s of summary time, evaluations {r['evaluations']}, "
               f"rejected {r['rejected']}, errors {r['errors']}")
         if a.json:

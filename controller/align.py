@@ -536,7 +536,7 @@ class Aligner:
         out: dict[str, dict[str, float]] = {}
         for node, c in self.clocks.items():
             out.setdefault(node, {})["ctl_summary_age_seconds"] = max(0.0, now - c.last_summary_t)
-        stage_steps: dict[str, np.ndarray] = {}
+        stage_steps: dict[str, tuple[Aligned, int]] = {}
         group_rates: dict[str, tuple[int, dict[str, float]]] = {}
         for name, nodes in tp_groups.items():
             live = self.live(nodes, now)
@@ -577,8 +577,8 @@ class Aligner:
             self.reports[name] = rep
             for n, v in vals.items():
                 out.setdefault(n, {}).update(v)
-            if al.nsteps:
-                stage_steps[name] = al.firsts(max(1, len(live) // 2))
+            if al.nsteps:  # each step's start, for pipeline stages: computed only when one asks
+                stage_steps[name] = (al, max(1, len(live) // 2))
             yield name
         for n, r in reference_ratios(group_rates).items():
             out.setdefault(n, {})["ctl_collective_bytes_ref_ratio"] = r
@@ -590,7 +590,8 @@ class Aligner:
             for members in stages:
                 key = next((g for g, nodes in tp_groups.items() if tuple(nodes) == tuple(members)), None)
                 if key is not None and key in stage_steps:
-                    times.append(stage_steps[key])
+                    al, quorum = stage_steps[key]
+                    times.append(al.firsts(quorum))
                 elif len(members) == 1 and members[0] in self.bursts:
                     t, _ = self.bursts[members[0]].window(now - self.window, now)
                     times.append(t)

@@ -168,17 +168,29 @@ class StoreFeed:
             by_node: dict[str, list[_Pending]] = {}
             for p in pend:
                 by_node.setdefault(p.node, []).append(p)
-            batches = []
+            # a layout's column arrays are made once and never modified: the store may know
+            # them by identity; its layout cache is sized to hold every node's (see below).
+            # A node's consecutive summaries of one layout go in as one matrix (the store's
+            # ingest_collections: what ingest_many does with consecutive batches of a layout,
+            # without a SampleBatch and a layout check per summary); a run whose layout the
+            # store no longer caches takes ingest_many, which learns it again
             for ps in by_node.values():
                 if len(ps) > 1 and any(a.t > b.t for a, b in zip(ps, ps[1:])):
                     ps = sorted(ps, key=lambda p: p.t)  # stable: a repeated time keeps arrival order
-                for p in ps:
-                    lay = p.layout
-                    batches.append(SampleBatch(np.full(len(p.values), p.t), lay.node_col, lay.entity_col,
-                                               lay.signal_col, np.array(p.values, dtype=np.float64)))
-            # a layout's column arrays are made once and never modified: the store may know
-            # them by identity; its layout cache is sized to hold every node's (see below)
-            store.ingest_many(batches, shared_columns=True)
+                i = 0
+                while i < len(ps):
+                    lay = ps[i].layout
+                    j = i + 1
+                    while j < len(ps) and ps[j].layout is lay:
+                        j += 1
+                    run = ps[i:j]
+                    ts = np.array([p.t for p in run])
+                    V = np.array([p.values for p in run], dtype=np.float64)
+                    if not store.ingest_collections(lay.signal_col, lay.entity_col, lay.node_col, ts, V):
+                        store.ingest_many([SampleBatch(np.full(len(p.values), p.t), lay.node_col, lay.entity_col,
+                                                       lay.signal_col, np.array(p.values, dtype=np.float64))
+                                           for p in run], shared_columns=True)
+                    i = j
             self.fast_flushes += 1
         else:
             store.ingest(SampleBatch.from_rows(
@@ -213,9 +225,12 @@ class StoreFeed:
         if not per_node:
             return
         if known:
-            store.ingest_many([SampleBatch(np.full(len(vs), t), lay.node_col, lay.entity_col, lay.signal_col,
-                                           np.array(vs, dtype=np.float64)) for _, _, vs, lay in per_node],
-                              shared_columns=True)
+            ts = np.array([t])
+            for _, _, vs, lay in per_node:  # as the summaries' flush: one collection per node
+                V = np.array([vs], dtype=np.float64)
+                if not store.ingest_collections(lay.signal_col, lay.entity_col, lay.node_col, ts, V):
+                    store.ingest_many([SampleBatch(np.full(len(vs), t), lay.node_col, lay.entity_col,
+                                                   lay.signal_col, V[0])], shared_columns=True)
             return
         store.ingest(SampleBatch.from_rows([(t, node, "", n, v) for node, names, vs, _ in per_node
                                             for n, v in zip(names, vs)]))

@@ -200,7 +200,7 @@ def first_last(t: np.ndarray, W: np.ndarray) -> tuple[np.ndarray, np.ndarray, np
 # -- instant -----------------------------------------------------------------------------------
 def last(t: np.ndarray, W: np.ndarray) -> np.ndarray:
     if W.shape[1]:
-        lv = W[:, -1].copy()
+        lv = last_dense(W)
         if not has_nan(lv):  # every row's latest valid sample is in the last column
             return lv
     return first_last(t, W)[1]
@@ -317,25 +317,45 @@ def _reduce(W: np.ndarray, dense: np.ndarray, nan_fn) -> np.ndarray:
     return dense
 
 
+# Dense forms: the value a kernel returns for a window of at least one column whenever that
+# value holds no NaN (a NaN sample makes the dense row NaN: the kernel then takes its exact path).
+# Each is a per-row reduction, so a row's value does not depend on the rows stacked with it:
+# windows.py computes them over many blocks' windows at once (the controller's 1,000 nodes).
+def avg_dense(W: np.ndarray) -> np.ndarray:
+    return rowsum(W) / W.shape[1]  # = W.mean(axis=1)
+
+
+def min_dense(W: np.ndarray) -> np.ndarray:
+    return _extreme(W, _min)
+
+
+def max_dense(W: np.ndarray) -> np.ndarray:
+    return _extreme(W, _max)
+
+
+def last_dense(W: np.ndarray) -> np.ndarray:
+    return W[:, -1].copy()
+
+
 @_quiet
 def avg(t: np.ndarray, W: np.ndarray) -> np.ndarray:
     if not W.shape[1]:
         return np.full(W.shape[0], _NAN)
-    return _reduce(W, rowsum(W) / W.shape[1], np.nanmean)  # = W.mean(axis=1)
+    return _reduce(W, avg_dense(W), np.nanmean)
 
 
 @_quiet
 def wmin(t: np.ndarray, W: np.ndarray) -> np.ndarray:
     if not W.shape[1]:
         return np.full(W.shape[0], _NAN)
-    return _reduce(W, _extreme(W, _min), np.nanmin)
+    return _reduce(W, min_dense(W), np.nanmin)
 
 
 @_quiet
 def wmax(t: np.ndarray, W: np.ndarray) -> np.ndarray:
     if not W.shape[1]:
         return np.full(W.shape[0], _NAN)
-    return _reduce(W, _extreme(W, _max), np.nanmax)
+    return _reduce(W, max_dense(W), np.nanmax)
 
 
 @_quiet

@@ -165,11 +165,18 @@ class _Group:
     rows: slice | np.ndarray  # block rows, in sample order
     count: int
     unique: bool  # no entity twice (a repeated one would make the write order matter)
+    #: a group of one sample (a node-scope signal: every summary signal the controller stores):
+    #: its block row and batch position as plain ints, so a write is a few scalar assignments
+    #: instead of slice and fancy-index set-ups (-1: more than one sample)
+    row: int = -1
+    col: int = -1
 
     @classmethod
     def make(cls, name: str, blk: Block | None, idx: np.ndarray, rows: np.ndarray) -> "_Group":
         unique = len(np.unique(rows)) == len(rows)
-        return cls(name, blk, _span(idx), _span(rows) if unique else rows, len(idx), unique)
+        one = len(idx) == 1 and len(rows) == 1  # (an uncatalogued signal has no rows)
+        return cls(name, blk, _span(idx), _span(rows) if unique else rows, len(idx), unique,
+                   int(rows[0]) if one else -1, int(idx[0]) if one else -1)
 
 
 @dataclass
@@ -298,9 +305,15 @@ class WindowStore:
         n = len(signal)
         if not len(ts) or not n:
             return True
-        lay = self._known_layout(SampleBatch(np.full(n, float(ts[0])), node, entity, signal, values[0]), shared=True)
-        if lay is None:
-            return False
+        hit = self._shared.get(id(signal))  # _known_layout's identity check, without a batch to check
+        if (hit is not None and hit[0] is signal and hit[1] is entity and hit[2] is node
+                and hit[3].ncat == len(self.catalogue)):
+            lay = hit[3]
+        else:
+            lay = self._known_layout(SampleBatch(np.full(n, float(ts[0])), node, entity, signal, values[0]),
+                                     shared=True)
+            if lay is None:
+                return False
         self._write(lay, np.asarray(ts, dtype=np.float64), values)
         self.samples_ingested += len(ts) * n
         return True
@@ -343,6 +356,9 @@ class WindowStore:
         t0 = float(ts[0])
         t_last = float(ts[-1])
         wrote = False
+        # one-sample groups read their value(s) from these: a Python float (k = 1) or a row
+        # of the transposed matrix, the same float64s either way
+        one = V[0].tolist() if k == 1 else V.T
         for g in lay.groups:
             blk = g.blk
             if blk is None:
@@ -351,6 +367,24 @@ class WindowStore:
             n = blk.n
             if increasing and (not n or t0 > blk.times[n - 1]):
                 if n + k <= blk.times.shape[0]:  # the common case, inline: k new columns
+                    r = g.row
+                    if r >= 0:  # one sample: scalar indices (same cells, same values)
+                        if k == 1:
+                            blk.times[n] = t0
+                            if blk.time_major:
+                                blk.data[n, r] = one[g.col]
+                            else:
+                                blk.data[r, n] = one[g.col]
+                        else:
+                            blk.times[n: n + k] = ts
+                            if blk.time_major:
+                                blk.data[n: n + k, r] = one[g.col]
+                            else:
+                                blk.data[r, n: n + k] = one[g.col]
+                        blk.n = n + k
+                        blk.last_seen[r] = t_last
+                        wrote = True
+                        continue
                     rows = g.rows
                     if k == 1:
                         blk.times[n] = t0

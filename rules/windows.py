@@ -78,6 +78,8 @@ def window_vec(ctx: EvalContext, sig: str, dur: float, key: tuple, kernel: Calla
         parts = _slices(ctx, sig, dur)
         if len(parts) == 1:
             vals = kernel(*parts[0])
+        elif len(parts) >= STACK_MIN_BLOCKS and key[0] in _DENSE and (len(key) == 2 or key[2] is identity):
+            vals = _stacked(parts, _DENSE[key[0]], kernel)
         else:
             vals = np.concatenate([np.asarray(kernel(t, W), dtype=float) for t, W in parts]) if parts \
                 else np.empty(0)
@@ -183,6 +185,53 @@ def _batched(ctx: EvalContext, group: tuple) -> None:
         v = got[0] if len(got) == 1 else np.concatenate(got)
         for key in members[sig]:
             memo[key] = v
+
+
+# -- one window function over many blocks ----------------------------------------------------------
+# The controller's store holds one block per node and signal (1,000 blocks of one row for a
+# summary signal at 1,000 nodes): a window function over such a signal was one kernel call per
+# block, ~1,000 calls for each avg() of a group rule. The kernels whose dense value is a per-row
+# reduction (functions.avg_dense & co) are computed instead over the windows of all blocks with
+# the same column count, stacked into one matrix, as the counter rates above are across signals.
+# A block's value is taken from the stack only when it holds no NaN, exactly when the kernel
+# itself returns its dense value; the others, time-major blocks (reduced along their rows) and
+# empty windows are left to their own kernel call.
+STACK_MIN_BLOCKS = 8  # fewer blocks (an agent's store): the calls cost less than the stacking
+_DENSE: dict[str, Callable] = {"avg": functions.avg_dense, "min": functions.min_dense,
+                               "max": functions.max_dense, "sum": functions.rowsum, "last": functions.last_dense}
+
+
+def _stacked(parts: list, dense: Callable, kernel: Callable) -> np.ndarray:
+    """The kernel's values over every block's window (``parts``), in block row order."""
+    sizes = [W.shape[0] for _, W in parts]
+    starts = np.cumsum(sizes) - sizes
+    out = np.empty(int(sum(sizes)))
+    buckets: dict[int, list[int]] = {}
+    alone: list[int] = []
+    for i, (_, W) in enumerate(parts):
+        k = W.shape[1]
+        if k and W.shape[0] and functions._row_major(W):
+            buckets.setdefault(k, []).append(i)
+        else:
+            alone.append(i)
+    for idx in buckets.values():
+        if len(idx) == 1:
+            alone += idx
+            continue
+        v = dense(np.concatenate([parts[i][1] for i in idx]))
+        n = np.array([sizes[i] for i in idx])
+        first = np.cumsum(n) - n  # each block's first row in the stack
+        if all(x == 1 for x in n):
+            dest = starts[idx]
+        else:
+            dest = np.arange(len(v)) + np.repeat(starts[idx] - first, n)
+        out[dest] = v
+        if functions.has_nan(v):  # those blocks: their own kernel's exact path
+            bad = np.unique(np.searchsorted(first, np.flatnonzero(np.isnan(v)), side="right") - 1)
+            alone += [idx[j] for j in bad.tolist()]
+    for i in alone:
+        out[starts[i]: starts[i] + sizes[i]] = np.asarray(kernel(*parts[i]), dtype=float)
+    return out
 
 
 # -- counter rates over many rows ----------------------------------------------------------------
