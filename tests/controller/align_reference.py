@@ -269,6 +269,9 @@ class Aligner:
                 for n, r in rates.items():
                     out[n]["ctl_collective_bytes_ref_ratio"] = r / ref
         for name, stages in pp_groups.items():
+            for members in stages:  # a pipeline's nodes say how many stages it has (EW-2's scope)
+                for n in members:
+                    out.setdefault(n, {})["ctl_pp_stages"] = float(len(stages))
             times = []
             for members in stages:
                 key = next((g for g, nodes in tp_groups.items() if tuple(nodes) == tuple(members)), None)
