@@ -54,6 +54,8 @@ from fuzz_seeds import ROOT
 from fuzz_targets import TARGETS, Target, _expected  # noqa: F401 (Target: for callers of fuzz.Target)
 
 SETUP_FAILED = 3
+#: inputs kept per bug (by index): enough to re-check after a fix that none of them still fails
+MAX_INDICES = 1000
 
 
 class Hang(BaseException):
@@ -152,8 +154,11 @@ def _record(st: Stats, out: Path, key: str, info: dict, data: bytes | None) -> N
             (d / f"{stem}.bin").write_bytes(data)
             (d / f"{stem}.txt").write_text(f"{key}\nindex {info['index']}\n\n{info.get('traceback', '')}")
             fname = str(d / f"{stem}.bin")
-        bug = st.bugs[key] = {**{k: v for k, v in info.items() if k != "traceback"}, "count": 0, "file": fname}
+        bug = st.bugs[key] = {**{k: v for k, v in info.items() if k != "traceback"}, "count": 0, "file": fname,
+                              "indices": []}
     bug["count"] += 1
+    if len(bug.setdefault("indices", [])) < MAX_INDICES:  # to re-run every one of them (--index) after a fix
+        bug["indices"].append(info["index"])
 
 
 def _stats_path(out: Path, target: str, shard: int, part: int, suffix: str = "") -> Path:
@@ -369,6 +374,7 @@ def merge(out: Path) -> dict[str, dict]:
         for k, b in s.bugs.items():
             if k in agg["bugs"]:
                 agg["bugs"][k]["count"] += b["count"]
+                agg["bugs"][k].setdefault("indices", []).extend(b.get("indices", []))
             else:
                 agg["bugs"][k] = dict(b)
     for agg in by.values():

@@ -57,6 +57,12 @@ def test_the_harness_counts_an_unhandled_exception_and_a_hang(tmp_path: Path, mo
     res = fuzz.fuzz(["selftest"], inputs=12, procs=1, timeout=0.3, out=tmp_path)["selftest"]
     assert res["inputs"] == 12 and res["unhandled"] >= 1 and res["hangs"] >= 1
     assert any(k.startswith("KeyError") for k in res["bugs"])
+    # every failing input is named, so all of them can be re-run after a fix
+    import random
+
+    raising = [i for i in range(12) if random.Random(f"selftest:1:{i}").choice((0, 1, 2)) == 1]
+    bug = next(b for k, b in res["bugs"].items() if k.startswith("KeyError"))
+    assert sorted(bug["indices"]) == raising and bug["count"] == len(raising)
 
 
 def test_a_stopped_run_says_where_to_continue(tmp_path: Path) -> None:
