@@ -15,7 +15,9 @@ thousands deep, YAML aliases and anchors, pcapng options, bundle files re-sealed
 CRCs so the content, not the checksum, is what is wrong).
 
 Every input is derived from (target, --seed, its index) alone, so a finding reproduces from its
-index. Per target the harness counts inputs, exceptions of the parser's *documented* error
+index. A long run stops cleanly on SIGTERM or Ctrl-C: each worker writes its figures and the
+table says where each target got to (``next index``); ``--start N --inputs M`` into a new
+``--out`` continues with inputs N..N+M-1. Per target the harness counts inputs, exceptions of the parser's *documented* error
 type (handled), anything else (unhandled: a bug; the input is saved under ``--out/crashes``),
 hangs (an input using more than ``--timeout`` seconds of CPU: interrupted by SIGPROF, or killed
 by the watchdog when stuck in C code), and the worker's peak RSS. Hangs are measured in CPU
@@ -52,14 +54,53 @@ from fuzz_seeds import ROOT
 from fuzz_targets import TARGETS, Target, _expected  # noqa: F401 (Target: for callers of fuzz.Target)
 
 SETUP_FAILED = 3
+#: inputs kept per bug (by index): enough to re-check after a fix that none of them still fails
+MAX_INDICES = 1000
 
 
 class Hang(BaseException):
     """Raised by SIGPROF inside an input that used more CPU time than the per-input timeout."""
 
 
+#: the CPU-time timer ticks this many times per timeout (see :class:`_Watch`)
+TICKS_PER_TIMEOUT = 5
+
+
+class _Watch:
+    """The per-input CPU-time limit, armed once per worker rather than once per input.
+
+    A periodic ITIMER_PROF ticks every ``timeout / TICKS_PER_TIMEOUT`` seconds of the worker's
+    CPU time. The loop only writes the index of the input it is running into ``current``
+    (-1 between inputs); a tick that finds the same input as the previous
+    ``TICKS_PER_TIMEOUT`` ticks raises :class:`Hang` in it. That input has then used at least
+    ``timeout`` of CPU (the ticks span TICKS_PER_TIMEOUT intervals) and less than
+    ``timeout * (1 + 1/TICKS_PER_TIMEOUT)``. Two ``setitimer`` calls per input cost more than
+    a /proc or sysfs parse does."""
+
+    def __init__(self) -> None:
+        self.current = -1
+        self._seen = -1
+        self._ticks = 0
+
+    def on_tick(self, signum: int, frame: Any) -> None:
+        cur = self.current
+        if cur < 0 or cur != self._seen:
+            self._seen, self._ticks = cur, 0
+            return
+        self._ticks += 1
+        if self._ticks >= TICKS_PER_TIMEOUT:
+            self._seen, self._ticks = -1, 0
+            raise Hang()
+
+
 def _on_alarm(signum: int, frame: Any) -> None:
     raise Hang()
+
+
+def _on_term(signum: int, frame: Any) -> None:
+    """SIGTERM stops a worker like Ctrl-C: its figures are written and the run can go on with
+    ``--start``."""
+    raise KeyboardInterrupt()
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -93,6 +134,7 @@ class Stats:
     unhandled: int = 0
     hangs: int = 0
     seconds: float = 0.0
+    cpu_seconds: float = 0.0  # the worker's own CPU time: its rate on a machine shared with other work
     peak_rss_kb: int = 0
     baseline_rss_kb: int = 0
     slowest_s: float = 0.0
@@ -112,8 +154,11 @@ def _record(st: Stats, out: Path, key: str, info: dict, data: bytes | None) -> N
             (d / f"{stem}.bin").write_bytes(data)
             (d / f"{stem}.txt").write_text(f"{key}\nindex {info['index']}\n\n{info.get('traceback', '')}")
             fname = str(d / f"{stem}.bin")
-        bug = st.bugs[key] = {**{k: v for k, v in info.items() if k != "traceback"}, "count": 0, "file": fname}
+        bug = st.bugs[key] = {**{k: v for k, v in info.items() if k != "traceback"}, "count": 0, "file": fname,
+                              "indices": []}
     bug["count"] += 1
+    if len(bug.setdefault("indices", [])) < MAX_INDICES:  # to re-run every one of them (--index) after a fix
+        bug["indices"].append(info["index"])
 
 
 def _stats_path(out: Path, target: str, shard: int, part: int, suffix: str = "") -> Path:
@@ -150,6 +195,7 @@ def worker(name: str, shard: int, part: int, seed: int, start: int, stop: int, d
         os._exit(SETUP_FAILED)
     st = Stats(name, shard, part, first_index=start, next_index=start,
                baseline_rss_kb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    signal.signal(signal.SIGTERM, _on_term)
     # CPU time, not wall time: on a machine shared with other work a starved worker is not a hang
     signal.signal(signal.SIGPROF, _on_alarm)
     signal.setitimer(signal.ITIMER_PROF, 10 * timeout)
@@ -159,7 +205,12 @@ def worker(name: str, shard: int, part: int, seed: int, start: int, stop: int, d
         pass
     finally:
         signal.setitimer(signal.ITIMER_PROF, 0)
+    watch = _Watch()
+    signal.signal(signal.SIGPROF, watch.on_tick)
+    tick = timeout / TICKS_PER_TIMEOUT
+    signal.setitimer(signal.ITIMER_PROF, tick, tick)
     t0 = time.monotonic()
+    c0 = time.process_time()
     last_write = t0
     try:
         for i in range(start, stop):
@@ -168,37 +219,45 @@ def worker(name: str, shard: int, part: int, seed: int, start: int, stop: int, d
             data = t.make(ctx, random.Random(f"{name}:{seed}:{i}"))
             progress.value = i
             began = time.perf_counter()
-            signal.setitimer(signal.ITIMER_PROF, timeout)
             try:
+                watch.current = i
                 t.run(ctx, data)
+                watch.current = -1
             except expected:
+                watch.current = -1
                 st.handled += 1
             except Hang:
+                watch.current = -1
                 st.hangs += 1
                 _record(st, outp, f"hang: > {timeout:g}s CPU", {"type": "Hang", "message": f"input used > {timeout:g}s of CPU",
                                                             "where": "", "index": i}, data)
             except (KeyboardInterrupt, SystemExit):
                 raise
             except BaseException as e:  # noqa: BLE001 - every other exception is what we are looking for
-                signal.setitimer(signal.ITIMER_PROF, 0)
+                watch.current = -1
                 where = _where(e.__traceback__)
                 st.unhandled += 1
                 _record(st, outp, f"{type(e).__name__} at {where}",
                         {"type": type(e).__name__, "message": str(e)[:300], "where": where, "index": i,
                          "traceback": "".join(traceback.format_exception(e))[-6000:]}, data)
-            finally:
-                signal.setitimer(signal.ITIMER_PROF, 0)
-            st.slowest_s = max(st.slowest_s, time.perf_counter() - began)
+            took = time.perf_counter() - began
+            if took > st.slowest_s:
+                st.slowest_s = took
             st.inputs += 1
             st.next_index = i + 1
             now = time.monotonic()
             if now - last_write >= 5.0:
                 st.seconds = now - t0
+                st.cpu_seconds = time.process_time() - c0
                 st.peak_rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
                 _write_stats(st, outp)
                 last_write = now
+    except KeyboardInterrupt:  # stopped (SIGTERM, Ctrl-C): the input it was on is not counted
+        pass
     finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
         st.seconds = time.monotonic() - t0
+        st.cpu_seconds = time.process_time() - c0
         st.peak_rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         _write_stats(st, outp)
         cleanup = ctx.get("dir") if isinstance(ctx, dict) else None
@@ -227,10 +286,24 @@ def run_jobs(jobs: list[Job], procs: int, seed: int, timeout: float, out: Path, 
     pending = list(jobs)
     running: list[list[Any]] = []  # [job, proc, progress, last index, since]
     grace = max(5 * timeout, 10.0)
+    try:
+        _supervise(ctx, pending, running, procs, seed, timeout, out, memory, log, grace)
+    except KeyboardInterrupt:  # stopped: every worker writes its figures before it exits
+        for item in running:
+            if item[1].is_alive():
+                item[1].terminate()
+        for item in running:
+            item[1].join(30)
+        raise
+
+
+def _supervise(ctx: Any, pending: list[Job], running: list[list[Any]], procs: int, seed: int, timeout: float,
+               out: Path, memory: int, log: Callable[[str], None], grace: float) -> None:
+    """run_jobs' loop: start workers, restart a job after a killed or dead worker."""
     while pending or running:
         while pending and len(running) < procs:
             j = pending.pop(0)
-            progress = ctx.Value("q", j.start)
+            progress = ctx.Value("q", j.start, lock=False)  # one writer: no lock per input
             p = ctx.Process(target=worker, args=(j.target, j.shard, j.part, seed, j.start, j.stop, j.deadline,
                                                  timeout, str(out), memory, progress), daemon=True)
             p.start()
@@ -265,7 +338,7 @@ def run_jobs(jobs: list[Job], procs: int, seed: int, timeout: float, out: Path, 
                     pending.insert(0, Job(j.target, j.shard, j.part + 1, cur + 1, j.stop, j.deadline))
                 continue
             still.append(item)
-        running = still
+        running[:] = still
 
 
 def _killed(out: Path, j: Job, index: int, key: str, hang: bool) -> None:
@@ -285,24 +358,29 @@ def merge(out: Path) -> dict[str, dict]:
         except (OSError, ValueError, TypeError):
             continue
         agg = by.setdefault(s.target, {"target": s.target, "inputs": 0, "handled": 0, "unhandled": 0, "hangs": 0,
-                                       "cpu_seconds": 0.0, "peak_rss_kb": 0, "baseline_rss_kb": 0,
-                                       "slowest_s": 0.0, "bugs": {}})
+                                       "cpu_seconds": 0.0, "worker_cpu_seconds": 0.0, "peak_rss_kb": 0, "baseline_rss_kb": 0,
+                                       "slowest_s": 0.0, "bugs": {}, "next_index": {}})
         agg["inputs"] += s.inputs
         agg["handled"] += s.handled
         agg["unhandled"] += s.unhandled
         agg["hangs"] += s.hangs
-        agg["cpu_seconds"] += s.seconds
+        agg["cpu_seconds"] += s.seconds  # (wall seconds of the workers; the name is kept for old readers)
+        agg["worker_cpu_seconds"] += s.cpu_seconds
         agg["peak_rss_kb"] = max(agg["peak_rss_kb"], s.peak_rss_kb)
         agg["baseline_rss_kb"] = max(agg["baseline_rss_kb"], s.baseline_rss_kb)
         agg["slowest_s"] = max(agg["slowest_s"], s.slowest_s)
+        # where each shard goes on (--start) if the run was stopped: parts after a killed worker continue it
+        agg["next_index"][s.shard] = max(agg["next_index"].get(s.shard, 0), s.next_index)
         for k, b in s.bugs.items():
             if k in agg["bugs"]:
                 agg["bugs"][k]["count"] += b["count"]
+                agg["bugs"][k].setdefault("indices", []).extend(b.get("indices", []))
             else:
                 agg["bugs"][k] = dict(b)
     for agg in by.values():
         agg["what"] = TARGETS[agg["target"]].what
         agg["inputs_per_second"] = agg["inputs"] / agg["cpu_seconds"] if agg["cpu_seconds"] else 0.0
+        agg["inputs_per_cpu_second"] = agg["inputs"] / agg["worker_cpu_seconds"] if agg["worker_cpu_seconds"] else 0.0
     return by
 
 
@@ -328,7 +406,10 @@ def fuzz(targets: list[str], *, inputs: int = 0, seconds: float = 0.0, procs: in
     if not inputs:  # deadlines start when a job starts, not when it was queued
         for j in jobs:
             j.deadline = -seconds
-    _run_timed(jobs, procs, seed, timeout, out, memory, log)
+    try:
+        _run_timed(jobs, procs, seed, timeout, out, memory, log)
+    except KeyboardInterrupt:
+        log("stopped: the figures below are what ran; continue a target with --start <its next index>")
     return merge(out)
 
 
@@ -345,11 +426,15 @@ def _run_timed(jobs: list[Job], procs: int, seed: int, timeout: float, out: Path
 
 
 def _table(res: dict[str, dict]) -> str:
-    head = f"{'target':14} {'inputs':>11} {'unhandled':>9} {'hangs':>5} {'inputs/s':>9} {'peak RSS':>9} {'slowest':>8}"
+    head = (f"{'target':14} {'inputs':>11} {'unhandled':>9} {'hangs':>5} {'inputs/s':>9} {'/CPU s':>7} "
+            f"{'peak RSS':>9} {'slowest':>8}")
     lines = [head, "-" * len(head)]
     for name, a in res.items():
-        lines.append(f"{name:14} {a['inputs']:>11,} {a['unhandled']:>9} {a['hangs']:>5} {a['inputs_per_second']:>9.0f} "
+        lines.append(f"{name:14} {a['inputs']:>11,} {a['unhandled']:>9} {a['hangs']:>5} {a['inputs_per_second']:>9.0f} {a['inputs_per_cpu_second']:>7.0f} "
                      f"{a['peak_rss_kb'] / 1024:>7.0f}MB {a['slowest_s']:>7.2f}s")
+    for name, a in res.items():
+        if len(a["next_index"]) == 1:
+            lines.append(f"  {name}: next index {next(iter(a['next_index'].values()))} (--start)")
     for name, a in res.items():
         for k, b in sorted(a["bugs"].items(), key=lambda kv: -kv[1]["count"]):
             lines.append(f"  {name}: {k} x{b['count']}: {b['message'][:160]!r} (input {b['file'] or b['index']})")
@@ -389,6 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.reproduce or a.index is not None:
         return reproduce(a.target, a.reproduce, a.index, a.seed)
+    signal.signal(signal.SIGTERM, _on_term)  # `kill <pid>` stops the run with its figures written
     targets = [t for t in a.targets.split(",") if t]
     out = a.out or Path(tempfile.mkdtemp(prefix="skewd-fuzz-"))
     t0 = time.time()

@@ -40,13 +40,25 @@ import yaml
 _UNSET = object()
 
 
+def _copy(v: Any) -> Any:
+    """A deep copy of dump data (what YAML or JSON yields: dicts, lists, scalars). The fuzzer
+    builds a double per input, and copy.deepcopy's memo cost as much as the queries."""
+    if isinstance(v, dict):
+        return {k: _copy(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_copy(x) for x in v]
+    if isinstance(v, (str, int, float, bool, type(None), bytes)):
+        return v
+    return copy.deepcopy(v)
+
+
 def _merge(base: dict, over: dict) -> dict:
-    out = copy.deepcopy(base)
+    out = _copy(base)
     for k, v in over.items():
         if isinstance(v, dict) and isinstance(out.get(k), dict) and "seq" not in v:
             out[k] = _merge(out[k], v)
         else:
-            out[k] = copy.deepcopy(v)
+            out[k] = _copy(v)
     return out
 
 
@@ -93,6 +105,7 @@ class NvmlDouble:
         self.dump = dump
         defaults = dump.get("defaults", {})
         self.gpus = [_Gpu(i, _merge(defaults, g)) for i, g in enumerate(dump.get("gpus", []))]
+        self._by_address = {ctypes.addressof(g.struct): g for g in self.gpus}  # what a handle points at
         self.init_error = _const(init_error) if init_error is not None else None
         self.refcount = 0
         self.session = 0
@@ -127,16 +140,15 @@ class NvmlDouble:
             _raise(pynvml.NVML_ERROR_UNINITIALIZED)
 
     def _gpu(self, handle: Any) -> _Gpu:
-        addr = ctypes.cast(handle, ctypes.c_void_p).value
-        for g in self.gpus:
-            if ctypes.addressof(g.struct) == addr:
-                if getattr(handle, "_skewd_session", self.session) != self.session:
-                    _raise(pynvml.NVML_ERROR_UNINITIALIZED)
-                if g.lost:
-                    _raise(pynvml.NVML_ERROR_GPU_IS_LOST)
-                return g
-        _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        raise AssertionError  # unreachable
+        g = self._by_address.get(ctypes.cast(handle, ctypes.c_void_p).value)
+        if g is None:
+            _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+            raise AssertionError  # unreachable
+        if getattr(handle, "_skewd_session", self.session) != self.session:
+            _raise(pynvml.NVML_ERROR_UNINITIALIZED)
+        if g.lost:
+            _raise(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return g
 
     def _value(self, g: _Gpu, fn: str, key: Any = _UNSET) -> Any:
         if fn not in g.spec:

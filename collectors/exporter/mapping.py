@@ -39,6 +39,10 @@ _RULE_KEYS = {"metric": True, "signal": True, "entity": True, "scale": False, "b
               "where": False, "combine": False}
 
 
+#: a bit field's values are 0 .. 2^64-1 (the uint64 DCGM and NVML report event reasons in)
+_BIT_FIELD_END = float(1 << 64)
+
+
 class MappingError(ValueError):
     """All problems found in one mapping file, one ``file:line:col: message`` per line."""
 
@@ -71,8 +75,13 @@ class Rule:
     def accepts(self, labels: Mapping[str, str]) -> bool:
         return all(labels.get(k, "") == v for k, v in self.where)
 
-    def value(self, raw: float) -> float:
+    def value(self, raw: float) -> float | None:
+        """The signal's value of a sample, or None when the sample cannot carry it: a bit field
+        is an unsigned 64-bit integer (DCGM's clock event reasons), so +Inf, a negative value or
+        one past 2^64 (what a page's overlong integer reads as) is not a sample of its bits."""
         if self.bits is not None:
+            if not 0.0 <= raw < _BIT_FIELD_END:  # NaN fails this too
+                return None
             return 1.0 if int(raw) & self.bits else 0.0
         return raw * self.scale
 

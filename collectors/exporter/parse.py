@@ -65,8 +65,11 @@ def apply(mapping: MappingFile, text: str) -> Applied:
                 out.discarded_series += 1
                 continue
             used = True
+            v = r.value(value)
+            if v is None:  # a value this rule cannot read (a bit field of +Inf): no sample of its signal
+                continue
             combine[r.signal] = r.combine
-            found.setdefault((ent, r.signal), []).append((order[id(r)], n, r.value(value)))
+            found.setdefault((ent, r.signal), []).append((order[id(r)], n, v))
         out.matched_series += used
     for key, vals in found.items():
         how = combine[key[1]]

@@ -91,6 +91,23 @@ def test_clock_event_bits_are_split_like_the_gpu_collector(dcgm):
     assert v[("gpu1", "gpu_clocks_event_sw_power_cap")] == 0
 
 
+@pytest.mark.parametrize("raw", ["+Inf", "inf", "-4", "18446744073709551616", "1e30", "NaN"])
+def test_clock_event_bits_of_a_value_no_uint64_holds_are_not_samples(dcgm, raw):
+    """Found by bench/fuzz.py (target prometheus, seed 1, input 460679: GPU 1's
+    DCGM_FI_DEV_CLOCK_THROTTLE_REASONS written as ``inf``): splitting the bits raised
+    OverflowError out of apply() and the whole page was lost. The bits of such a value are not
+    samples; the raw reasons gauge and the other GPU still read."""
+    lines = page(DCGM_PAGE).splitlines()
+    i = next(k for k, ln in enumerate(lines)
+             if ln.startswith("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS{") and 'gpu="1"' in ln)
+    lines[i] = lines[i].rsplit(" ", 1)[0] + " " + raw
+    v = parse.apply(dcgm, "\n".join(lines) + "\n").values
+    assert not any(ent == "gpu1" and sig.startswith("gpu_clocks_event_") and sig != "gpu_clocks_event_reasons"
+                   for ent, sig in v)
+    assert v[("gpu0", "gpu_clocks_event_sw_power_cap")] == 1  # the healthy GPU's bits are still read
+    assert v[("gpu0", "gpu_utilization_ratio")] >= 0
+
+
 def test_newer_dcgm_field_name_for_clock_events_is_accepted(dcgm):
     text = page(DCGM_PAGE).replace("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
                                    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS")
