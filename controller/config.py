@@ -155,6 +155,14 @@ DEFAULTS: dict[str, Any] = {
                                                       "above": "lag", "steps": "min(ctl_aligned_steps, window)",
                                                       "min_steps": "min_steps"},
                         "EW-2-pp-handoff-gap": {"measure": "avg(ctl_pp_gap_ratio, window)", "above": "ratio"},
+                        # clock-free: how much longer the neighbour stages wait than this one, as
+                        # a share of the step (the rule's own comparison)
+                        "EW-2-pp-stage-straggler": {
+                            "measure": "peer_others(avg(summary_collective_wait_seconds, window))",
+                            "minus": "avg(summary_collective_wait_seconds, window)",
+                            "per": "avg(summary_collective_period_seconds, window)",
+                            "above": "idle", "steps": "min(summary_collective_steps, window)",
+                            "min_steps": "min_steps"},
                         "EW-3-collective-bytes-skew": {"measure": "peer_dev(1 + avg(ctl_collective_bytes_dev_ratio, window))",
                                                        "above": "dev", "abs": True,
                                                        "steps": "min(ctl_aligned_steps, window)",
@@ -397,7 +405,7 @@ KEY_DOCS: dict[str, str | tuple[str, str]] = {
                                     "hides them, and they fold that inference about their own node into their incident"),
     "correlation.culprit_evidence": ("one entry per shipped culprit rule",
                                      "where each culprit rule's finding holds the measurement naming its node: "
-                                     "`{measure, minus, above, steps, min_steps, abs, negate}` (docs/controller.md); "
+                                     "`{measure, minus, per, above, steps, min_steps, abs, negate}` (docs/controller.md); "
                                      "entries add to / replace the defaults, `<rule id>: null` drops one"),
     "ingest.max_clock_skew": "summaries and findings further than this from the controller's clock are rejected "
                              "and counted; `0s` turns the check off (recorded time through NATS)",

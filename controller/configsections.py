@@ -24,7 +24,7 @@ MODEL_KEYS = {"max_num_seqs", "max_model_len", "router", "engines"}
 INHIBIT_KEYS = ("source", "target", "equal")
 INHIBIT_EQUAL = ("node", "entity", "tp_group")
 #: the keys of one ``correlation.culprit_evidence.<rule id>`` entry
-CULPRIT_EVIDENCE_KEYS = ("measure", "above", "steps", "min_steps", "abs", "negate", "minus")
+CULPRIT_EVIDENCE_KEYS = ("measure", "above", "steps", "min_steps", "abs", "negate", "minus", "per")
 
 
 def hint(word: str, options: Any) -> str:
@@ -154,13 +154,17 @@ def parse_culprit_evidence(value: Any, pos: Callable[..., str], problems: list[s
             bad = True
         if bad:
             continue
-        minus = spec.get("minus", "")
-        if not isinstance(minus, str):
-            problems.append(f"{pos(*where, 'minus')}: {name}.{rid}.minus must be an evidence label")
+        minus, per = spec.get("minus", ""), spec.get("per", "")
+        for k, v in (("minus", minus), ("per", per)):
+            if not isinstance(v, str):
+                problems.append(f"{pos(*where, k)}: {name}.{rid}.{k} must be an evidence label")
+                bad = True
+        if bad:
             continue
         out[str(rid)] = CulpritEvidence(measure=measure.strip(), above=above, steps=steps.strip(),
                                         min_steps=spec.get("min_steps"), abs=bool(spec.get("abs", False)),
-                                        negate=bool(spec.get("negate", False)), minus=minus.strip())
+                                        negate=bool(spec.get("negate", False)), minus=minus.strip(),
+                                        per=per.strip())
     return out
 
 

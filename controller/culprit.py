@@ -61,6 +61,9 @@ class CulpritEvidence:
     #: an evidence label subtracted from ``measure``: the node's value over what it is compared
     #: with (EW-1: its compute gap minus the other members' median)
     minus: str = ""
+    #: an evidence label the measure is divided by, for a rule whose bar is a share of it
+    #: (EW-2-pp-stage-straggler: the neighbours' extra wait as a share of the step period)
+    per: str = ""
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,9 @@ def contract_evidence(f: Finding, spec: CulpritEvidence | None) -> dict[str, flo
     if m is not None and spec.minus:
         sub = _num(f.evidence.get(spec.minus))
         m = None if sub is None else m - sub
+    if m is not None and spec.per:
+        d = _num(f.evidence.get(spec.per))
+        m = m / d if d is not None and d > 0 else None  # no positive divisor: no measurement
     if m is None or bar is None:
         return {}
     if spec.abs:
@@ -130,6 +136,8 @@ def contract_evidence(f: Finding, spec: CulpritEvidence | None) -> dict[str, flo
 def _shown(spec: CulpritEvidence) -> str:
     """The measure as the test reads it: ``|x|`` either way, ``-x`` a deficit."""
     m = f"{spec.measure} - {spec.minus}" if spec.minus else spec.measure
+    if spec.per:
+        m = f"({m}) / {spec.per}" if spec.minus else f"{m} / {spec.per}"
     return f"|{m}|" if spec.abs else f"-({m})" if spec.negate and spec.minus else f"-{m}" if spec.negate else m
 
 
@@ -201,7 +209,7 @@ def coverage(rules: Iterable, culprit_pathologies: Iterable[str],
             out[r.id] = (f"PROBLEM: no correlation.culprit_evidence entry: its findings name a culprit only if they "
                          f"carry {MEASURE}/{BAR} in their evidence")
             continue
-        missing = [x for x in (spec.measure, spec.minus, spec.steps) if x and x not in labels]
+        missing = [x for x in (spec.measure, spec.minus, spec.per, spec.steps) if x and x not in labels]
         params = [p for p in (spec.above, spec.min_steps) if isinstance(p, str) and p not in r.params]
         if missing or params:
             what = [f"evidence label(s) {', '.join(repr(m) for m in missing)}" if missing else "",

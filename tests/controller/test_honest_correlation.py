@@ -188,6 +188,24 @@ def test_the_incident_quotes_the_claims_own_measurement_never_the_aligners_lag()
     assert "last in" not in inc.summary and "% of 505" not in inc.summary
 
 
+def test_a_bar_that_is_a_share_of_the_step_divides_the_measure_by_its_label() -> None:
+    """EW-2-pp-stage-straggler fires when its neighbours wait idle x the step period longer than
+    it does: its culprit claim must read the same share, not compare seconds with a ratio."""
+    cfg = load_config(None, env={})
+    spec = cfg.culprit_evidence["EW-2-pp-stage-straggler"]
+    others, own, period = ("peer_others(avg(summary_collective_wait_seconds, window))",
+                           "avg(summary_collective_wait_seconds, window)", "avg(summary_collective_period_seconds, window)")
+    f = _claim("n1", evidence={others: 0.012, own: 0.001, period: 0.05, "min(summary_collective_steps, window)": 400.0})
+    f.params = {"idle": 0.1, "min_steps": 5}
+    ev = culprit.contract_evidence(f, spec)
+    assert abs(ev["culprit_measure"] - 0.22) < 1e-12 and ev["culprit_bar"] == 0.1  # 11 ms of a 50 ms step
+    v = culprit.judge(f, spec)
+    assert v.names and v.measurement.startswith(f"({others} - {own}) / {period} 0.22 > idle 0.1")
+    f.evidence[others] = 0.005  # 4 ms of a 50 ms step: under the rule's tenth, names nobody
+    assert not culprit.judge(f, spec).names
+    f.evidence[period] = 0.0  # no step period: no measurement, so no claim
+    assert culprit.contract_evidence(f, spec) == {}
+
 def test_contract_keys_come_from_the_configured_labels_and_params() -> None:
     spec = culprit.CulpritEvidence(measure="peer_dev(x)", above="quiet", negate=True, steps="min(s, window)",
                                    min_steps="min_steps")
