@@ -198,16 +198,42 @@ def test_front_end_packet_features_match_the_real_pkt_collector(tmp_path):
     assert compared > 1000
 
 
+def _collector_silences(ts, d, pay, t_start: float):
+    """Packets at times ``ts`` (s) with directions ``d`` and payloads ``pay`` on one UDP
+    connection, handed to collectors/pkt's FlowTracker one 1 s interval at a time from
+    ``t_start``: the silences it lists, as (ends s, lengths s, ended by the node's send)."""
+    from skewd.collectors.pkt.features import NS, FlowTracker
+    from skewd.collectors.pkt.frames import DIR_OUT
+    from skewd.lab.sim import steps as sim_steps
+    from tests.pkt_packets import udp_packets
+
+    out = d == DIR_OUT
+    pk = udp_packets(np.round(ts * NS).astype(np.int64), pay + 66, dst=np.where(out, 2, 1),
+                     sport=np.where(out, 5000, 6000), dport=np.where(out, 6000, 5000), direction=d, payload=pay)
+    pk.src_lo[:] = np.where(out, 1, 2)
+    tr = FlowTracker(sim_steps.MIN_SILENCE, 60.0)
+    got_e, got_l, got_k = [], [], []
+    t0 = t_start
+    while t0 < ts[-1] + 1:
+        sel = np.flatnonzero((pk.ts_ns > t0 * NS) & (pk.ts_ns <= (t0 + 1) * NS))
+        f = tr.update(pk.take(sel), t0, t0 + 1, ["eth1"])
+        if f.ports:
+            s_ = f.ports[0].silences
+            got_e += (s_.end_ns / NS).tolist()
+            got_l += (s_.length_ns / NS).tolist()
+            got_k += s_.by_send.tolist()
+        t0 += 1
+    return got_e, got_l, got_k
+
+
 def test_collective_silences_match_the_real_pkt_collector():
     """The simulator lists a node's collective silences from its step timeline
     (lab/sim/steps.py), not from packets: realise the same timeline as packets - the node's
     sends in its active stretches, its peers' data arriving where a wait ends, nothing during a
     silence - hand them to collectors/pkt's FlowTracker interval by interval, and compare its
     silences (ends, lengths, how they ended, bytes) with the simulator's."""
-    from skewd.collectors.pkt.features import NS, FlowTracker
     from skewd.collectors.pkt.frames import DIR_IN, DIR_OUT
     from skewd.lab.sim import steps as sim_steps
-    from tests.pkt_packets import udp_packets
 
     rng = np.random.default_rng(11)
     T = 1_700_000_000.0
@@ -234,23 +260,7 @@ def test_collective_silences_match_the_real_pkt_collector():
         ts.append(t)
         d.append(dd)
     ts, d = np.concatenate(ts), np.concatenate(d)
-    pay = np.full(len(ts), 60_000)
-    out = d == DIR_OUT
-    pk = udp_packets(np.round(ts * NS).astype(np.int64), pay + 66, dst=np.where(out, 2, 1),
-                     sport=np.where(out, 5000, 6000), dport=np.where(out, 6000, 5000), direction=d, payload=pay)
-    pk.src_lo[:] = np.where(out, 1, 2)
-    tr = FlowTracker(sim_steps.MIN_SILENCE, 60.0)
-    got_e, got_l, got_k = [], [], []
-    t0 = T
-    while t0 < ts[-1] + 1:
-        sel = np.flatnonzero((pk.ts_ns > t0 * NS) & (pk.ts_ns <= (t0 + 1) * NS))
-        f = tr.update(pk.take(sel), t0, t0 + 1, ["eth1"])
-        if f.ports:
-            s_ = f.ports[0].silences
-            got_e += (s_.end_ns / NS).tolist()
-            got_l += (s_.length_ns / NS).tolist()
-            got_k += s_.by_send.tolist()
-        t0 += 1
+    got_e, got_l, got_k = _collector_silences(ts, d, np.full(len(ts), 60_000), T)
     # a silence within a few ns of the 1 ms threshold may fall either side once its packets'
     # times are rounded to ns: compare the rest
     keep_s = sil.length >= sim_steps.MIN_SILENCE + 5e-6
@@ -270,10 +280,8 @@ def test_pipeline_hand_off_silences_match_the_real_pkt_collector():
     interval and compare its silences (ends, lengths, how they ended) with the simulator's. The
     stages take turns being slow, so both a downstream stage waiting for its input and an
     upstream one answering its receiver are covered."""
-    from skewd.collectors.pkt.features import NS, FlowTracker
     from skewd.collectors.pkt.frames import DIR_IN, DIR_OUT
     from skewd.lab.sim import steps as sim_steps
-    from tests.pkt_packets import udp_packets
 
     rng = np.random.default_rng(5)
     T = 1_700_000_000.0
@@ -300,22 +308,7 @@ def test_pipeline_hand_off_silences_match_the_real_pkt_collector():
         ts, d, pay = np.concatenate(ts), np.concatenate(d), np.concatenate(pay)
         o = np.argsort(ts, kind="stable")
         ts, d, pay = ts[o], d[o], pay[o]
-        out = d == DIR_OUT
-        pk = udp_packets(np.round(ts * NS).astype(np.int64), pay + 66, dst=np.where(out, 2, 1),
-                         sport=np.where(out, 5000, 6000), dport=np.where(out, 6000, 5000), direction=d, payload=pay)
-        pk.src_lo[:] = np.where(out, 1, 2)
-        tr = FlowTracker(sim_steps.MIN_SILENCE, 60.0)
-        got_e, got_l, got_k = [], [], []
-        t0 = T
-        while t0 < ts[-1] + 1:
-            sel = np.flatnonzero((pk.ts_ns > t0 * NS) & (pk.ts_ns <= (t0 + 1) * NS))
-            f = tr.update(pk.take(sel), t0, t0 + 1, ["eth1"])
-            if f.ports:
-                s_ = f.ports[0].silences
-                got_e += (s_.end_ns / NS).tolist()
-                got_l += (s_.length_ns / NS).tolist()
-                got_k += s_.by_send.tolist()
-            t0 += 1
+        got_e, got_l, got_k = _collector_silences(ts, d, pay, T)
         keep_s = sil.length >= sim_steps.MIN_SILENCE + 5e-6
         keep_r = np.array(got_l) >= sim_steps.MIN_SILENCE + 5e-6
         got_e, got_l, got_k = (np.array(x)[keep_r] for x in (got_e, got_l, got_k))
