@@ -155,8 +155,11 @@ def _reseal(files: dict[str, bytes], changed: str) -> None:
     for raw, e in zip(lines, entries):
         if isinstance(e, dict) and e.get("file") == changed:
             e.pop("line_crc32", None)
-            e["line_crc32"] = B.line_crc(e)
-            out.append(B.canon(e).encode() if _finite_json(e) else raw)
+            if _finite_json(e):  # a mutant with NaN has no canonical form: keep the raw line
+                e["line_crc32"] = B.line_crc(e)
+                out.append(B.canon(e).encode())
+            else:
+                out.append(raw)
         else:
             out.append(raw)
     files["index.jsonl"] = b"\n".join(out)
