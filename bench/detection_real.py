@@ -7,7 +7,8 @@
     .venv/bin/python bench/detection_real.py --rescore bench-runs/real-20261126-1400   # no new runs
 
 The matrix: healthy runs totalling >= 30 minutes x 4 nodes (3 x 10 min), 10 straggler runs,
-3 each of slow link, deep queue and drops, 2 CPU-quota stragglers; seeds 1..N per scenario,
+3 each of slow link, deep queue, drops and CPU-quota stragglers; seeds B..B+N-1 per scenario
+(``--seed-base B``, default 1),
 each drawing its own step period, message size, port layout, faulty node, lag and onset
 (:mod:`skewd.lab.netlab.scenario`). Runs go one after another (the machine's two cores are
 the lab's budget); each is ``python -m skewd.lab.netlab run`` in its own process, so a crash
@@ -37,7 +38,7 @@ DOC = ROOT / "docs" / "detection.md"
 MATRIX: dict[str, tuple[int, str]] = {
     "healthy": (3, "10m"),
     "straggler": (10, "4m"),
-    "straggler-cpu": (2, "4m"),
+    "straggler-cpu": (3, "4m"),
     "slow-link": (3, "4m"),
     "deep-queue": (3, "4m"),
     "drops": (3, "4m"),
@@ -138,6 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     a = parse_args(argv)
     t0 = time.time()
+    load0 = os.getloadavg()[0]
     commit = git_commit()  # the lab and scorer: later commits during a long matrix do not count
     results: list[dict[str, Any]] = []
     if a.rescore:
@@ -181,7 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "nodes": a.nodes,
         "backend": ", ".join(sorted({r.get("backend") or "?" for r in ok})) or "-",
         "machine": f"{platform.machine()} {os.cpu_count()} cores (shared), Linux {platform.release()}, "
-                   f"Python {platform.python_version()}",
+                   f"Python {platform.python_version()}"
+                   + ("" if a.rescore else f", load average {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"),
         "wall_minutes": (time.time() - t0) / 60 if not a.rescore else sum(r.get("wall_s", 0) for r in ok) / 60,
         "date": _dt.date.today().isoformat(),
         "kernel_healthy": kernel_healthy(results),
