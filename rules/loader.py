@@ -386,7 +386,8 @@ class Loader:
                 continue
             code, msg = problem
             self.issue(code, msg, ppos, rid)
-            usable[pk] = "1s" if isinstance(pv, str) else [] if isinstance(pv, list) else 0.0
+            if isinstance(pk, str):  # a name the expression can still use; a key like null or 3 is none
+                usable[pk] = "1s" if isinstance(pv, str) else [] if isinstance(pv, list) else 0.0
         for key, typ, what in (("labels", dict, "a mapping of strings"), ("tags", list, "a list of strings"),
                                ("requires", list, "a list of signal names")):
             v = d.get(key)
@@ -405,12 +406,17 @@ class Loader:
         requires = d.get("requires") if isinstance(d.get("requires"), list) else []
         rpos = rd.val_pos.get("requires")
         for i, s in enumerate(requires):
-            if s not in self.catalogue:
-                p = rpos
-                if isinstance(d.get("requires"), PList) and i < len(d["requires"].item_pos):
-                    p = d["requires"].item_pos[i]
+            p = rpos
+            if isinstance(d.get("requires"), PList) and i < len(d["requires"].item_pos):
+                p = d["requires"].item_pos[i]
+            if not isinstance(s, str):
+                kind = "a mapping" if isinstance(s, dict) else "a list" if isinstance(s, list) else repr(s)[:40]
+                self.issue(Code.BAD_VALUE, f"requires: item {i + 1} must be a signal name, not {kind}",
+                           p or rd.pos, rid)
+            elif s not in self.catalogue:
                 self.issue(Code.UNCATALOGUED_SIGNAL, f"requires {s!r}: not a catalogued signal"
                                                      f"{_suggest(s, self.catalogue)}", p or rd.pos, rid)
+        requires = [s for s in requires if isinstance(s, str)]  # the others are reported above
         compiled = None
         if scope is not None and isinstance(d.get("expr"), str):
             env = CompileEnv(self.catalogue, scope, usable, self.macros, self.lists, self.limits)

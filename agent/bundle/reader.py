@@ -240,8 +240,8 @@ class Segment:
                     str(p), pos, "index entry corrupted (" + (why or "bad JSON or line CRC32 mismatch") + "); "
                                  "data after the last good entry is ignored"))
                 break
-            extra = {k: v for k, v in entry.items()
-                     if k not in ("file", "chunk", "offset", "length", "crc32", "line_crc32")}
+            extra = {k: v for k, v in entry.items()  # a null field (batches: null) reads as absent
+                     if k not in ("file", "chunk", "offset", "length", "crc32", "line_crc32") and v is not None}
             out.setdefault(entry["file"], []).append(
                 Chunk(entry["file"], entry["chunk"], entry["offset"], entry["length"], entry["crc32"], extra))
             pos = nl + 1

@@ -180,3 +180,37 @@ def test_a_string_param_used_as_a_duration_must_parse(cat, tmp_path):
     res = load_rules([f], cat)
     assert [i.code for i in res.issues] == [Code.WRONG_TYPE]
     assert "param limit is the string 'lots'" in str(res.issues[0])
+
+
+RULE_HEAD = """required_engine_version: 1
+rules:
+  - id: R-1
+    pathology: GPU-5
+    scope: gpu
+    layer: gpu
+    severity: warning
+"""
+
+
+def test_requires_items_that_are_not_names_are_errors_at_their_line(cat, tmp_path):
+    """`requires: [{a: 1}]` once raised TypeError (unhashable) out of the loader (bench/fuzz.py
+    rules input 37886): it is a lint error at the item, and the rule is not loaded."""
+    f = tmp_path / "r.yaml"
+    f.write_text(RULE_HEAD + "    requires:\n      - gpu_power_watts\n      - {a: 1}\n"
+                 "    expr: gpu_power_watts > 90\n")
+    res = load_rules([f], cat)
+    [i] = res.issues
+    assert i.code is Code.BAD_VALUE and i.pos.line == 10 and "item 2 must be a signal name, not a mapping" in i.message, str(i)
+    assert not res.ok and res.ruleset is None
+
+
+def test_a_param_whose_name_is_not_text_is_an_error_and_no_name(cat, tmp_path):
+    """`&min_engines: 2` makes a null key with an anchor; the did-you-mean of an unknown name
+    in the expression once crashed on it (bench/fuzz.py rules input 74584)."""
+    f = tmp_path / "r.yaml"
+    f.write_text(RULE_HEAD + "    params:\n      &hot: 90\n"
+                 "    expr: gpu_power_watts > hott\n")
+    res = load_rules([f], cat)
+    msgs = sorted((i.code.value, i.message) for i in res.issues)
+    assert len(msgs) == 2, msgs
+    assert any("param name None" in m for _, m in msgs) and any("unknown name hott" in m for _, m in msgs), msgs
