@@ -201,9 +201,23 @@ def align_arrays(nodes: Sequence[str], starts: Sequence[np.ndarray], nbytes: Seq
         # included; rare enough to take the reference path
         ref = align({nodes[j]: starts[j] for j in range(k)}, {nodes[j]: nbytes[j] for j in range(k)}, window)
         return _from_steps(nodes, ref)
+    opens = walk_opens(t, col, k, window)
+    step = np.cumsum(opens) - 1
+    return Aligned(nodes, t, b, col, step, int(step[-1]) + 1)
+
+
+def walk_opens(t: np.ndarray, col: np.ndarray, k: int, window: float) -> np.ndarray:
+    """Where :func:`align`'s walk opens a step, over rows already in its order (time, then node
+    name), all finite and no node twice at one time: ``opens[i]`` is True when row ``i`` starts a
+    step. The walk after an opening depends only on the rows from there on, so a walk started
+    afresh at any row where it opened continues exactly as the whole walk does (the
+    incremental aligner relies on this; :class:`~skewd.controller.align_window.GroupWindow`)."""
+    n = len(t)
     opens = np.empty(n, dtype=bool)
+    if not n:
+        return opens
     opens[0] = True
-    np.greater(d, window, out=opens[1:])
+    np.greater(t[1:] - t[:-1], window, out=opens[1:])
     seg_start = np.flatnonzero(opens)
     seg_end = np.append(seg_start[1:], n)
     seg = np.cumsum(opens) - 1
@@ -216,8 +230,7 @@ def align_arrays(nodes: Sequence[str], starts: Sequence[np.ndarray], nbytes: Seq
         for s in np.flatnonzero(bad).tolist():
             a, e = int(seg_start[s]), int(seg_end[s])
             _walk(tl[a:e], cl[a:e], window, opens, a)
-    step = np.cumsum(opens) - 1
-    return Aligned(nodes, t, b, col, step, int(step[-1]) + 1)
+    return opens
 
 
 def _from_steps(nodes: Sequence[str], steps: Sequence[Step]) -> Aligned:
@@ -246,21 +259,101 @@ def group_metrics(steps: Sequence[Step], live: Sequence[str], clock_error: Mappi
     return aligned_metrics(_from_steps(live, steps), clock_error, min_fraction)
 
 
+@dataclass
+class StepRows:
+    """Per-step measurements of a run of consecutive steps, each row depending on its step's
+    bursts (and the members' clock errors) alone: so a tick can keep the rows of the steps it
+    measured before and compute only new ones (:mod:`skewd.controller.align_window`). Rows of
+    ``present``/``complete`` are steps; the other arrays hold the complete steps only."""
+
+    present: np.ndarray  # [steps, nodes] bool: the node has a burst in the step
+    complete: np.ndarray  # [steps] bool: every live member has one (2+ members)
+    T: np.ndarray  # [complete, nodes] burst starts
+    B: np.ndarray  # [complete, nodes] burst bytes
+    lag: np.ndarray  # [complete, nodes] start minus the step's first start
+    excess: np.ndarray  # [complete, nodes] lag beyond the two clocks' summed error
+    spread: np.ndarray  # [complete] last minus first start
+    last_clear: np.ndarray  # [complete, nodes] bool: last by more than the clock uncertainty
+
+    @classmethod
+    def of(cls, t: np.ndarray, nbytes: np.ndarray, col: np.ndarray, step: np.ndarray, nsteps: int,
+           err: np.ndarray) -> "StepRows":
+        """The rows of ``nsteps`` steps from their bursts (``step`` numbered from 0)."""
+        n = len(err)
+        present = np.zeros((nsteps, n), dtype=bool)
+        present[step, col] = True
+        counts = np.bincount(step, minlength=nsteps)  # live members per step
+        is_complete = counts == n if n >= 2 else np.zeros(nsteps, dtype=bool)
+        ncomplete = int(is_complete.sum())
+        sel = is_complete[step]
+        rank = np.cumsum(is_complete) - 1  # complete step → row of T
+        r, c = rank[step[sel]], col[sel]
+        T = np.empty((ncomplete, n))  # [steps, nodes]
+        B = np.empty((ncomplete, n))
+        T[r, c] = t[sel]
+        B[r, c] = nbytes[sel]
+        if not ncomplete:
+            z = np.empty((0, n))
+            return cls(present, is_complete, T, B, z, z, np.empty(0), np.zeros((0, n), dtype=bool))
+        first_idx = np.argmin(T, axis=1)
+        first = T[np.arange(len(T)), first_idx]
+        lag = T - first[:, None]
+        unc = err[None, :] + err[first_idx][:, None]
+        excess = np.maximum(0.0, lag - unc)
+        spread = T.max(axis=1) - first
+        # last "by more than the clock uncertainty": separated from the runner-up by more than the
+        # two clocks' combined error
+        order = np.argsort(T, axis=1)
+        last_idx, second_idx = order[:, -1], order[:, -2]
+        rows = np.arange(len(T))
+        margin = T[rows, last_idx] - T[rows, second_idx]
+        clear_last = margin > (err[last_idx] + err[second_idx])
+        last_clear = (last_idx[:, None] == np.arange(n)[None, :]) & clear_last[:, None]
+        return cls(present, is_complete, T, B, lag, excess, spread, last_clear)
+
+    @property
+    def nsteps(self) -> int:
+        return len(self.complete)
+
+    def cut(self, lo: int, hi: int) -> "StepRows":
+        """Steps ``lo``..``hi - 1`` (views)."""
+        a = int(np.count_nonzero(self.complete[:lo]))
+        b = a + int(np.count_nonzero(self.complete[lo:hi]))
+        return StepRows(self.present[lo:hi], self.complete[lo:hi], self.T[a:b], self.B[a:b], self.lag[a:b],
+                        self.excess[a:b], self.spread[a:b], self.last_clear[a:b])
+
+    @staticmethod
+    def join(parts: Sequence["StepRows"]) -> "StepRows":
+        """Consecutive runs of steps as one."""
+        parts = [p for p in parts if p.nsteps]
+        if len(parts) == 1:
+            return parts[0]
+        return StepRows(*(np.concatenate([getattr(p, f) for p in parts])
+                          for f in ("present", "complete", "T", "B", "lag", "excess", "spread", "last_clear")))
+
+
 def aligned_metrics(al: Aligned, clock_error: Mapping[str, float],
                     min_fraction: float) -> tuple[dict[str, dict[str, float]], GroupReport]:
     """:func:`group_metrics` of aligned steps whose nodes are the group's live nodes."""
-    live = al.nodes
+    err = np.array([clock_error.get(m, 0.0) for m in al.nodes])
+    return rows_metrics(al.nodes, StepRows.of(al.t, al.nbytes, al.col, al.step, al.nsteps, err), clock_error,
+                        min_fraction)
+
+
+def rows_metrics(live: Sequence[str], rows: StepRows, clock_error: Mapping[str, float],
+                 min_fraction: float) -> tuple[dict[str, dict[str, float]], GroupReport]:
+    """:func:`aligned_metrics` from the group's step rows: the medians and shares over the
+    window's steps."""
     n = len(live)
-    counts = np.bincount(al.step, minlength=al.nsteps)  # live members per step
-    is_complete = counts == n if n >= 2 else np.zeros(al.nsteps, dtype=bool)
     # a step counts towards missing shares when at least ``min_fraction`` of the peers sent in
     # it, and (from three members on) at least two, so one node's stray burst is not a step. A
     # pair has no such second witness: its steps with one burst count, or a member that skips
     # steps could never be seen missing (quorum 2 = both present). In a pair a stray burst of
     # one member therefore counts against the other.
     quorum = max(2, int(np.ceil(min_fraction * n))) if n > 2 else 1
+    counts = rows.present.sum(axis=1)
     is_partial = counts >= quorum
-    ncomplete = int(is_complete.sum())
+    ncomplete = len(rows.T)
     npartial = int(is_partial.sum())
     out: dict[str, dict[str, float]] = {node: {} for node in live}
     rep = GroupReport(group="", watermark=float("nan"), steps=ncomplete, spread_median_s=float("nan"))
@@ -268,39 +361,17 @@ def aligned_metrics(al: Aligned, clock_error: Mapping[str, float],
         out[node]["ctl_aligned_steps"] = float(ncomplete)
         out[node]["ctl_clock_error_seconds"] = float(clock_error.get(node, 0.0))
     if npartial:
-        present = np.bincount(al.col[is_partial[al.step]], minlength=n).tolist()
+        present = rows.present[is_partial].sum(axis=0).tolist()
         for j, node in enumerate(live):
             miss = (npartial - present[j]) / npartial
             out[node]["ctl_step_missing_ratio"] = miss
             rep.missing_share[node] = miss
     if not ncomplete:
         return out, rep
-    err = np.array([clock_error.get(m, 0.0) for m in live])
-    sel = is_complete[al.step]
-    rank = np.cumsum(is_complete) - 1  # complete step → row of T
-    r, c = rank[al.step[sel]], al.col[sel]
-    T = np.empty((ncomplete, n))  # [steps, nodes]
-    B = np.empty((ncomplete, n))
-    T[r, c] = al.t[sel]
-    B[r, c] = al.nbytes[sel]
-    first_idx = np.argmin(T, axis=1)
-    first = T[np.arange(len(T)), first_idx]
-    lag = T - first[:, None]
-    unc = err[None, :] + err[first_idx][:, None]
-    excess = np.maximum(0.0, lag - unc)
-    spread = T.max(axis=1) - first
-    # last "by more than the clock uncertainty": separated from the runner-up by more than the
-    # two clocks' combined error
-    order = np.argsort(T, axis=1)
-    last_idx, second_idx = order[:, -1], order[:, -2]
-    rows = np.arange(len(T))
-    margin = T[rows, last_idx] - T[rows, second_idx]
-    clear_last = margin > (err[last_idx] + err[second_idx])
-    rep.spread_median_s = float(np.median(spread))
-    lag_med = np.median(lag, axis=0).tolist()
-    excess_med = np.median(excess, axis=0).tolist()
-    last_clear = (last_idx[:, None] == np.arange(n)[None, :]) & clear_last[:, None]
-    last_share = np.mean(last_clear, axis=0).tolist()
+    rep.spread_median_s = float(np.median(rows.spread))
+    lag_med = np.median(rows.lag, axis=0).tolist()
+    excess_med = np.median(rows.excess, axis=0).tolist()
+    last_share = np.mean(rows.last_clear, axis=0).tolist()
     for j, node in enumerate(live):
         o = out[node]
         o["ctl_arrival_lag_seconds"] = float(lag_med[j])
@@ -310,6 +381,7 @@ def aligned_metrics(al: Aligned, clock_error: Mapping[str, float],
         rep.lag_median_s[node] = o["ctl_arrival_lag_seconds"]
         rep.lag_excess_s[node] = o["ctl_arrival_lag_excess_seconds"]
         rep.last_share[node] = o["ctl_arrival_last_share_ratio"]
+    B = rows.B
     ok = ~np.isnan(B).any(axis=1)
     if ok.sum() >= 1:
         per_node = np.median(B[ok], axis=0)
