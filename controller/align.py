@@ -325,7 +325,7 @@ class StepRows:
     @staticmethod
     def join(parts: Sequence["StepRows"]) -> "StepRows":
         """Consecutive runs of steps as one."""
-        parts = [p for p in parts if p.nsteps]
+        parts = [p for p in parts if p.nsteps] or list(parts[:1])
         if len(parts) == 1:
             return parts[0]
         return StepRows(*(np.concatenate([getattr(p, f) for p in parts])
@@ -460,6 +460,7 @@ class BurstLog:
         self._lo = 0
         self._n = 0
         self._unordered = False  # a NaN start: the lists are no longer sorted by time
+        self._reorders = 0  # bursts inserted before the newest (see stamp)
 
     @property
     def items(self) -> list[tuple[float, float]]:
@@ -470,6 +471,7 @@ class BurstLog:
         for t, b in bursts:
             if ts and t < ts[-1]:
                 lst = list(zip(ts, bs))  # rare: a re-sent or reordered summary
+                self._reorders += 1
                 if (t, b) not in lst:
                     insort(lst, (t, b))
                 self.ts = ts = [x for x, _ in lst]
@@ -491,6 +493,13 @@ class BurstLog:
             self.bs.extend([_NAN] * len(starts))
             return
         self.add([(t, float("nan")) for t in starts])
+
+    @property
+    def stamp(self) -> tuple:
+        """Changes whenever the log changed other than by appending at its end or pruning its
+        start (an insertion, a NaN start): an incremental aligner may then not reuse what it
+        measured before."""
+        return (id(self), self._reorders, self._unordered)
 
     def prune(self, before: float) -> None:
         ts = self.ts
@@ -544,10 +553,14 @@ class NodeClock:
 
 
 class Aligner:
-    """Keeps every node's bursts and clock state; derives ctl_* signals per evaluation."""
+    """Keeps every node's bursts and clock state; derives ctl_* signals per evaluation.
+
+    ``incremental``: each TP group's window is measured from the previous tick's steps where
+    that gives the same result (:mod:`skewd.controller.align_window`); False aligns every
+    window from scratch (the tests compare the two)."""
 
     def __init__(self, window: float, max_skew: float, unsynced_clock_error: float, min_fraction: float,
-                 stale_after: float, horizon: float) -> None:
+                 stale_after: float, horizon: float, incremental: bool = True) -> None:
         self.window = window
         self.max_skew = max_skew
         self.unsynced_clock_error = unsynced_clock_error
@@ -557,6 +570,8 @@ class Aligner:
         self.bursts: dict[str, BurstLog] = {}
         self.clocks: dict[str, NodeClock] = {}
         self.reports: dict[str, GroupReport] = {}
+        self.incremental = incremental
+        self.windows: dict = {}  # TP group → its GroupWindow (align_window.py) from the previous tick
 
     def observe(self, node: str, t: float, synced: bool, max_error: float | None,
                 bursts: Sequence[tuple[float, float]]) -> None:
@@ -605,6 +620,8 @@ class Aligner:
         values at the end: a caller on an event loop lets other work run in the pauses (the
         controller keeps taking summaries), which may add to the state between groups but
         never while one is measured."""
+        from .align_window import GroupWindow  # it builds on this module's pieces
+
         out: dict[str, dict[str, float]] = {}
         for node, c in self.clocks.items():
             out.setdefault(node, {})["ctl_summary_age_seconds"] = max(0.0, now - c.last_summary_t)
@@ -638,13 +655,25 @@ class Aligner:
                                       f"clock error up to {pair_err * 1e3:.1f} ms between two members is not "
                                       f"below the step matching window {w * 1e3:.1f} ms"))
                 self.reports[name] = rep
+                self.windows.pop(name, None)
                 for n in live:
                     out.setdefault(n, {}).update(ctl_aligned_steps=0.0,
                                                  ctl_clock_error_seconds=self.clocks[n].clock_error)
                 yield name
                 continue
-            al = align_arrays(live, [ev[n] for n in live], [by[n] for n in live], w)
-            vals, rep = aligned_metrics(al, {n: self.clocks[n].clock_error for n in live}, self.min_fraction)
+            errs_of = {n: self.clocks[n].clock_error for n in live}
+            if self.incremental:
+                gw = self.windows.get(name)
+                if gw is None:
+                    gw = self.windows[name] = GroupWindow()
+                logs = [self.bursts.get(n) for n in live]
+                al, rows = gw.measure(live, [ev[n] for n in live], [by[n] for n in live], w,
+                                      np.array([errs_of[n] for n in live]), settled - self.window, settled,
+                                      tuple(lg.stamp if lg is not None else None for lg in logs))
+                vals, rep = rows_metrics(live, rows, errs_of, self.min_fraction)
+            else:
+                al = align_arrays(live, [ev[n] for n in live], [by[n] for n in live], w)
+                vals, rep = aligned_metrics(al, errs_of, self.min_fraction)
             rep.group, rep.watermark, rep.period_s = name, settled, period
             self.reports[name] = rep
             for n, v in vals.items():
@@ -652,6 +681,8 @@ class Aligner:
             if al.nsteps:  # each step's start, for pipeline stages: computed only when one asks
                 stage_steps[name] = (al, max(1, len(live) // 2))
             yield name
+        for name in [g for g in self.windows if g not in tp_groups]:
+            del self.windows[name]
         for n, r in reference_ratios(group_rates).items():
             out.setdefault(n, {})["ctl_collective_bytes_ref_ratio"] = r
         for name, stages in pp_groups.items():
