@@ -108,23 +108,33 @@ class Evaluation:
         even when the awaiting task is cancelled (stop), since ``fn`` reads and writes the state
         the intake writes."""
         loop = asyncio.get_running_loop()
-        self._ticking = True
+        self._on_thread += 1
         self._idle.clear()
 
         def reopen(_: Any) -> None:
             try:
                 loop.call_soon_threadsafe(self._reopen)
             except RuntimeError:  # the loop is closed: nobody waits
-                self._ticking = False
+                self._on_thread -= 1
 
-        job = _TICK_THREAD.submit(fn, *args)
+        try:
+            job = _TICK_THREAD.submit(fn, *args)
+        except RuntimeError:  # the interpreter is shutting down
+            self._reopen()
+            raise
         self._tick_job = job
         job.add_done_callback(reopen)
         return await asyncio.wrap_future(job)
 
     def _reopen(self) -> None:
-        self._ticking = False
-        self._idle.set()
+        self._on_thread -= 1
+        if not self._on_thread:
+            self._idle.set()
+
+    @property
+    def _ticking(self) -> bool:
+        """A job of this controller (a tick, a flush) is on the tick thread."""
+        return self._on_thread > 0
 
     async def _tick_idle(self) -> None:
         """Wait while a tick of this controller is on the tick thread (intake calls this before

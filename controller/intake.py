@@ -82,6 +82,8 @@ class Intake:
         except Exception:  # noqa: BLE001 - a callback must not die on one message; counted and shown
             self.stats.errors += 1
             log.exception("summary on %s not taken in", subject)
+        if self.feed.defer_flush and self.feed.due:  # FLUSH_ROWS between ticks: off the event loop too
+            await self._off_loop(self.feed.flush)
 
     def ingest_summary(self, s: wire.Summary, labels: dict[str, str] | None = None) -> None:
         """Take one node summary (public so replay and tests can feed summaries directly)."""

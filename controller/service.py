@@ -175,7 +175,7 @@ class Controller(Intake, Evaluation, Suggestions, SilentNodes, PartitionExchange
         #: evaluate ticks on the tick thread (evaluation.py), off the event loop: set by start();
         #: a harness or replay that calls tick() itself evaluates inline, the same way
         self.tick_in_thread = False
-        self._ticking = False  # a tick is being computed on the tick thread: intake waits
+        self._on_thread = 0  # jobs of this controller on the tick thread (a tick, a flush): intake waits
         self._idle = asyncio.Event()  # set while no tick is on the tick thread
         self._idle.set()
         self._tick_job: Any = None  # the tick thread's current job (stop() waits for it)
@@ -216,6 +216,7 @@ class Controller(Intake, Evaluation, Suggestions, SilentNodes, PartitionExchange
         from KV and subscribe to what this role takes in."""
         cfg = self.cfg
         self.tick_in_thread = True
+        self.feed.defer_flush = True  # flushed on the tick thread (intake.py)
         if shared is not None:
             self.nc, self.js, self.state = shared
             self._shared = True

@@ -26,6 +26,7 @@ def _controller(thread: bool) -> Controller:
     ctl.state = MemoryState(cfg.cluster)
     ctl.js = CaptureJetStream()
     ctl.tick_in_thread = thread  # what start() sets; no NATS needed for the tick itself
+    ctl.feed.defer_flush = thread
     return ctl
 
 
@@ -88,13 +89,31 @@ def test_the_loop_runs_and_intake_waits_while_a_tick_computes() -> None:
     asyncio.run(main())
 
 
-def test_a_threaded_tick_gives_what_an_inline_tick_gives() -> None:
+def test_a_threaded_tick_gives_what_an_inline_tick_gives(monkeypatch) -> None:
+    """Also with store flushes between ticks (a small FLUSH_ROWS), which a started controller
+    runs on the tick thread and an inline one inside StoreFeed.add."""
+    from skewd.controller import storefeed
+
+    monkeypatch.setattr(storefeed, "FLUSH_ROWS", 2)  # every second summary
+    flushed_on: list[str] = []
+
     async def run(thread: bool):
         ctl = _controller(thread)
+        flush = ctl.feed.flush
+
+        def noted_flush() -> None:
+            flushed_on.append(threading.current_thread().name)
+            flush()
+
+        ctl.feed.flush = noted_flush
         await _feed(ctl, 60)
         return ctl
 
-    a, b = asyncio.run(run(True)), asyncio.run(run(False))
+    a = asyncio.run(run(True))
+    assert flushed_on and all(n.startswith("skewd-tick") for n in flushed_on)
+    assert len(flushed_on) > 2 * a.stats.evaluations  # between ticks too, not only in them
+    flushed_on.clear()
+    b = asyncio.run(run(False))
     assert a.stats.evaluations == b.stats.evaluations > 0
     for sig in ("ctl_arrival_lag_excess_seconds", "ctl_aligned_steps", "summary_gpu_util_mean_ratio"):
         for node in ("n0", "n3"):
