@@ -340,6 +340,19 @@ def aligned_metrics(al: Aligned, clock_error: Mapping[str, float],
                         min_fraction)
 
 
+def median0(M: np.ndarray) -> np.ndarray:
+    """``np.median(M, axis=0)``, bit for bit, in one partition: the order statistics are the
+    same values whatever the algorithm, and an even count averages the middle two as
+    ``np.median`` does ((a + b) / 2). A NaN (sorted last) takes ``np.median`` itself. Four
+    medians a group and tick were a fifth of the alignment's time in numpy's Python wrapper."""
+    m = M.shape[0]
+    h = m // 2
+    P = np.partition(M, (h - 1, h, m - 1) if m % 2 == 0 and m > 1 else (h, m - 1), axis=0)
+    if np.isnan(P[m - 1]).any():
+        return np.median(M, axis=0)
+    return P[h] if m % 2 else (P[h - 1] + P[h]) / 2
+
+
 def rows_metrics(live: Sequence[str], rows: StepRows, clock_error: Mapping[str, float],
                  min_fraction: float) -> tuple[dict[str, dict[str, float]], GroupReport]:
     """:func:`aligned_metrics` from the group's step rows: the medians and shares over the
@@ -368,9 +381,9 @@ def rows_metrics(live: Sequence[str], rows: StepRows, clock_error: Mapping[str, 
             rep.missing_share[node] = miss
     if not ncomplete:
         return out, rep
-    rep.spread_median_s = float(np.median(rows.spread))
-    lag_med = np.median(rows.lag, axis=0).tolist()
-    excess_med = np.median(rows.excess, axis=0).tolist()
+    rep.spread_median_s = float(median0(rows.spread))
+    lag_med = median0(rows.lag).tolist()
+    excess_med = median0(rows.excess).tolist()
     last_share = np.mean(rows.last_clear, axis=0).tolist()
     for j, node in enumerate(live):
         o = out[node]
@@ -384,7 +397,7 @@ def rows_metrics(live: Sequence[str], rows: StepRows, clock_error: Mapping[str, 
     B = rows.B
     ok = ~np.isnan(B).any(axis=1)
     if ok.sum() >= 1:
-        per_node = np.median(B[ok], axis=0)
+        per_node = median0(B[ok])
         med = float(np.median(per_node))
         if med > 0:
             for j, node in enumerate(live):

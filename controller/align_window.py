@@ -97,7 +97,7 @@ class GroupWindow:
                 live: Sequence[str]) -> tuple[Aligned, StepRows] | None:
         """The previous window moved to (lo, hi]; None when that cannot be shown equal."""
         assert self.rows is not None
-        p = int(np.searchsorted(self.t, lo, side="right"))  # first kept burst
+        p = int(self.t.searchsorted(lo, side="right"))  # first kept burst
         old_n = len(self.t)
         if p >= old_n:
             return None
@@ -105,7 +105,7 @@ class GroupWindow:
         nt, nb, nc = [], [], []
         for j in range(k):
             s = starts[j]
-            m = int(np.searchsorted(s, self.hi, side="right"))
+            m = int(s.searchsorted(self.hi, side="right"))
             if m != kept[j]:  # the log lost or gained bursts below the old end
                 return None
             if m < len(s):
