@@ -74,7 +74,7 @@ def estimate_period(events: Mapping[str, np.ndarray]) -> float:
     one or two of each row, averaged as ``np.median`` does): one numpy call instead of one
     ``np.median`` per node, the slowest part of a group's alignment. A NaN gap takes the
     per-node way, whose NaN handling it is."""
-    diffs = [np.diff(v) for v in events.values() if len(v) >= 3]
+    diffs = [v[1:] - v[:-1] for v in map(np.asarray, events.values()) if len(v) >= 3]  # np.diff, less its wrapper
     if not diffs:
         return float("nan")
     n = np.array([len(d) for d in diffs])
@@ -554,8 +554,8 @@ class BurstLog:
         if self._unordered:
             sel = (t > lo) & (t <= hi)
             return t[sel], b[sel]
-        i = int(np.searchsorted(t, lo, side="right"))
-        j = int(np.searchsorted(t, hi, side="right"))
+        i = int(t.searchsorted(lo, side="right"))
+        j = int(t.searchsorted(hi, side="right"))
         return t[i:j], b[i:j]
 
 
