@@ -268,7 +268,6 @@ class StepRows:
 
     present: np.ndarray  # [steps, nodes] bool: the node has a burst in the step
     complete: np.ndarray  # [steps] bool: every live member has one (2+ members)
-    T: np.ndarray  # [complete, nodes] burst starts
     B: np.ndarray  # [complete, nodes] burst bytes
     lag: np.ndarray  # [complete, nodes] start minus the step's first start
     excess: np.ndarray  # [complete, nodes] lag beyond the two clocks' summed error
@@ -294,7 +293,7 @@ class StepRows:
         B[r, c] = nbytes[sel]
         if not ncomplete:
             z = np.empty((0, n))
-            return cls(present, is_complete, T, B, z, z, np.empty(0), np.zeros((0, n), dtype=bool))
+            return cls(present, is_complete, B, z, z, np.empty(0), np.zeros((0, n), dtype=bool))
         first_idx = np.argmin(T, axis=1)
         first = T[np.arange(len(T)), first_idx]
         lag = T - first[:, None]
@@ -309,7 +308,7 @@ class StepRows:
         margin = T[rows, last_idx] - T[rows, second_idx]
         clear_last = margin > (err[last_idx] + err[second_idx])
         last_clear = (last_idx[:, None] == np.arange(n)[None, :]) & clear_last[:, None]
-        return cls(present, is_complete, T, B, lag, excess, spread, last_clear)
+        return cls(present, is_complete, B, lag, excess, spread, last_clear)
 
     @property
     def nsteps(self) -> int:
@@ -319,7 +318,7 @@ class StepRows:
         """Steps ``lo``..``hi - 1`` (views)."""
         a = int(np.count_nonzero(self.complete[:lo]))
         b = a + int(np.count_nonzero(self.complete[lo:hi]))
-        return StepRows(self.present[lo:hi], self.complete[lo:hi], self.T[a:b], self.B[a:b], self.lag[a:b],
+        return StepRows(self.present[lo:hi], self.complete[lo:hi], self.B[a:b], self.lag[a:b],
                         self.excess[a:b], self.spread[a:b], self.last_clear[a:b])
 
     @staticmethod
@@ -329,7 +328,7 @@ class StepRows:
         if len(parts) == 1:
             return parts[0]
         return StepRows(*(np.concatenate([getattr(p, f) for p in parts])
-                          for f in ("present", "complete", "T", "B", "lag", "excess", "spread", "last_clear")))
+                          for f in ("present", "complete", "B", "lag", "excess", "spread", "last_clear")))
 
 
 def aligned_metrics(al: Aligned, clock_error: Mapping[str, float],
@@ -366,7 +365,7 @@ def rows_metrics(live: Sequence[str], rows: StepRows, clock_error: Mapping[str, 
     quorum = max(2, int(np.ceil(min_fraction * n))) if n > 2 else 1
     counts = rows.present.sum(axis=1)
     is_partial = counts >= quorum
-    ncomplete = len(rows.T)
+    ncomplete = len(rows.lag)
     npartial = int(is_partial.sum())
     out: dict[str, dict[str, float]] = {node: {} for node in live}
     rep = GroupReport(group="", watermark=float("nan"), steps=ncomplete, spread_median_s=float("nan"))
@@ -680,7 +679,7 @@ class Aligner:
                 if gw is None:
                     gw = self.windows[name] = GroupWindow()
                 logs = [self.bursts.get(n) for n in live]
-                al, rows = gw.measure(live, [ev[n] for n in live], [by[n] for n in live], w,
+                al, rows = gw.measure(live, [ev[n] for n in live], [by[n] for n in live], w,  # type: ignore[assignment]
                                       np.array([errs_of[n] for n in live]), settled - self.window, settled,
                                       tuple(lg.stamp if lg is not None else None for lg in logs))
                 vals, rep = rows_metrics(live, rows, errs_of, self.min_fraction)

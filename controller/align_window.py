@@ -41,16 +41,22 @@ class GroupWindow:
         self.b = np.empty(0)
         self.col = np.empty(0, dtype=np.int64)
         self.opens = np.empty(0, dtype=bool)
-        self.step = np.empty(0, dtype=np.int64)
+        self.nsteps = 0
+        self.live: list[str] = []
         self.rows: StepRows | None = None
         self.reused = 0  # ticks measured incrementally (tests look)
         self.full = 0  # ticks aligned from scratch
 
     def measure(self, live: Sequence[str], starts: Sequence[np.ndarray], nbytes: Sequence[np.ndarray],
-                window: float, err: np.ndarray, lo: float, hi: float, stamp: tuple) -> tuple[Aligned, StepRows]:
+                window: float, err: np.ndarray, lo: float, hi: float, stamp: tuple
+                ) -> tuple["Aligned | GroupWindow", StepRows]:
         """The aligned steps and their rows of the bursts ``starts[j]`` (with ``nbytes[j]``) of
         ``live[j]`` in (``lo``, ``hi``], as :func:`align_arrays` and :meth:`StepRows.of` give
-        them. ``stamp`` changes whenever a member's burst log changed other than by appending
+        them; the steps as this window itself when measured incrementally (``nsteps`` and
+        ``firsts`` as an :class:`Aligned` has them: built only when a pipeline asks). Only what
+        the next tick needs is kept: a window's state is ~250 KB a group, and 125 groups of it
+        rewritten every tick slowed the store's writes as much as it saved. ``stamp`` changes
+        whenever a member's burst log changed other than by appending
         (see :meth:`~skewd.controller.align.BurstLog.stamp`)."""
         key = (tuple(live), tuple(err.tolist()), stamp)
         if self.key == key and lo >= self.lo and hi >= self.hi and self.rows is not None \
@@ -71,8 +77,18 @@ class GroupWindow:
             return al, rows
         opens = np.ones(len(t), dtype=bool)
         opens[1:] = al.step[1:] != al.step[:-1]
-        self._keep(key, window, lo, hi, al.t, al.nbytes, al.col, opens, al.step, rows)
+        self._keep(key, window, lo, hi, al.t, al.nbytes, al.col, opens, al.nsteps, rows)
+        self.live = list(live)
         return al, rows
+
+    def firsts(self, min_members: int) -> np.ndarray:
+        """:meth:`Aligned.firsts` of the window's steps."""
+        step = np.cumsum(self.opens) - 1
+        return Aligned(self.live, self.t, self.b, self.col, step, self.nsteps).firsts(min_members)
+
+    def _old_step(self, i: int) -> int:
+        """The step of held burst ``i`` (counted from the held window's first)."""
+        return int(np.count_nonzero(self.opens[:i + 1])) - 1
 
     def _same_walk(self, window: float) -> bool:
         """Whether walking the held bursts with ``window`` instead of the one they were walked
@@ -85,16 +101,16 @@ class GroupWindow:
         if len(t) < 2 or window != window:
             return False
         first = t[np.flatnonzero(self.opens)]  # each step's start
-        dist = t[1:] - first[self.step[:-1]]
+        dist = t[1:] - first[np.cumsum(self.opens[:-1]) - 1]
         lo, hi = min(window, self.window), max(window, self.window)
         return not bool(((dist > lo) & (dist <= hi)).any())
 
-    def _keep(self, key, window, lo, hi, t, b, col, opens, step, rows) -> None:
+    def _keep(self, key, window, lo, hi, t, b, col, opens, nsteps, rows) -> None:
         self.key, self.window, self.lo, self.hi = key, window, lo, hi
-        self.t, self.b, self.col, self.opens, self.step, self.rows = t, b, col, opens, step, rows
+        self.t, self.b, self.col, self.opens, self.nsteps, self.rows = t, b, col, opens, nsteps, rows
 
     def _extend(self, k: int, starts, nbytes, window: float, err: np.ndarray, lo: float, hi: float,
-                live: Sequence[str]) -> tuple[Aligned, StepRows] | None:
+                live: Sequence[str]) -> "tuple[GroupWindow, StepRows] | None":
         """The previous window moved to (lo, hi]; None when that cannot be shown equal."""
         assert self.rows is not None
         p = int(self.t.searchsorted(lo, side="right"))  # first kept burst
@@ -141,18 +157,22 @@ class GroupWindow:
         if n > L:
             tail = int(np.flatnonzero(opens[:L])[-1])
             opens[tail:] = walk_opens(t[tail:], col[tail:], k, window)
-        step = np.cumsum(opens) - 1
-        nsteps = int(step[-1]) + 1
-        old_step = self.step[p:]
         a_end = min(head, tail)
         parts = []
-        if a_end > 0:
-            parts.append(StepRows.of(t[:a_end], b[:a_end], col[:a_end], step[:a_end], int(step[a_end - 1]) + 1, err))
+        nsteps = 0
+        if a_end > 0:  # steps of the head, walked again
+            step = np.cumsum(opens[:a_end]) - 1
+            nsteps = int(step[-1]) + 1
+            parts.append(StepRows.of(t[:a_end], b[:a_end], col[:a_end], step, nsteps, err))
         if a_end < tail:  # steps unchanged: the rows measured before
-            parts.append(self.rows.cut(int(old_step[a_end]), int(old_step[tail - 1]) + 1))
-        if tail < n:
-            s0 = int(step[tail])
-            parts.append(StepRows.of(t[tail:], b[tail:], col[tail:], step[tail:] - s0, nsteps - s0, err))
-        rows = StepRows.join(parts) if parts else StepRows.of(t, b, col, step, nsteps, err)
-        self._keep(self.key, window, lo, hi, t, b, col, opens, step, rows)
-        return Aligned(list(live), t, b, col, step, nsteps), rows
+            s0, s1 = self._old_step(p + a_end), self._old_step(p + tail - 1) + 1
+            parts.append(self.rows.cut(s0, s1))
+            nsteps += s1 - s0
+        if tail < n:  # steps of the tail, walked again
+            step = np.cumsum(opens[tail:]) - 1
+            k_tail = int(step[-1]) + 1
+            parts.append(StepRows.of(t[tail:], b[tail:], col[tail:], step, k_tail, err))
+            nsteps += k_tail
+        rows = StepRows.join(parts)
+        self._keep(self.key, window, lo, hi, t, b, col, opens, nsteps, rows)
+        return self, rows
