@@ -122,7 +122,6 @@ class Evaluation:
         except RuntimeError:  # the interpreter is shutting down
             self._reopen()
             raise
-        self._tick_job = job
         job.add_done_callback(reopen)
         return await asyncio.wrap_future(job)
 

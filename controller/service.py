@@ -178,7 +178,6 @@ class Controller(Intake, Evaluation, Suggestions, SilentNodes, PartitionExchange
         self._on_thread = 0  # jobs of this controller on the tick thread (a tick, a flush): intake waits
         self._idle = asyncio.Event()  # set while no tick is on the tick thread
         self._idle.set()
-        self._tick_job: Any = None  # the tick thread's current job (stop() waits for it)
         self.started = asyncio.Event()
         self._health: dict[str, wire.Health] = {}
         self._open_keys: set[str] = set()  # incident group keys whose ids are stored in KV
