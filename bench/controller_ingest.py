@@ -247,12 +247,23 @@ async def role_controller(url: str, warm: float) -> dict:
 
     ctl.ingest_summary = ingest  # type: ignore[method-assign]
     orig_tick = ctl.tick
+    orig_compute = ctl._compute
+    computed = [0.0]
+
+    def compute(*a, **k):  # the tick's computation, on the tick thread (evaluation.py)
+        c = time.perf_counter()
+        try:
+            return orig_compute(*a, **k)
+        finally:
+            computed[0] += time.perf_counter() - c
 
     async def tick(t: float) -> None:  # evaluation time per grid second, while summaries arrive
+        computed[0] = 0.0
         b = Busy(orig_tick(t))
         await b
-        ticks.append(b.total)
+        ticks.append(b.total + computed[0])  # on the loop plus on the tick thread
 
+    ctl._compute = compute  # type: ignore[method-assign]
     ctl.tick = tick  # type: ignore[method-assign]
     await ctl.start()
     return await _serve(rec, extra=extra)
@@ -260,8 +271,8 @@ async def role_controller(url: str, warm: float) -> dict:
 
 class Busy:
     """Awaits a coroutine and adds up the time it runs, not the time it waits: a tick that
-    yields to the event loop (between TP groups, on KV writes) lets summaries in meanwhile, and
-    their handling is not the tick's. What blocks the loop is the longest single step
+    awaits (its computation on the tick thread, KV writes) lets summaries in meanwhile, and
+    their handling is not the tick's (the roles add the tick thread's time to the tick). What blocks the loop is the longest single step
     (``longest``); the tick's own work is ``total``."""
 
     def __init__(self, coro) -> None:
@@ -317,13 +328,26 @@ async def role_worker(url: str, warm: float, workers: int, partitions: int) -> d
 
             ctl.ingest_summary = ingest
         orig_tick = ctl.tick
+        orig_compute = ctl._compute
+        computed = [0.0]
+
+        def compute(*a, **k):  # the tick's computation, on the tick thread (evaluation.py)
+            c = time.perf_counter()
+            try:
+                return orig_compute(*a, **k)
+            finally:
+                computed[0] += time.perf_counter() - c
 
         async def tick(t: float) -> None:
+            computed[0] = 0.0
             b = Busy(orig_tick(t))
             await b
-            into.append(b.total)
+            # the tick: its steps on the event loop plus its computation on the tick thread
+            # (which the loop does not wait for: that is what blocked measures)
+            into.append(b.total + computed[0])
             blocked.append(b.longest)
 
+        ctl._compute = compute
         ctl.tick = tick
 
     mark: list[int] = []  # lengths of the tick lists when the steady phase began

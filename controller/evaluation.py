@@ -11,8 +11,10 @@ published once shown, and suggestions are planned for the shown ones
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import math
+from typing import Any, Callable
 
 from skewd import wire
 from skewd.model import GROUP_SCOPES, Finding, State
@@ -26,6 +28,13 @@ log = logging.getLogger("skewd.controller")
 #: turn of the event loop, so no summary time can keep the loop busy (a catch-up is at most
 #: 10 ticks anyway: further behind, only the latest is evaluated)
 MAX_TICKS_PER_WAKE = 10
+
+#: the thread that computes ticks (alignment, store flush, group rules) for every controller of
+#: the process, one tick at a time (they share compiled rules). The event loop stays free
+#: meanwhile: a scaled-out worker renews its leases there, and a tick of 1 s at 1,000 nodes under
+#: load once held them long enough for another worker to take partitions over (then summaries
+#: were handled twice). Messages for the ticking controller wait (:meth:`Evaluation._tick_idle`).
+_TICK_THREAD = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="skewd-tick")
 
 
 class Evaluation:
@@ -71,30 +80,17 @@ class Evaluation:
     async def tick(self, t: float) -> None:
         """One evaluation at time ``t``: derived signals, group rules, correlation, planning.
         A partition stops after its TP-group rules and hands the leader a digest; the leader
-        takes the digests in instead of deriving, and evaluates the cluster-wide rules."""
+        takes the digests in instead of deriving, and evaluates the cluster-wide rules. The
+        computation runs on the tick thread when the controller was started (live), inline
+        otherwise; publishing and correlation run here, on the event loop."""
         self.now, self._wall_at_now = t, self.wall()
-        if self.role == ROLE_LEADER:
-            self._take_digests()
-        self.feed.flush()
-        if self.topology.version != self._labels_version or len(self.store.registry.node_labels) < len(self.aligner.clocks) \
-                or (self.role == ROLE_LEADER and len(self.store.registry.node_labels) < len(self.nodes)):
-            known = set(self.aligner.clocks) if self.role != ROLE_LEADER else set(self.nodes.heard)
-            for node in known | {n for g in self.topology.tp_groups().values() for n in g.nodes}:
-                self.store.registry.set_node_labels(node, self.topology.node_labels(node))
-            self._labels_version = self.topology.version
-        derived: dict[str, dict[str, float]] = {}
-        if self.role == ROLE_LEADER:
-            self.correlator.reports = self._reports
-        else:
-            tp = {name: g.nodes for name, g in self.topology.tp_groups().items()}
-            pp = {name: [self.topology.stage_members(s) for s in p.stages]
-                  for name, p in self.topology.pp_groups().items()}
-            derived = await self._derive(t, tp, pp)
-            self.feed.ingest_derived(t, derived)
-            self.correlator.reports = self.aligner.reports
         warm = self.first_t is not None and t - self.first_t >= self.cfg.warmup
+        if self.tick_in_thread:
+            derived, transitions = await self._off_loop(self._compute, t, warm)
+        else:
+            derived, transitions = self._compute(t, warm)
+        self.correlator.reports = self._reports if self.role == ROLE_LEADER else self.aligner.reports
         if warm:
-            transitions = self.engine.evaluate(t)
             self.stats.evaluations += 1
             for f in transitions:
                 self._enrich(f, t)
@@ -107,17 +103,66 @@ class Evaluation:
             return
         await self._correlate_and_plan(t)
 
-    async def _derive(self, t: float, tp: dict, pp: dict) -> dict[str, dict[str, float]]:
-        """``Aligner.derive``, one TP group at a time, letting the event loop run in between:
-        with many groups a tick takes long enough that summaries would otherwise queue up
-        (latency) or be dropped by the client as a slow consumer."""
-        steps = self.aligner.derive_steps(t, tp, pp)
-        while True:
+    async def _off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on the tick thread; the controller's intake waits until it is done,
+        even when the awaiting task is cancelled (stop), since ``fn`` reads and writes the state
+        the intake writes."""
+        loop = asyncio.get_running_loop()
+        self._on_thread += 1
+        self._idle.clear()
+
+        def reopen(_: Any) -> None:
             try:
-                next(steps)
-            except StopIteration as done:
-                return done.value
-            await asyncio.sleep(0)
+                loop.call_soon_threadsafe(self._reopen)
+            except RuntimeError:  # the loop is closed: nobody waits
+                self._on_thread -= 1
+
+        try:
+            job = _TICK_THREAD.submit(fn, *args)
+        except RuntimeError:  # the interpreter is shutting down
+            self._reopen()
+            raise
+        job.add_done_callback(reopen)
+        return await asyncio.wrap_future(job)
+
+    def _reopen(self) -> None:
+        self._on_thread -= 1
+        if not self._on_thread:
+            self._idle.set()
+
+    @property
+    def _ticking(self) -> bool:
+        """A job of this controller (a tick, a flush) is on the tick thread."""
+        return self._on_thread > 0
+
+    async def _tick_idle(self) -> None:
+        """Wait while a tick of this controller is on the tick thread (intake calls this before
+        touching the store, aligner, timelines, topology or node book; code that runs without
+        awaiting after it cannot overlap a tick, which starts only from the event loop)."""
+        while self._ticking:
+            await self._idle.wait()
+
+    def _compute(self, t: float, warm: bool) -> tuple[dict[str, dict[str, float]], list[Finding]]:
+        """The tick's computation, touching no connection: digests (leader) and pending
+        summaries into the store, node labels, the ctl_* signals (partition or single
+        controller), the group rules. Returns the derived values and the transitions."""
+        if self.role == ROLE_LEADER:
+            self._take_digests()
+        self.feed.flush()
+        if self.topology.version != self._labels_version or len(self.store.registry.node_labels) < len(self.aligner.clocks) \
+                or (self.role == ROLE_LEADER and len(self.store.registry.node_labels) < len(self.nodes)):
+            known = set(self.aligner.clocks) if self.role != ROLE_LEADER else set(self.nodes.heard)
+            for node in known | {n for g in self.topology.tp_groups().values() for n in g.nodes}:
+                self.store.registry.set_node_labels(node, self.topology.node_labels(node))
+            self._labels_version = self.topology.version
+        derived: dict[str, dict[str, float]] = {}
+        if self.role != ROLE_LEADER:
+            tp = {name: g.nodes for name, g in self.topology.tp_groups().items()}
+            pp = {name: [self.topology.stage_members(s) for s in p.stages]
+                  for name, p in self.topology.pp_groups().items()}
+            derived = self.aligner.derive(t, tp, pp)
+            self.feed.ingest_derived(t, derived)
+        return derived, (self.engine.evaluate(t) if warm else [])
 
     async def _drop_lapsed_pending(self) -> None:
         """The engine forgets a pending alert whose expression turned false without emitting a

@@ -69,6 +69,9 @@ class PartitionExchange:
     async def _on_digest(self, msg: Any) -> None:
         from .digest import decode_digest
 
+        if self._ticking:  # its state is on the tick thread (evaluation.py)
+            await self._tick_idle()
+
         try:
             d = decode_digest(msg.data)
         except ValueError as e:

@@ -55,6 +55,8 @@ class Intake:
         return True
 
     async def _on_summary(self, msg: Any) -> None:
+        if self._ticking:  # its state is on the tick thread (evaluation.py)
+            await self._tick_idle()
         subject = msg.subject
         try:
             s = wire.summary_view(msg.data)  # the typed decoder's object: read-only from here on
@@ -80,6 +82,8 @@ class Intake:
         except Exception:  # noqa: BLE001 - a callback must not die on one message; counted and shown
             self.stats.errors += 1
             log.exception("summary on %s not taken in", subject)
+        if self.feed.defer_flush and self.feed.due:  # FLUSH_ROWS between ticks: off the event loop too
+            await self._off_loop(self.feed.flush)
 
     def ingest_summary(self, s: wire.Summary, labels: dict[str, str] | None = None) -> None:
         """Take one node summary (public so replay and tests can feed summaries directly)."""
@@ -127,6 +131,8 @@ class Intake:
             self._wake.set()
 
     async def _on_health(self, msg: Any) -> None:
+        if self._ticking:  # its state is on the tick thread (evaluation.py)
+            await self._tick_idle()
         try:
             h = wire.decode_health(msg.data)
         except wire.WireError as e:
@@ -144,6 +150,8 @@ class Intake:
         self._health[h.node] = h
 
     async def _on_phase(self, msg: Any) -> None:
+        if self._ticking:  # its state is on the tick thread (evaluation.py)
+            await self._tick_idle()
         if self.role == ROLE_PARTITION:  # only the engines on this partition's nodes
             parsed = ingest.parsed_subject(msg.subject)
             if not isinstance(parsed, wire.ParsedSubject) or parsed.tokens.get("node") not in self.aligner.clocks:
@@ -200,6 +208,8 @@ class Intake:
             log.debug("term of a rejected finding failed: %s", e)
 
     async def _take_finding_msg(self, m: Any) -> None:
+        if self._ticking:  # its state is on the tick thread (evaluation.py)
+            await self._tick_idle()
         try:
             f = wire.decode_finding(m.data)
         except wire.WireError as e:

@@ -172,6 +172,12 @@ class Controller(Intake, Evaluation, Suggestions, SilentNodes, PartitionExchange
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()
         self._stopping = False
+        #: evaluate ticks on the tick thread (evaluation.py), off the event loop: set by start();
+        #: a harness or replay that calls tick() itself evaluates inline, the same way
+        self.tick_in_thread = False
+        self._on_thread = 0  # jobs of this controller on the tick thread (a tick, a flush): intake waits
+        self._idle = asyncio.Event()  # set while no tick is on the tick thread
+        self._idle.set()
         self.started = asyncio.Event()
         self._health: dict[str, wire.Health] = {}
         self._open_keys: set[str] = set()  # incident group keys whose ids are stored in KV
@@ -208,6 +214,8 @@ class Controller(Intake, Evaluation, Suggestions, SilentNodes, PartitionExchange
         """Connect (or use ``shared`` = (nc, js, state) of a scaled-out worker), restore state
         from KV and subscribe to what this role takes in."""
         cfg = self.cfg
+        self.tick_in_thread = True
+        self.feed.defer_flush = True  # flushed on the tick thread (intake.py)
         if shared is not None:
             self.nc, self.js, self.state = shared
             self._shared = True
@@ -269,6 +277,8 @@ class Controller(Intake, Evaluation, Suggestions, SilentNodes, PartitionExchange
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=left(0.3))
         self._tasks = []
+        if self._ticking:  # a cancelled tick's computation still runs: the snapshot waits for it
+            await asyncio.wait([asyncio.ensure_future(self._idle.wait())], timeout=left(0.3))
         if self.nc is not None:
             if self.nc.is_connected:
                 try:
@@ -413,6 +423,7 @@ class Controller(Intake, Evaluation, Suggestions, SilentNodes, PartitionExchange
         while not self._stopping:
             await asyncio.sleep(ival)
             try:
+                await self._tick_idle()  # (each synchronous stretch below starts after a wait)
                 wall = self.wall()
                 if self.role == ROLE_PARTITION:  # the leader resolves their findings; here state goes
                     for node, _ in self.nodes.pop_silent(wall):
@@ -431,6 +442,7 @@ class Controller(Intake, Evaluation, Suggestions, SilentNodes, PartitionExchange
                            and wall - float(r.get("planned_wall", wall)) > 10.0]
                 for k in planned:
                     await self._publish_remap(k, self.remaps[k])
+                await self._tick_idle()
                 if self.now > -math.inf:
                     self.gc_store(self.now)
                     self.correlator.forget_closed(self.now - self.cfg.horizon)

@@ -93,6 +93,9 @@ class StoreFeed:
         self._derived_gcs = -1
         self._derived_ncat = -1
         self.fast_flushes = 0  # flushes that took the per-summary path (tests look)
+        #: leave a due flush to the owner (:attr:`due`) instead of flushing inside :meth:`add`:
+        #: a started controller flushes on its tick thread, off the event loop
+        self.defer_flush = False
         self._shapes: dict[str, tuple] = {}  # node → its summaries' last shape (see samples)
 
     def samples(self, node: str, sig: dict[str, dict[str, float | None]]) -> tuple[list, list, list]:
@@ -145,9 +148,14 @@ class StoreFeed:
         self._pending_rows += len(values)
         if lay is None:
             self._pending_new += len(values)
-        if self._pending_rows >= FLUSH_ROWS or self._pending_new >= FLUSH_NEW_ROWS:
+        if not self.defer_flush and self.due:
             self.flush()
         return names, ents
+
+    @property
+    def due(self) -> bool:
+        """Enough samples wait that they should go into the store before the next tick."""
+        return self._pending_rows >= FLUSH_ROWS or self._pending_new >= FLUSH_NEW_ROWS
 
     def flush(self) -> None:
         """Summary samples into the window store. The store's fast path takes one-node,
