@@ -187,7 +187,7 @@ class Correlator:
     def _is_group_finding(self, f: Finding) -> bool:
         return f.scope in GROUP_SCOPES
 
-    def _groups(self) -> list[_Group]:
+    def _groups(self, now: float) -> list[_Group]:
         firing = sorted((f for f in self.findings.values() if f.state is State.FIRING),
                         key=lambda f: (f.active_at, f.rule_id, f.node, f.entity))
         # sandbox rules give findings only: no incident, no culprit, no remap, and they hide nothing
@@ -199,7 +199,7 @@ class Correlator:
         firing = [f for f in firing if self.maturity(f) != "sandbox"]
         # a cause that resolved while a symptom it explains is still pending or firing keeps its
         # incident open: that occurrence of the symptom began under the cause (its aftermath)
-        firing = sorted((*firing, *self._lingering(firing)), key=lambda f: (f.active_at, f.rule_id, f.node, f.entity))
+        firing = sorted((*firing, *self._lingering(firing, now)), key=lambda f: (f.active_at, f.rule_id, f.node, f.entity))
         groups: dict[str, _Group] = {}
         culprit_of: dict[str, _Group] = {}  # tp_group → culprit incident
         cluster_groups: list[_Group] = []
@@ -340,7 +340,7 @@ class Correlator:
         return (s.fired_at is not None and s.resolved_at is not None
                 and s.active_at <= f.active_at <= s.resolved_at)
 
-    def _lingering(self, firing: Sequence[Finding]) -> list[Finding]:
+    def _lingering(self, firing: Sequence[Finding], now: float) -> list[Finding]:
         """Resolved node-local findings that still hold a symptom: a pending or firing target
         of an inhibit rule, with no firing source of its own, whose occurrence began while the
         resolved source's occurrence held. A symptom outlives its cause - an engine slowed for minutes
@@ -349,7 +349,10 @@ class Correlator:
         the cause's, not demand outgrowing the cache: the cause's incident stays open holding
         it until it resolves. A target whose occurrence begins after its cause resolved opens
         an incident of its own, as before. The resolved source stays a member of its incident
-        (the incident is built as when it fired)."""
+        (the incident is built as when it fired). A *pending* target holds it only for
+        ``effect_window`` after the source resolved: an agent drops a pending alert that turns
+        false without a transition (Prometheus semantics), so a pending finding here may be
+        stale; one that fires later reopens the cause's incident."""
         kinds = {p for r in self.inhibit_rules for p in r.target}
         targets = [f for f in self.findings.values()
                    if f.pathology in kinds and f.state in (State.PENDING, State.FIRING) and self.maturity(f) != "sandbox"
@@ -361,7 +364,7 @@ class Correlator:
         out: dict[str, Finding] = {}
         for f in targets:
             s = self._inhibitor(f, resolved)
-            if s is not None:
+            if s is not None and (f.state is State.FIRING or now - (s.resolved_at or now) <= self.effect_window):
                 out[s.fingerprint] = s
         return list(out.values())
 
@@ -369,7 +372,7 @@ class Correlator:
     def correlate(self, now: float) -> list[Incident]:
         """Recompute incidents at ``now``; returns every incident whose content changed
         (opened, members/culprit/cause changed, resolved or inhibited)."""
-        groups = self._groups()
+        groups = self._groups(now)
         seen: set[str] = set()
         changed: list[Incident] = []
         # where each firing finding went: a node incident whose findings all moved into a

@@ -264,6 +264,16 @@ def test_a_symptom_that_began_under_its_cause_stays_with_it_after_the_cause_reso
     c.observe(_resolved(fired, 340.0))
     (done,) = c.correlate(341.0)
     assert done.id == cause.id and done.state == "resolved"
+    # a pending symptom holds the cause only for effect_window (30 s here): a pending alert that
+    # turns false is dropped by its agent without a transition
+    c2 = _corr()
+    c2.observe(link)
+    c2.correlate(166.0)
+    c2.observe(full)
+    c2.observe(_resolved(link, 285.0))
+    assert c2.correlate(300.0) == []
+    (closed,) = c2.correlate(320.0)
+    assert closed.id == cause.id and closed.state == "resolved"
     # a new occurrence that begins after the cause resolved is demand outgrowing the cache: its own incident
     again = finding("n1", "GPU-2-x", "GPU-2", Layer.ENGINE, 400.0, cluster="c", entity="engine0", scope=Scope.ENGINE)
     c.observe(again)
