@@ -11,7 +11,9 @@ their own, so they produce no remap of their own. Pathologies listed in
 ``correlation.inhibit_rules`` add Alertmanager's explicit form: while a finding of a *source*
 pathology fires, findings of a *target* pathology with the same labels (node, entity, TP group)
 are attached to the source's incident (a lossy port's slow KV transfers, a stalled engine's
-eroded throughput) instead of opening incidents of their own.
+eroded throughput) instead of opening incidents of their own; an occurrence of a target that
+began while its source held stays attached after the source resolves (its aftermath: a slowed
+engine drains its queue), keeping the source's incident open until it ends.
 
 :meth:`Correlator.correlate` recomputes the incident set from the current findings at a given
 time, so every controller replica and a restarted controller reach the same incidents; only
@@ -185,7 +187,7 @@ class Correlator:
     def _is_group_finding(self, f: Finding) -> bool:
         return f.scope in GROUP_SCOPES
 
-    def _groups(self) -> list[_Group]:
+    def _groups(self, now: float) -> list[_Group]:
         firing = sorted((f for f in self.findings.values() if f.state is State.FIRING),
                         key=lambda f: (f.active_at, f.rule_id, f.node, f.entity))
         # sandbox rules give findings only: no incident, no culprit, no remap, and they hide nothing
@@ -195,6 +197,9 @@ class Correlator:
                 self._counted.add(f.id)
                 self.sandbox_total += 1
         firing = [f for f in firing if self.maturity(f) != "sandbox"]
+        # a cause that resolved while a symptom it explains is still pending or firing keeps its
+        # incident open: that occurrence of the symptom began under the cause (its aftermath)
+        firing = sorted((*firing, *self._lingering(firing, now)), key=lambda f: (f.active_at, f.rule_id, f.node, f.entity))
         groups: dict[str, _Group] = {}
         culprit_of: dict[str, _Group] = {}  # tp_group → culprit incident
         cluster_groups: list[_Group] = []
@@ -312,7 +317,8 @@ class Correlator:
         return f.labels.get("tp_group") or (grp.name if grp is not None else "")
 
     def _inhibitor(self, f: Finding, firing: Sequence[Finding]) -> Finding | None:
-        """The first firing finding that inhibits ``f`` under ``correlation.inhibit_rules``."""
+        """The first finding in ``firing`` that inhibits ``f`` under ``correlation.inhibit_rules``:
+        a firing source, or a resolved (lingering) one that held when ``f``'s occurrence began."""
         if f.pathology in self.never_inhibit:
             return None
         direct = f.pathology in self.direct_evidence
@@ -322,15 +328,51 @@ class Correlator:
             for s in firing:
                 if (s.pathology in r.source and s.fingerprint != f.fingerprint
                         and all(self._label(s, k) == self._label(f, k) for k in r.equal)
-                        and not (direct and s.node != f.node)):
+                        and not (direct and s.node != f.node)
+                        and (s.state is State.FIRING or self._began_under(f, s))):
                     return s
         return None
+
+    @staticmethod
+    def _began_under(f: Finding, s: Finding) -> bool:
+        """Whether ``f``'s occurrence began (went pending) while the occurrence of ``s`` that
+        fired held (from its own pending start to its resolution)."""
+        return (s.fired_at is not None and s.resolved_at is not None
+                and s.active_at <= f.active_at <= s.resolved_at)
+
+    def _lingering(self, firing: Sequence[Finding], now: float) -> list[Finding]:
+        """Resolved node-local findings that still hold a symptom: a pending or firing target
+        of an inhibit rule, with no firing source of its own, whose occurrence began while the
+        resolved source's occurrence held. A symptom outlives its cause - an engine slowed for minutes
+        works off its queue over a full cache for a minute or more after its link, launch path
+        or host recovered (GPU-2 after PCIE-3/5/6 in the fault lab) - and that occurrence is
+        the cause's, not demand outgrowing the cache: the cause's incident stays open holding
+        it until it resolves. A target whose occurrence begins after its cause resolved opens
+        an incident of its own, as before. The resolved source stays a member of its incident
+        (the incident is built as when it fired). A *pending* target holds it only for
+        ``effect_window`` after the source resolved: an agent drops a pending alert that turns
+        false without a transition (Prometheus semantics), so a pending finding here may be
+        stale; one that fires later reopens the cause's incident."""
+        kinds = {p for r in self.inhibit_rules for p in r.target}
+        targets = [f for f in self.findings.values()
+                   if f.pathology in kinds and f.state in (State.PENDING, State.FIRING) and self.maturity(f) != "sandbox"
+                   and f.pathology not in self.never_inhibit and self._inhibitor(f, firing) is None]
+        if not targets:
+            return []
+        resolved = [s for s in self.findings.values()
+                    if s.state is State.RESOLVED and self.maturity(s) != "sandbox" and not self._is_group_finding(s)]
+        out: dict[str, Finding] = {}
+        for f in targets:
+            s = self._inhibitor(f, resolved)
+            if s is not None and (f.state is State.FIRING or now - (s.resolved_at or now) <= self.effect_window):
+                out[s.fingerprint] = s
+        return list(out.values())
 
     # -- the incident set ---------------------------------------------------------------------
     def correlate(self, now: float) -> list[Incident]:
         """Recompute incidents at ``now``; returns every incident whose content changed
         (opened, members/culprit/cause changed, resolved or inhibited)."""
-        groups = self._groups()
+        groups = self._groups(now)
         seen: set[str] = set()
         changed: list[Incident] = []
         # where each firing finding went: a node incident whose findings all moved into a

@@ -1,6 +1,8 @@
 """Correlation (grouping, de-duplication, inhibition, root cause) and planning, without NATS."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from skewd.controller import messages
@@ -232,6 +234,72 @@ def test_inhibit_rules_fold_a_lossy_ports_slow_kv_transfers_into_its_incident() 
     c.observe(done)
     changed = {(i.pathology, i.group.get("node")): i for i in c.correlate(131.0)}
     assert changed[("EW-6", "n1")].state == "resolved" and changed[("EW-8", "n1")].state == "open"
+
+
+def _resolved(f, t: float):
+    """``f``'s resolution as the agent sends it: the same occurrence, fired_at kept, resolved at ``t``."""
+    return dataclasses.replace(f, state=State.RESOLVED, evaluated_at=t, resolved_at=t)
+
+
+def test_a_symptom_that_began_under_its_cause_stays_with_it_after_the_cause_resolves() -> None:
+    # default PCIE-5 -> GPU-2 (same node): a downtrained link slows the engine; its queue over a full
+    # cache goes on draining after the link recovers (pcie5-link-saturation seed 110 in the fault lab:
+    # GPU-2 went pending 20 s before the fault ended and fired 5 s after PCIE-5 resolved)
+    c = _corr()
+    link = finding("n1", "PCIE-5-x", "PCIE-5", Layer.PCIE, 165.0, cluster="c", entity="gpu4", scope=Scope.GPU)
+    link.active_at = 135.0
+    c.observe(link)
+    (cause,) = c.correlate(166.0)
+    full = finding("n1", "GPU-2-x", "GPU-2", Layer.ENGINE, 260.0, cluster="c", entity="engine0", scope=Scope.ENGINE,
+                   state=State.PENDING)
+    c.observe(full)
+    c.observe(_resolved(link, 285.0))
+    assert c.correlate(286.0) == []  # still open: the pending symptom began under it
+    fired = dataclasses.replace(full, state=State.FIRING, evaluated_at=290.0, fired_at=290.0)
+    c.observe(fired)
+    (held,) = [i for i in c.correlate(291.0) if i.state == "open"]
+    assert held.id == cause.id and held.pathology == "PCIE-5" and held.inhibited == [fired.id]
+    assert not [i for i in c.open_incidents() if i.pathology == "GPU-2"]
+    # the symptom's occurrence ends: so does the cause's incident
+    c.observe(_resolved(fired, 340.0))
+    (done,) = c.correlate(341.0)
+    assert done.id == cause.id and done.state == "resolved"
+    # a pending symptom holds the cause only for effect_window (30 s here): a pending alert that
+    # turns false is dropped by its agent without a transition
+    c2 = _corr()
+    c2.observe(link)
+    c2.correlate(166.0)
+    c2.observe(full)
+    c2.observe(_resolved(link, 285.0))
+    assert c2.correlate(300.0) == []
+    (closed,) = c2.correlate(320.0)
+    assert closed.id == cause.id and closed.state == "resolved"
+    # a new occurrence that begins after the cause resolved is demand outgrowing the cache: its own incident
+    again = finding("n1", "GPU-2-x", "GPU-2", Layer.ENGINE, 400.0, cluster="c", entity="engine0", scope=Scope.ENGINE)
+    c.observe(again)
+    (own,) = c.correlate(401.0)
+    assert own.pathology == "GPU-2" and own.state == "open" and own.findings == [again.id]
+
+
+def test_a_symptom_that_began_after_its_cause_resolved_opens_its_own_incident() -> None:
+    c = _corr()
+    link = finding("n1", "PCIE-5-x", "PCIE-5", Layer.PCIE, 165.0, cluster="c", entity="gpu4", scope=Scope.GPU)
+    c.observe(link)
+    c.correlate(166.0)
+    c.observe(_resolved(link, 200.0))
+    c.correlate(201.0)
+    late = finding("n1", "GPU-2-x", "GPU-2", Layer.ENGINE, 260.0, cluster="c", entity="engine0", scope=Scope.ENGINE)
+    c.observe(late)
+    (own,) = c.correlate(261.0)
+    assert own.pathology == "GPU-2" and own.findings == [late.id]
+    # on another node the cause explains nothing, even while it held
+    c2 = _corr()
+    c2.observe(link)
+    other = finding("n3", "GPU-2-x", "GPU-2", Layer.ENGINE, 170.0, cluster="c", entity="engine0", scope=Scope.ENGINE)
+    c2.observe(other)
+    c2.observe(_resolved(link, 200.0))
+    (own2,) = [i for i in c2.correlate(201.0) if i.state == "open"]
+    assert own2.pathology == "GPU-2" and own2.group == {"node": "n3"}
 
 
 def test_a_symptom_that_fired_first_is_marked_inhibited_by_the_cause_that_follows() -> None:
