@@ -55,7 +55,10 @@ async def test_plugin_publishes_steps_and_the_controller_builds_the_engine_timel
         await wait_for(lambda: _true(ctl.stats.phase_records >= res["published"] > 0), 10, "phase records")
         assert res["errors"] == 0 and res["recorded"] == 80
         assert res["dropped"] == {"queue_full": 0, "disconnected": 0, "truncated": 0, "errors": 0}
-        assert res["max_record_s"] < 0.005, res  # a few µs of copying, never a network wait
+        # a few µs of copying, never a wait for the publisher's 0.1 s interval or the network; a
+        # record can still wait for the GIL while the publisher thread holds it (one or two 5 ms
+        # switch intervals on a loaded host: 9 ms was seen), so the bar sits between the two
+        assert res["max_record_s"] < 0.05, res
         # bounded rate: one record per engine per 0.1 s interval (+ the final flush)
         assert ctl.stats.phase_records <= res["elapsed_s"] / 0.1 + 3
         assert ctl.stats.phase_rejected == 0
