@@ -344,6 +344,9 @@ class Loader:
         def enum(key: str, cls: type, default: Any = None) -> Any:
             v = d.get(key, default)
             if v is None:
+                if key in d:  # written as null (`severity:` with nothing after it)
+                    self.issue(Code.BAD_VALUE, f"{key} is empty: use one of {', '.join(e.value for e in cls)}",
+                               vp(key), rid)
                 return None
             try:
                 return cls(v)

@@ -214,3 +214,16 @@ def test_a_param_whose_name_is_not_text_is_an_error_and_no_name(cat, tmp_path):
     msgs = sorted((i.code.value, i.message) for i in res.issues)
     assert len(msgs) == 2, msgs
     assert any("param name None" in m for _, m in msgs) and any("unknown name hott" in m for _, m in msgs), msgs
+
+
+@pytest.mark.parametrize("key", ["severity", "layer", "scope"])
+def test_an_enum_key_written_empty_is_an_error_at_its_line(cat, tmp_path, key):
+    """`severity:` with nothing after it is null: the rule once loaded with severity None and
+    its first finding crashed the encoder in a replay (bench/fuzz.py bundle input 147723)."""
+    f = tmp_path / "r.yaml"
+    text = RULE_HEAD + "    expr: gpu_power_watts > 90\n"
+    text = text.replace(f"    {key}: " + {"severity": "warning", "layer": "gpu", "scope": "gpu"}[key], f"    {key}:")
+    f.write_text(text)
+    res = load_rules([f], cat)
+    assert any(i.code is Code.BAD_VALUE and f"{key} is empty" in i.message for i in res.issues), res.issues
+    assert res.ruleset is None
