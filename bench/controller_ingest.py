@@ -41,6 +41,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 CLUSTER = "bench"
 SIGNALS = {  # plausible values for a busy 8-GPU node (invented for the benchmark)
@@ -217,6 +218,24 @@ class Recorder:
         return out
 
 
+
+def _time_compute(ctl: Any) -> list[float]:
+    """Wrap the controller's tick computation (on the tick thread, evaluation.py) so its wall
+    time adds up in the returned cell: a tick through NATS is its steps on the event loop plus
+    this (awaiting the thread would otherwise read as a near-zero tick)."""
+    orig = ctl._compute
+    cell = [0.0]
+
+    def compute(*a: Any, **k: Any) -> Any:
+        c = time.perf_counter()
+        try:
+            return orig(*a, **k)
+        finally:
+            cell[0] += time.perf_counter() - c
+
+    ctl._compute = compute
+    return cell
+
 async def role_controller(url: str, warm: float) -> dict:
     from skewd.controller.config import load_config
     from skewd.controller.service import Controller
@@ -247,15 +266,7 @@ async def role_controller(url: str, warm: float) -> dict:
 
     ctl.ingest_summary = ingest  # type: ignore[method-assign]
     orig_tick = ctl.tick
-    orig_compute = ctl._compute
-    computed = [0.0]
-
-    def compute(*a, **k):  # the tick's computation, on the tick thread (evaluation.py)
-        c = time.perf_counter()
-        try:
-            return orig_compute(*a, **k)
-        finally:
-            computed[0] += time.perf_counter() - c
+    computed = _time_compute(ctl)
 
     async def tick(t: float) -> None:  # evaluation time per grid second, while summaries arrive
         computed[0] = 0.0
@@ -263,7 +274,6 @@ async def role_controller(url: str, warm: float) -> dict:
         await b
         ticks.append(b.total + computed[0])  # on the loop plus on the tick thread
 
-    ctl._compute = compute  # type: ignore[method-assign]
     ctl.tick = tick  # type: ignore[method-assign]
     await ctl.start()
     return await _serve(rec, extra=extra)
@@ -328,15 +338,7 @@ async def role_worker(url: str, warm: float, workers: int, partitions: int) -> d
 
             ctl.ingest_summary = ingest
         orig_tick = ctl.tick
-        orig_compute = ctl._compute
-        computed = [0.0]
-
-        def compute(*a, **k):  # the tick's computation, on the tick thread (evaluation.py)
-            c = time.perf_counter()
-            try:
-                return orig_compute(*a, **k)
-            finally:
-                computed[0] += time.perf_counter() - c
+        computed = _time_compute(ctl)
 
         async def tick(t: float) -> None:
             computed[0] = 0.0
@@ -347,7 +349,6 @@ async def role_worker(url: str, warm: float, workers: int, partitions: int) -> d
             into.append(b.total + computed[0])
             blocked.append(b.longest)
 
-        ctl._compute = compute
         ctl.tick = tick
 
     mark: list[int] = []  # lengths of the tick lists when the steady phase began
