@@ -26,7 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .align import Aligned, StepRows, align_arrays, walk_opens
+from .align_steps import Aligned, StepRows, align_arrays, walk_opens
 
 
 class GroupWindow:
