@@ -354,11 +354,13 @@ def parse_duration(text: str | int | float) -> float:
     if isinstance(text, bool):
         raise ValueError(f"bad duration {text!r}: {hint}")
     if isinstance(text, (int, float)):
-        if not text >= 0 or text == float("inf"):
-            raise ValueError(f"bad duration {text!r}: must be a finite number of seconds, not negative")
+        if not text >= 0 or text == float("inf") or (isinstance(text, int) and text > 1e300):
+            raise ValueError(f"bad duration {str(text)[:40]!r}: must be a finite number of seconds, not negative")
         return float(text)
     s = str(text).strip()
     if _SECONDS.fullmatch(s):
+        if float(s) == float("inf"):  # 400 digits: a float of them is inf, not a number of seconds
+            raise ValueError(f"bad duration {s[:40]!r}: must be a finite number of seconds")
         return float(s)
     pos = 0
     total = 0.0
