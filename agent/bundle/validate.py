@@ -137,11 +137,22 @@ class MetaCheck:
     def bad(self, field_: str, why: str) -> None:
         self.problems.append(f"{field_}: {why}")
 
+    def is_text(self, v: Any) -> bool:
+        """A string within the text limit that UTF-8 can encode: JSON's "\udcff" escape decodes
+        to a lone surrogate, which no subject, file name or log line can carry."""
+        if not isinstance(v, str) or len(v) > self.limits.text:
+            return False
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
+        return True
+
     def text(self, v: Any, field_: str, optional: bool = True) -> None:
         if v is None and optional:
             return
-        if not isinstance(v, str) or len(v) > self.limits.text:
-            self.bad(field_, f"expected text of at most {self.limits.text} characters, got {describe(v)}")
+        if not self.is_text(v):
+            self.bad(field_, f"expected UTF-8 text of at most {self.limits.text} characters, got {describe(v)}")
 
     def texts(self, v: Any, field_: str, most: int) -> None:
         if v is None:
@@ -150,7 +161,7 @@ class MetaCheck:
             self.bad(field_, f"expected a list of names, got {describe(v)}")
         elif len(v) > most:
             self.bad(field_, f"{len(v)} entries; the limit is {most} (skewd replay --limit)")
-        elif not all(isinstance(x, str) and len(x) <= self.limits.text for x in v):
+        elif not all(self.is_text(x) for x in v):
             self.bad(field_, "expected names (text)")
 
     def check(self, m: dict[str, Any]) -> list[str]:

@@ -87,6 +87,9 @@ def test_replay_into_a_closed_pipe_exits_quietly(seg: Path) -> None:
     # found by bench/fuzz.py (bundle input 2881): the replayed controller refused the cluster with
     # its own ConfigError
     ("a cluster with a dot", lambda m: m.update(cluster="a.b"), "cluster: 'a.b' is not a cluster name"),
+    # bundle input 339577: a lone surrogate ("\udcff" in the JSON) reached the subject encoder
+    ("a cluster that is not UTF-8", lambda m: m.update(cluster="\udcff"), "cluster: expected UTF-8 text"),
+    ("a node that is not UTF-8", lambda m: m.update(nodes=["\udcff"]), "nodes: expected names"),
 ])
 def test_tampered_meta_is_a_clean_damage_report(seg: Path, what: str, change, field: str) -> None:
     if change == "deep":  # more than json.loads can nest: written as text
