@@ -46,7 +46,9 @@ class ControllerMetrics:
 
         def take() -> None:
             try:
-                fut.set_result((self.ctl.status(), self.ctl.nc is not None and self.ctl.nc.is_connected,
+                ncs = (self.ctl.nc, getattr(self.ctl, "intake_nc", None))  # control, summary intake
+                connected = ncs[0] is not None and all(nc.is_connected for nc in ncs if nc is not None)
+                fut.set_result((self.ctl.status(), connected,
                                 self.sink.stats() if self.sink is not None else None))
             except Exception as e:  # noqa: BLE001 - reported as a failed scrape below
                 fut.set_exception(e)
@@ -83,7 +85,7 @@ class ControllerMetrics:
         for status in sorted({"planned", "published", "acked", "rejected", "expired", *counts}):
             sug.add_metric([status], counts.get(status, 0))
         yield sug
-        yield GaugeMetricFamily("skewd_controller_nats_connected", "1 while connected to NATS",
+        yield GaugeMetricFamily("skewd_controller_nats_connected", "1 while connected to NATS (the control and the summary-intake connection both)",
                                 value=1.0 if snap["connected"] else 0.0)
         yield GaugeMetricFamily("skewd_controller_unaligned_groups", "TP groups whose steps cannot be aligned",
                                 value=float(len(st["unaligned_groups"])))

@@ -40,7 +40,7 @@ from typing import Any, Iterable, Mapping
 import msgspec
 
 from skewd import wire
-from skewd.natsutil import connect, ensure_streams
+from skewd.natsutil import connect, connect_intake, ensure_streams
 
 from . import messages as M
 from .configtypes import ControllerConfig
@@ -149,7 +149,8 @@ class Heartbeats:
 # ---------------------------------------------------------------------------------------------
 
 class Worker:
-    """One ``skewd controller`` process of a scaled-out controller: a NATS connection, the
+    """One ``skewd controller`` process of a scaled-out controller: two NATS connections (control,
+    and the summaries' own: :func:`skewd.natsutil.connect_intake`), the
     leases it holds, a partition Controller per partition held and the leader Controller while
     it holds that lease. Started and stopped like a Controller (``start``/``stop``)."""
 
@@ -158,7 +159,8 @@ class Worker:
         self.cfg = cfg
         self.catalogue, self.ruleset, self.wall = catalogue, ruleset, wall_clock
         self.id = wire.token(cfg.controller_id)
-        self.nc: Any = None
+        self.nc: Any = None  # control: leases, KV state, JetStream, digests
+        self.intake_nc: Any = None  # the partitions' summaries (natsutil.connect_intake)
         self.js: Any = None
         self.state: StateStore | None = None
         self.partitions: dict[int, Controller] = {}
@@ -178,6 +180,7 @@ class Worker:
         await ensure_streams(self.js, [wire.FINDINGS_STREAM], update=False)
         await ensure_streams(self.js, [wire.REMAPS_STREAM, M.INCIDENTS_STREAM], update=True)
         self.state = await StateStore.open(self.js, cfg.bucket, cfg.cluster, cfg.state_max_age, nc=self.nc)
+        self.intake_nc = await connect_intake(cfg.nats, error_cb=self._on_intake_error)
         for k, lease in self.leases.items():
             lease.key = self.state.key("lease", f"p{k}" if k != LEADER else LEADER)
         await self._beat()
@@ -189,6 +192,13 @@ class Worker:
         self.errors.append(str(e)[:300])
         del self.errors[:-20]
         log.warning("nats: %s", e)
+
+    async def _on_intake_error(self, e: Exception) -> None:
+        if self._stopping:
+            return
+        self.errors.append(f"summary intake: {e}"[:300])
+        del self.errors[:-20]
+        log.warning("nats (summary intake): %s", e)
 
     async def _beat(self) -> None:
         assert self.state is not None
@@ -261,7 +271,7 @@ class Worker:
                     self.takeovers += 1
                 self.leader = Controller(self.cfg, catalogue=self.catalogue, ruleset=self.ruleset, wall_clock=self.wall,
                                          role=ROLE_LEADER)
-                await self.leader.start(shared=(self.nc, self.js, self.state))
+                await self.leader.start(shared=(self.nc, self.intake_nc, self.js, self.state))
                 log.info("worker %s leads cluster %s", self.id, self.cfg.cluster)
         elif self.leader is not None:
             ctl, self.leader = self.leader, None
@@ -272,7 +282,7 @@ class Worker:
     async def _start_partition(self, k: int) -> None:
         ctl = Controller(self.cfg, catalogue=self.catalogue, ruleset=self.ruleset, wall_clock=self.wall,
                          role=ROLE_PARTITION, partition=k)
-        await ctl.start(shared=(self.nc, self.js, self.state))
+        await ctl.start(shared=(self.nc, self.intake_nc, self.js, self.state))
         self.partitions[k] = ctl
         log.info("worker %s holds partition %d", self.id, k)
 
@@ -315,9 +325,11 @@ class Worker:
                 await asyncio.wait_for(release(), 0.5)
             except Exception:  # noqa: BLE001 - they run out after a lease anyway
                 pass
-        if self.nc is not None:
+        for nc in (self.intake_nc, self.nc):
+            if nc is None:
+                continue
             try:
-                await asyncio.wait_for(self.nc.close(), 0.5)
+                await asyncio.wait_for(nc.close(), 0.5)
             except Exception:  # noqa: BLE001
                 pass
         self.partitions.clear()

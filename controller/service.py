@@ -44,7 +44,7 @@ import numpy as np
 from skewd import wire
 from skewd.catalogue import full_catalogue
 from skewd.model import GROUP_SCOPES, Catalogue, Scope, State
-from skewd.natsutil import connect, ensure_streams
+from skewd.natsutil import connect, connect_intake, ensure_streams
 from skewd.rules.cli import PACKS
 from skewd.rules.engine import Engine, RuleSet
 from skewd.rules.reload import RuleManager
@@ -157,7 +157,9 @@ class Controller(Intake, Evaluation, Suggestions, SilentNodes, PartitionExchange
                                      maturities={r.id: r.maturity for r in ruleset.rules})
         self.planner = Planner(cfg)
         self.stats = ControllerStats()
-        self.nc: Any = None
+        self.nc: Any = None  # control: KV state, JetStream, findings, digests, replies, health, phase
+        #: summaries only, on a connection of their own (see :func:`skewd.natsutil.connect_intake`)
+        self.intake_nc: Any = None
         self.js: Any = None
         self.state: StateStore | None = None
         self.remaps: dict[str, dict[str, Any]] = {}  # key → KV record (cache)
@@ -210,14 +212,15 @@ class Controller(Intake, Evaluation, Suggestions, SilentNodes, PartitionExchange
     # ------------------------------------------------------------------------------------------
     # lifecycle
     # ------------------------------------------------------------------------------------------
-    async def start(self, shared: tuple[Any, Any, StateStore] | None = None) -> None:
-        """Connect (or use ``shared`` = (nc, js, state) of a scaled-out worker), restore state
-        from KV and subscribe to what this role takes in."""
+    async def start(self, shared: tuple[Any, Any, Any, StateStore] | None = None) -> None:
+        """Connect (or use ``shared`` = (nc, intake_nc, js, state) of a scaled-out worker),
+        restore state from KV and subscribe to what this role takes in: summaries on the intake
+        connection, everything else on the control connection."""
         cfg = self.cfg
         self.tick_in_thread = True
         self.feed.defer_flush = True  # flushed on the tick thread (intake.py)
         if shared is not None:
-            self.nc, self.js, self.state = shared
+            self.nc, self.intake_nc, self.js, self.state = shared
             self._shared = True
         else:
             self.nc = await connect(cfg.nats, initial_timeout=30.0, error_cb=self._on_error)
@@ -225,20 +228,21 @@ class Controller(Intake, Evaluation, Suggestions, SilentNodes, PartitionExchange
             await ensure_streams(self.js, [wire.FINDINGS_STREAM], update=False)
             await ensure_streams(self.js, [wire.REMAPS_STREAM, M.INCIDENTS_STREAM], update=True)
             self.state = await StateStore.open(self.js, cfg.bucket, cfg.cluster, cfg.state_max_age, nc=self.nc)
+            self.intake_nc = await connect_intake(cfg.nats, error_cb=self._on_intake_error)
         await self._restore()
-        sub = self.nc.subscribe
+        sub, sub_summaries = self.nc.subscribe, self.intake_nc.subscribe
         loops: list[tuple[str, Callable[[], Any]]] = [("eval", self._eval_loop), ("housekeeping", self._housekeeping_loop)]
         if self.role == ROLE_PARTITION:
             for subject in wire.summary_filters(cfg.cluster, self.partition):
-                self._subs.append(await sub(subject, cb=self._on_summary))
+                self._subs.append(await sub_summaries(subject, cb=self._on_summary))
             self._subs.append(await sub(wire.subject_filter("phase", cluster=cfg.cluster), cb=self._on_phase))
         else:
             if self.role == ROLE_ALL:
                 for subject in wire.summary_filters(cfg.cluster):
-                    self._subs.append(await sub(subject, cb=self._on_summary))
+                    self._subs.append(await sub_summaries(subject, cb=self._on_summary))
             else:
                 self._subs.append(await sub(wire.digest_subject(cfg.cluster, "*"), cb=self._on_digest))
-                self._subs.append(await sub(wire.summary_filters(cfg.cluster)[0], cb=self._on_unpartitioned))
+                self._subs.append(await sub_summaries(wire.summary_filters(cfg.cluster)[0], cb=self._on_unpartitioned))
             self._subs.append(await sub(wire.subject_filter("health", cluster=cfg.cluster), cb=self._on_health))
             self._subs.append(await sub(wire.subject_filter("phase", cluster=cfg.cluster), cb=self._on_phase))
             self._subs.append(await sub(M.reply_subject(cfg.cluster), queue=cfg.queue, cb=self._on_reply))
@@ -246,6 +250,7 @@ class Controller(Intake, Evaluation, Suggestions, SilentNodes, PartitionExchange
             loops += [("findings", self._findings_loop), ("kvwatch", self._kv_watch_loop)]
         self._tasks = [asyncio.create_task(self._supervised(name, fn), name=f"skewd-ctl-{name}") for name, fn in loops]
         await self.nc.flush()
+        await self.intake_nc.flush()
         for rid, how in culprit_coverage(self.engine.rules.rules, cfg.culprit_pathologies,
                                          cfg.culprit_evidence).items():
             if how.startswith("PROBLEM"):
@@ -292,11 +297,14 @@ class Controller(Intake, Evaluation, Suggestions, SilentNodes, PartitionExchange
                 except Exception:  # noqa: BLE001 - the connection may be going; the snapshot is a bonus
                     pass
             if self._shared:
-                return  # the worker's connection: it closes it
-            try:
-                await asyncio.wait_for(self.nc.close(), left())
-            except Exception:  # noqa: BLE001 - the connection may be gone already
-                pass
+                return  # the worker's connections: it closes them
+            for nc in (self.intake_nc, self.nc):
+                if nc is None:
+                    continue
+                try:
+                    await asyncio.wait_for(nc.close(), left(0.5))
+                except Exception:  # noqa: BLE001 - the connection may be gone already
+                    pass
 
     async def run_forever(self) -> None:
         await self.start()
@@ -310,6 +318,11 @@ class Controller(Intake, Evaluation, Suggestions, SilentNodes, PartitionExchange
         if self._stopping:
             return  # reconnect attempts racing the close: not news
         log.warning("nats: %s", e)
+
+    async def _on_intake_error(self, e: Exception) -> None:
+        if self._stopping:
+            return
+        log.warning("nats (summary intake): %s", e)
 
     async def _supervised(self, name: str, run: Callable[[], Any]) -> None:
         """Run a background loop for the controller's life: a crash is logged with its

@@ -423,6 +423,21 @@ async def connect(cfg: NatsConfig, *, initial_timeout: float | None = 10.0, fail
     raise NatsUnavailableError(f"{detail} (gave up after {initial_timeout:g}s)")
 
 
+async def connect_intake(cfg: NatsConfig, *, error_cb: Callback | None = None) -> Any:
+    """A second connection for a controller's summary intake, beside the control connection
+    (KV state and leases, JetStream, findings, replies).
+
+    Summaries are the load: every node, every interval, core NATS. One connection carries one
+    byte stream, so a reply on it waits behind every summary the server has queued for us; when
+    the intake falls behind, that queue grows to the server's ``max_pending`` (64 MB: seconds
+    of summaries) and the server then closes the connection as a slow consumer. On a shared
+    connection a lease renewal took 12 s and partitions were lost and restarted under their own
+    worker (docs/benchmarks.md). On its own connection an overload costs summaries, which the
+    next interval replaces, and nothing else. Same credentials; the name says which it is."""
+    name = f"{cfg.name} (summaries)" if cfg.name else None
+    return await connect(replace(cfg, name=name) if name else cfg, initial_timeout=30.0, error_cb=error_cb)
+
+
 def socket_endpoints(nc: Any) -> tuple[tuple[str, int], tuple[str, int]] | None:
     """``((local address, port), (server address, port))`` of a connected nats-py client's TCP
     socket, or None (not connected, a WebSocket transport, or a nats-py whose internals moved).

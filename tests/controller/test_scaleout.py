@@ -5,6 +5,7 @@ suggestion, and duplicates neither."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -294,3 +295,83 @@ def test_a_lease_is_held_by_one_and_taken_over_only_after_a_silent_lease(mapped_
             await nc.close()
 
     asyncio.run(asyncio.wait_for(run(), 30))
+
+
+def test_a_lone_worker_behind_a_summary_flood_keeps_its_leases(nats_server_factory) -> None:
+    """More summaries than one worker can take in, for 12 s: every summary costs it 1 ms and
+    another process publishes 3,000 a second. What the worker has not read waits in the kernel's
+    socket buffers and then in the server, up to its ``max_pending`` (64 MB by default; 256 KB
+    here, the same overload made smaller), where the server closes the connection as a slow
+    consumer, again and again. The worker falls behind and loses summaries, but not its leases:
+    no partition is stopped or restarted (a restarted partition forgets its alignment window and
+    warm-up, so under a lasting overload it would never evaluate again), and once the flood is
+    over it takes summaries in again on every partition."""
+    from skewd.controller.service import Controller
+
+    server = nats_server_factory(config_text=wire.partition_mapping_conf(PARTITIONS) + "max_payload: 65536\nmax_pending: 262144\n")
+    url, cluster = server.url, "so-flood"
+
+    async def run() -> None:
+        w = Worker(config(url, cluster, controller_id="lone", topology=_topology(),
+                          scaleout={"partitions": PARTITIONS, "lease": "1.5s"}))
+        stops: list[tuple[int, str]] = []
+        starts: list[int] = []
+        orig_stop, orig_start = w._stop_partition, w._start_partition
+
+        async def stop_partition(k: int, why: str, save: bool = True) -> None:
+            stops.append((k, why))
+            await orig_stop(k, why, save)
+
+        async def start_partition(k: int) -> None:
+            starts.append(k)
+            await orig_start(k)
+
+        w._stop_partition, w._start_partition = stop_partition, start_partition  # type: ignore[method-assign]
+        orig_ingest = Controller.ingest_summary
+
+        def slow_ingest(self, s, labels=None):  # CPU the event loop cannot serve anything else in
+            time.sleep(0.001)
+            orig_ingest(self, s, labels)
+
+        def taken() -> dict[int, int]:
+            return {k: c.stats.summaries for k, c in w.partitions.items()}
+
+        await w.start()
+        nc = await nats.connect(url)
+        try:
+            await wait_for(lambda: asyncio.sleep(0, len(w.partitions) == PARTITIONS and w.leader is not None),
+                           20, "all partitions and the leader held")
+            Controller.ingest_summary = slow_ingest  # type: ignore[method-assign]
+            groups = _groups(cluster, {}, float(int(time.time())))
+            flood = [(wire.summary_subject(cluster, n, name), g.summary(i, n))
+                     for i in range(25) for name, g in groups.items() for n in g.nodes]
+            script = (  # 5,000 summaries/s for 20 s, from another process (the agents)
+                "import asyncio, json, sys, time, nats\n"
+                "async def main():\n"
+                "    nc = await nats.connect(sys.argv[1]); flood = json.loads(sys.stdin.read())\n"
+                "    t0 = time.monotonic(); k = 0\n"
+                "    while time.monotonic() - t0 < 20.0:\n"
+                "        for _ in range(30):\n"
+                "            s, d = flood[k % len(flood)]; k += 1\n"
+                "            await nc.publish(s, d.encode())\n"
+                "        await asyncio.sleep(max(0.0, t0 + k / 5000 - time.monotonic()))\n"
+                "    await nc.flush(); await nc.close()\n"
+                "asyncio.run(main())\n")
+            pub = await asyncio.create_subprocess_exec(sys.executable, "-c", script, url, stdin=subprocess.PIPE)
+            await pub.communicate(json.dumps([(sj, d.decode()) for sj, d in flood]).encode())
+            assert pub.returncode == 0
+            await asyncio.sleep(2.0)
+            Controller.ingest_summary = orig_ingest  # type: ignore[method-assign]
+            before = taken()
+            await _play(nc, groups, 250, 262, pace=0.1)
+            busy = {wire.partition_of(g, PARTITIONS) for g in GROUPS}
+            await wait_for(lambda: asyncio.sleep(0.2, all(taken().get(k, 0) > before.get(k, 0) for k in busy)),
+                           20, "summaries taken in again after the flood")
+            assert stops == [] and starts == list(range(PARTITIONS)), (stops, starts)
+            assert sorted(w.partitions) == list(range(PARTITIONS)) and w.leader is not None
+        finally:
+            Controller.ingest_summary = orig_ingest  # type: ignore[method-assign]
+            await nc.close()
+            await w.stop()
+
+    asyncio.run(asyncio.wait_for(run(), 120))
