@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from enum import Enum
@@ -303,7 +304,9 @@ class Finding:
             d[k] = getattr(self, k).value
         d["id"] = self.id
         d["fingerprint"] = self.fingerprint
-        d["evidence"] = {k: (None if v is None or v != v else v) for k, v in self.evidence.items()}
+        # NaN and +-inf have no JSON number: null, "no finite value"
+        d["evidence"] = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                         for k, v in self.evidence.items()}
         return d
 
     def to_json(self) -> str:

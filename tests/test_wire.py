@@ -198,6 +198,16 @@ def test_finding_roundtrip_through_the_wire() -> None:
     assert wire.decode_finding(f.to_json()).event_id == f.event_id
 
 
+def test_a_finding_whose_evidence_is_infinite_encodes_it_as_null() -> None:
+    """An average of a signal that overflowed, or a ratio over zero, is +-inf: JSON has no such
+    number. Like NaN it is sent as null, and the finding is published (fuzz input bundle 505240:
+    a replayed finding with avg(...) = inf raised ValueError out of the encoder)."""
+    f = _finding(evidence={"kv": 0.97, "up": float("inf"), "down": float("-inf")})
+    d = json.loads(wire.encode(f))
+    assert d["evidence"] == {"kv": 0.97, "up": None, "down": None}
+    assert wire.decode(wire.encode(f)).evidence == {"kv": 0.97, "up": None, "down": None}
+
+
 def test_headers_and_subject_for_a_finding() -> None:
     f = _finding(node="n.1")
     assert wire.headers_for(f) == {"Nats-Msg-Id": f.event_id, "Skewd-Kind": "finding", "Skewd-Schema": "1"}
