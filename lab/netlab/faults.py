@@ -10,8 +10,9 @@
 - ``slow_link``, ``deep_queue``: a tbf qdisc on the node's collective port, its rate a fraction
   of what the node's all-reduce needs (measured from the ranks' step logs just before onset),
   with a NIC-ring-sized (100 frames) or a deep (1-2 s) queue.
-- ``drops``: htb at a little more than the need over a pfifo of 4-10 packets: the average fits,
-  each step's burst does not. Not tbf with a tiny byte limit: tbf splits a GSO super-packet
+- ``drops``: htb at a little more than the need over a pfifo of 10-35 % of one step's burst in
+  GSO super-packets (2-16; :func:`~.scenario.drops_queue_packets`): the average fits, each
+  step's burst does not. Not tbf with a tiny byte limit: tbf splits a GSO super-packet
   that exceeds its bucket into segments and drops most of them, and TCP then made no progress
   at all for 15 s and more on this kernel (6.18; no retransmit counted) - a dead link, not a
   lossy one. A pfifo drops whole super-packets, as a NIC's ring does.
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,6 +182,12 @@ def apply(plan: Plan, *, ns: str, iface: str, ctl_file: Path, step_log: Path, ra
 def qdisc_stats(ns: str, iface: str) -> str:
     r = ns_exec(ns, "tc", "-s", "qdisc", "show", "dev", iface, check=False)
     return r.stdout
+
+
+def qdisc_dropped(stats: str) -> int:
+    """Packets the qdiscs of ``tc -s qdisc show`` output dropped: the largest ``dropped`` count
+    (a classful root such as htb reports its leaves' drops again, so they are not added)."""
+    return max((int(m.group(1)) for m in re.finditer(r"\(dropped (\d+),", stats)), default=0)
 
 
 def kernel_counters(ns: str) -> dict[str, dict[str, int]]:

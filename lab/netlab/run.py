@@ -216,9 +216,11 @@ class Lab:
                     if k in end.get(sec, {}):
                         delta[k] = end[sec][k] - start.get(sec, {}).get(k, 0)
             out[node_name(i)] = delta
-            for ifc in {"eth0", self.topo.coll_iface}:
-                (self.run_dir / "logs" / f"qdisc-{node_name(i)}-{ifc}.txt").write_text(
-                    faults_mod.qdisc_stats(ns, ifc))
+            for ifc in sorted({"eth0", self.topo.coll_iface}):
+                stats = faults_mod.qdisc_stats(ns, ifc)
+                (self.run_dir / "logs" / f"qdisc-{node_name(i)}-{ifc}.txt").write_text(stats)
+                # what a drops fault did: a run whose queue dropped next to nothing had no fault to find
+                delta["QdiscDropped"] = delta.get("QdiscDropped", 0) + faults_mod.qdisc_dropped(stats)
         return out
 
     def close(self) -> None:

@@ -41,7 +41,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("deep-queue", "deep_queue",
              "tbf at 60-90 % of the collective's need with a 1-2 s queue: bursts wait in the qdisc, NS-5"),
     Scenario("drops", "drops",
-             "htb at 110-160 % of the need over a pfifo of 4-10 packets: every step's burst is tail-dropped, "
+             "htb at 110-160 % of the need over a pfifo of 10-35 % of a step's burst (2-16 packets): every step's "
+             "burst is tail-dropped, "
              "NS-7 (EW-6)"),
 )}
 
@@ -76,6 +77,21 @@ def rank_wire_bytes_per_step(nodes: int, message_bytes: int) -> float:
     return 2 * (nodes - 1) / nodes * message_bytes
 
 
+#: the largest GSO super-packet the kernel hands a qdisc (gso_max_size of a veth and most NICs)
+GSO_MAX_BYTES = 65536
+
+
+def drops_queue_packets(nodes: int, message_bytes: int, share: float) -> int:
+    """The pfifo limit, in packets, of a ``drops`` fault: ``share`` of one step's burst on the
+    port counted in full GSO super-packets, between 2 and 16. A fixed 4-10 packets, as before,
+    was about the whole burst of a small message (360 KB over 4 ranks: 8 super-packets against a
+    limit of 7), and that fault dropped 2 packets in 150 s: no fault at all. 16 x 64 KiB (1 MiB)
+    stays under what TCP small queues let one flow keep in the qdisc (tcp_limit_output_bytes),
+    so a big burst still meets a full queue."""
+    burst = rank_wire_bytes_per_step(nodes, message_bytes) / GSO_MAX_BYTES
+    return max(2, min(16, round(share * burst)))
+
+
 def make_plan(name: str, seed: int, duration_s: float = 300.0, nodes: int = 4,
               overrides: dict[str, Any] | None = None) -> Plan:
     """Draw a run of scenario ``name`` from ``seed``. ``overrides`` pins any drawn field
@@ -93,6 +109,7 @@ def make_plan(name: str, seed: int, duration_s: float = 300.0, nodes: int = 4,
     lag = rnd.uniform(0.010, 0.030)
     rate_fraction: float | None = None
     queue: str | None = None
+    queue_share = 0.0
     if sc.fault == "slow_link":
         rate_fraction = rnd.uniform(0.30, 0.60)
         queue = f"limit {100 * 1514}"  # a NIC ring's worth of full-size frames
@@ -100,15 +117,18 @@ def make_plan(name: str, seed: int, duration_s: float = 300.0, nodes: int = 4,
         rate_fraction = rnd.uniform(0.60, 0.90)
         queue = f"latency {rnd.uniform(1.0, 2.0):.2f}s"
     elif sc.fault == "drops":
-        # above the average need: the loss comes from the step's burst meeting a tiny queue
+        # above the average need: the loss comes from the step's burst meeting a tiny queue,
+        # a fraction of the burst (sized below, once the message size is final)
         rate_fraction = rnd.uniform(1.1, 1.6)
-        queue = f"limit {rnd.randint(4, 10)}"  # pfifo packets (GSO super-packets of up to 64 KiB)
+        queue_share = rnd.uniform(0.10, 0.35)
     period = float(ov.pop("period_s", period))
     msg = int(ov.pop("message_bytes", msg))
     capped = False
     cap = int(MAX_RANK_BYTES_PER_S * period / rank_wire_bytes_per_step(nodes, 1))
     if msg > cap and "message_bytes" not in (overrides or {}):
         msg, capped = cap, True
+    if sc.fault == "drops":
+        queue = f"limit {drops_queue_packets(nodes, msg, queue_share)}"
     plan = Plan(
         scenario=name, fault=sc.fault, seed=seed, duration_s=float(duration_s), nodes=nodes,
         period_s=period, message_bytes=msg, message_capped=capped,

@@ -53,3 +53,36 @@ def test_overrides_pin_draws_and_unknown_ones_are_refused() -> None:
         make_plan("straggler", 1, duration_s=100, overrides={"onset_s": 90})
     with pytest.raises(KeyError, match="unknown scenario"):
         make_plan("stragler", 1)
+
+
+def test_a_drops_fault_queue_is_a_fraction_of_the_step_burst() -> None:
+    """The drops fault's pfifo holds 10-35 % of one step's burst (in 64 KiB GSO super-packets),
+    2-16 packets: each step's burst overflows it whatever the message size. (A fixed 4-10
+    packets held a whole 360 KB step of 4 ranks, and the fault dropped 2 packets in 150 s.)"""
+    from skewd.lab.netlab.scenario import GSO_MAX_BYTES
+
+    for seed in range(1, 60):
+        p = make_plan("drops", seed, duration_s=300)
+        kind, n = p.queue.split()
+        limit, burst = int(n), rank_wire_bytes_per_step(p.nodes, p.message_bytes) / GSO_MAX_BYTES
+        assert kind == "limit" and 2 <= limit <= 16
+        assert limit < burst, (seed, limit, burst)
+        assert limit <= max(2, round(0.35 * burst)), (seed, limit, burst)
+    small = make_plan("drops", 1, duration_s=300, overrides={"message_bytes": 360_000})
+    assert int(small.queue.split()[1]) <= 3  # 8.2 super-packets per step
+
+
+def test_qdisc_drops_are_read_from_tc_output_without_double_counting() -> None:
+    """`tc -s qdisc show` as this kernel prints it for the drops fault (htb root over a pfifo
+    leaf: the root repeats the leaf's drops)."""
+    from skewd.lab.netlab.faults import qdisc_dropped
+
+    out = ("qdisc htb 1: root refcnt 2 r2q 10 default 0x10 direct_packets_stat 0 direct_qlen 1000\n"
+           " Sent 709369446 bytes 535220 pkt (dropped 533, overlimits 29132 requeues 0) \n"
+           " backlog 0b 0p requeues 0\n"
+           "qdisc pfifo 10: parent 1:10 limit 7p\n"
+           " Sent 709369315 bytes 535219 pkt (dropped 533, overlimits 0 requeues 0) \n"
+           " backlog 0b 0p requeues 0\n")
+    assert qdisc_dropped(out) == 533
+    assert qdisc_dropped("qdisc noqueue 0: root refcnt 2 \n Sent 0 bytes 0 pkt (dropped 0, overlimits 0 requeues 0) \n") == 0
+    assert qdisc_dropped("") == 0
