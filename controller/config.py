@@ -62,6 +62,11 @@ DEFAULTS: dict[str, Any] = {
                         {"source": ["EW-5"], "target": ["EW-7"], "equal": ["node"]},
                         # a saturated link backs up the egress queue and skews the flows sharing it
                         {"source": ["NS-9"], "target": ["NS-3", "NS-5"], "equal": ["node"]},
+                        # a port that tail-drops its bursts has a full queue (NS-5's backlog), and it drops
+                        # its own ACKs too, so its peers resend to it (NS-4's ingress resends): real lab,
+                        # drops seeds 311 and 312, each opened NS-4 or NS-5 on the dropping node 10-25 s
+                        # after NS-7
+                        {"source": ["NS-7"], "target": ["NS-4", "NS-5"], "equal": ["node"]},
                         # a slowed GPU feed, host or clock is why the engine's token rate eroded; so is a
                         # slow pipeline stage, which slows every step of the replica (EW-2 names both
                         # stages of the hand-off, the engine's node among them)

@@ -236,6 +236,26 @@ def test_inhibit_rules_fold_a_lossy_ports_slow_kv_transfers_into_its_incident() 
     assert changed[("EW-6", "n1")].state == "resolved" and changed[("EW-8", "n1")].state == "open"
 
 
+def test_a_port_that_drops_holds_its_backlog_and_the_resends_it_causes_in_one_incident() -> None:
+    """Default NS-7 -> NS-4, NS-5 (same node): the tiny queue that tail-drops is full, and drops
+    the node's ACKs too, so its peers resend to it. One incident on the dropping node; the same
+    symptoms on another node open their own."""
+    c = _corr()
+    drops = finding("n2", "NS-7-egress-drops", "NS-7", Layer.NETWORK, 100.0, cluster="c", entity="eth1",
+                    scope=Scope.NIC_PORT)
+    backlog = finding("n2", "NS-5-egress-backlog", "NS-5", Layer.NETWORK, 110.0, cluster="c", entity="eth1",
+                      scope=Scope.NIC_PORT)
+    resends = finding("n2", "NS-4-ingress-retransmits", "NS-4", Layer.NETWORK, 125.0, cluster="c",
+                      entity="tcp 10.0.0.1:5000>10.0.0.3:4000", scope=Scope.FLOW)
+    elsewhere = finding("n1", "NS-5-egress-backlog", "NS-5", Layer.NETWORK, 120.0, cluster="c", entity="eth1",
+                        scope=Scope.NIC_PORT)
+    for f in (drops, backlog, resends, elsewhere):
+        c.observe(f)
+    incs = {(i.pathology, i.group.get("node")): i for i in c.correlate(126.0)}
+    assert set(incs) == {("NS-7", "n2"), ("NS-5", "n1")}
+    assert incs[("NS-7", "n2")].inhibited == sorted([backlog.id, resends.id])
+
+
 def _resolved(f, t: float):
     """``f``'s resolution as the agent sends it: the same occurrence, fired_at kept, resolved at ``t``."""
     return dataclasses.replace(f, state=State.RESOLVED, evaluated_at=t, resolved_at=t)
