@@ -48,11 +48,23 @@ def suggestion_json(s: controller_messages.RemapSuggestion) -> str:
     return canonical_json(s.to_dict())
 
 
+def utc(t: float) -> _dt.datetime | None:
+    """``t`` (Unix seconds) as a UTC datetime; None when no calendar date holds it (a damaged
+    capture's time of 1e30 s is beyond year 9999 and the platform's time_t)."""
+    try:
+        return _dt.datetime.fromtimestamp(t, tz=_dt.timezone.utc)
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
 def fmt_t(t: float | None) -> str:
-    """``2023-11-14T22:13:33.000Z`` (UTC, milliseconds); ``-`` for none."""
+    """``2023-11-14T22:13:33.000Z`` (UTC, milliseconds); ``-`` for none; the number itself
+    (``t=1e+30``) for a time no date holds."""
     if t is None or not math.isfinite(t):
         return "-"
-    d = _dt.datetime.fromtimestamp(t, tz=_dt.timezone.utc)
+    d = utc(t)
+    if d is None:
+        return f"t={t:g}"
     return d.strftime("%Y-%m-%dT%H:%M:%S.") + f"{d.microsecond // 1000:03d}Z"
 
 

@@ -5,7 +5,6 @@ which nothing fired says so in one line.
 """
 from __future__ import annotations
 
-import datetime as _dt
 import html
 import math
 import re
@@ -18,7 +17,7 @@ from skewd.model import SignalSpec
 
 from ..replay.core import ReplayResult
 from ..replay.diff import Occurrence
-from ..replay.output import fmt_t
+from ..replay.output import fmt_t, utc
 from . import data as report_data
 from . import svg
 from .units import duration, human, is_state
@@ -31,7 +30,9 @@ def _clock(t: float | None) -> str:
     """Time of day with the full UTC time in the tooltip."""
     if t is None or not math.isfinite(t):
         return "–"
-    d = _dt.datetime.fromtimestamp(t, tz=_dt.timezone.utc)
+    d = utc(t)
+    if d is None:
+        return e(fmt_t(t))
     return f"<time title='{fmt_t(t)}'>{d.strftime('%H:%M:%S')}</time>"
 
 

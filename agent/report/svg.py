@@ -7,13 +7,13 @@ axes and in tooltips are in human units (:mod:`.units`).
 """
 from __future__ import annotations
 
-import datetime as _dt
 import html
 import math
 from typing import Sequence
 
 import numpy as np
 
+from ..replay.output import utc
 from .data import Comparison, Series
 from .units import human, nice_ticks
 
@@ -27,7 +27,8 @@ BUCKETS = 240
 
 
 def _hms(t: float) -> str:
-    return _dt.datetime.fromtimestamp(t, tz=_dt.timezone.utc).strftime("%H:%M:%S")
+    d = utc(t)
+    return d.strftime("%H:%M:%S") if d is not None else f"{t:g}"
 
 
 def short(label: str, n: int = 28) -> str:

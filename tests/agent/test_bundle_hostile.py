@@ -238,3 +238,18 @@ def test_a_bundle_without_a_cluster_replays_through_the_controller_as_cluster_re
     assert R.ClusterReplay(R.Replayer(segs, R.replay_catalogue(segs))).cfg.cluster == "replay"
     rc, out, err = cli(seg)
     assert rc == 0 and out and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("t", [1e30, -1e30])
+def test_a_summary_time_no_calendar_holds_is_reported_not_raised(seg: Path, t: float) -> None:
+    """A summary at t = 1e30 s (beyond year 9999 and time_t) in a tampered bundle: the replay
+    reports where the summaries stop, quoting the raw time, and still replays the rest (fuzz
+    input bundle 836208 raised OverflowError out of the time formatter)."""
+    lines = (seg / B.SUMMARIES).read_text().splitlines()
+    lines[5] = json.dumps({**json.loads(lines[5]), "t": t})
+    (seg / B.SUMMARIES).write_text("\n".join(lines) + "\n")
+    reseal(seg, B.SUMMARIES)
+    rc, out, err = cli(seg, "--json")
+    assert rc in (0, R.EXIT_DAMAGED) and "Traceback" not in err, err
+    assert out
+    assert R.fmt_t(t) == f"t={t:g}" and R.fmt_t(1700000000.25) == "2023-11-14T22:13:20.250Z"
