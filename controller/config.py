@@ -114,9 +114,15 @@ DEFAULTS: dict[str, Any] = {
                         # explains GPU-8 (a cycle)
                         {"source": ["PCIE-1", "PCIE-2", "PCIE-3", "PCIE-5", "PCIE-6", "PCIE-7", "PCIE-8", "GPU-5",
                                     "GPU-7", "EW-2", "NS-1", "NS-8"], "target": ["GPU-2"], "equal": ["node"]},
-                        # a preemption storm also holds its node's cache full while evictions shrink its batch, which reads as
-                        # memory-bound unlike its peers (GPU-7-memory-bound names the node only)
-                        {"source": ["GPU-4"], "target": ["GPU-7"], "equal": ["node"]},
+                        # a replica bound by memory (GPU-7: a cache full of fewer, bigger requests than its peers
+                        # get, at no more arrivals) thrashes: its long sequences outgrow the cache and the
+                        # scheduler evicts and recomputes them - the preemption storm (GPU-4) on that node is the
+                        # imbalance's symptom, not a second fault (docs/pathologies.md GPU-7; fault lab: GPU-4
+                        # was 8 of the 10 wrong incidents of the seeds 113-115 table, all on gpu7 memory-bound).
+                        # GPU-7-memory-bound names the node only (cluster scope), so the node joins them. A
+                        # storm of more sequences (GPU-4 on its own) is sent more requests than its peers and
+                        # does not read as GPU-7
+                        {"source": ["GPU-7"], "target": ["GPU-4"], "equal": ["node"]},
                         # GPUs that stop decoding early (PCIE-10, whose runbook reads the finished-length
                         # spread too) are why the engine's generation lengths spread (NS-8's latency tail);
                         # PCIE-10 names the GPU or engine, NS-8 the engine or port: the node joins them

@@ -401,13 +401,14 @@ def test_a_preemption_storm_explains_kv_saturation_and_a_thin_feed_and_early_sto
 
 # default GPU-2 -> PCIE-4 (node): a full cache whose queue grows admits only what frees up, so its
 # GPU's H2D feed reads thin against its node peers (gpu4-preemption-storm-l40s seed 1, a storm that
-# stayed under GPU-4's bar). Default GPU-4 -> GPU-7 (node): a storm holds its node's cache full
-# while evictions shrink its batch, which GPU-7-memory-bound (a controller finding naming the node)
-# reads as memory-bound unlike the peers (gpu7-resource-imbalance seeds 1-2). Either symptom on
+# stayed under GPU-4's bar). Default GPU-7 -> GPU-4 (node): a replica bound by memory (GPU-7-memory-
+# bound, a controller finding naming the node) thrashes - its few long sequences outgrow the cache and
+# are evicted and recomputed - so the storm on that node is the imbalance's symptom (gpu7 memory-bound
+# seeds 113-115: 8 wrong GPU-4 incidents while the rule was the other way round). Either symptom on
 # another node is its own incident.
 @pytest.mark.parametrize("cause, symptom", [
     (("GPU-2", Layer.ENGINE, "vllm3", Scope.ENGINE), ("PCIE-4", Layer.PCIE, "gpu3", Scope.GPU)),
-    (("GPU-4", Layer.ENGINE, "engine0", Scope.ENGINE), ("GPU-7", Layer.GPU, "", Scope.CLUSTER)),
+    (("GPU-7", Layer.GPU, "", Scope.CLUSTER), ("GPU-4", Layer.ENGINE, "engine0", Scope.ENGINE)),
     # GPU-4 -> GPU-8 (same engine): a storm's steps recompute what it evicted, so each running
     # request's token rate falls while the batch holds (gpu7 memory-bound seed 107)
     (("GPU-4", Layer.ENGINE, "engine0", Scope.ENGINE), ("GPU-8", Layer.ENGINE, "engine0", Scope.ENGINE)),
