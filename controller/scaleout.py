@@ -186,19 +186,18 @@ class Worker:
         await self._beat()
         self._task = asyncio.create_task(self._run(), name="skewd-ctl-leases")
 
-    async def _on_error(self, e: Exception) -> None:
+    def _note_error(self, e: Exception, which: str = "") -> None:
         if self._stopping:
-            return
-        self.errors.append(str(e)[:300])
+            return  # reconnect attempts racing the close: not news
+        self.errors.append(f"{which}{': ' if which else ''}{e}"[:300])
         del self.errors[:-20]
-        log.warning("nats: %s", e)
+        log.warning("nats%s: %s", f" ({which})" if which else "", e)
+
+    async def _on_error(self, e: Exception) -> None:
+        self._note_error(e)
 
     async def _on_intake_error(self, e: Exception) -> None:
-        if self._stopping:
-            return
-        self.errors.append(f"summary intake: {e}"[:300])
-        del self.errors[:-20]
-        log.warning("nats (summary intake): %s", e)
+        self._note_error(e, "summary intake")
 
     async def _beat(self) -> None:
         assert self.state is not None
