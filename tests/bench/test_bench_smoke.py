@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from .. import vllm_venv
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 pytestmark = pytest.mark.timeout(240)
@@ -121,15 +123,12 @@ def test_live_capture_both_phases_and_cleans_up() -> None:
 @pytest.mark.root
 @pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and AF_PACKET sockets need root")
 @pytest.mark.skipif(shutil.which("ip") is None, reason="needs iproute2's ip command")
-def test_agent_footprint_under_gloo_traffic_measures_busy_and_idle_port_and_cleans_up() -> None:
+def test_agent_footprint_under_gloo_traffic_measures_busy_and_idle_port_and_cleans_up(monkeypatch) -> None:
     """The real-traffic run: gloo ranks between namespaces, one agent capturing their port and one
     an idle port of the same bridge, both measured; every namespace it made is gone after."""
-    from skewd.lab.netlab.torchenv import resolve
-
-    try:
-        resolve("torch")
-    except RuntimeError as e:
-        pytest.skip(f"no interpreter with torch.distributed gloo (set SKEWD_VLLM_VENV): {e}")
+    # the shared vLLM CPU venv carries torch; build it here (once) rather than skip when this test
+    # runs before the tests that used to build it, as it does in a fresh clone
+    monkeypatch.setenv("SKEWD_LAB_TORCH_PYTHON", vllm_venv.python_or_skip())
     prefix = os.environ.get("SKEWD_BENCH_NETNS_PREFIX", "skwbench-")
     lines, f = run("agent_footprint.py", "--traffic", "gloo", "--minutes", "0.1", "--warmup", "5",
                    "--netns-prefix", prefix, "--json")
