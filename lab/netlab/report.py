@@ -96,6 +96,22 @@ def aggregate(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "errors": [r for r in results if r.get("error")]}
 
 
+def clocks_line(results: Sequence[dict[str, Any]]) -> str:
+    """What the agents said of their clocks: the issue's bar must hold on hosts whose clocks are
+    not synced, with the controller's default config."""
+    ok = [r for r in results if not r.get("error") and r.get("clocks", {}).get("nodes")]
+    if not ok:
+        return "- clocks: not recorded by these runs' scores"
+    nodes = sum(r["clocks"]["nodes"] for r in ok)
+    unsynced = sum(r["clocks"]["unsynced"] for r in ok)
+    errs = [r["clocks"]["max_error_s"] for r in ok if r["clocks"].get("max_error_s") is not None]
+    bound = f" (kernel error bound up to {max(errs):.3g} s)" if errs and unsynced else ""
+    return (f"- clocks: the agents' summaries said **not synchronised** on {unsynced} of {nodes} nodes over "
+            f"{len(ok)} runs{bound}, so the controller's cross-node alignment ran with its default "
+            "`alignment.unsynced_clock_error` for them" if unsynced else
+            f"- clocks: the agents' summaries said synchronised on all {nodes} nodes over {len(ok)} runs")
+
+
 def render(results: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
     agg = aggregate(results)
     rows = agg["rows"]
@@ -107,6 +123,7 @@ def render(results: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
              "node, labels, NATS URL and the collective port only)",
              f"- runs: {meta['runs']} ({meta['run_minutes']:.0f} min of agents running, "
              f"{meta['node_hours']:.2f} node-hours), {meta['nodes']} nodes each; collectives: {meta['backend']}",
+             clocks_line(results),
              f"- machine: {meta['machine']}; "
              + (f"wall time {meta['wall_minutes']:.0f} min" if meta.get("wall_minutes") else
                 "re-scored from the kept run directories (`--rescore`)") + f"; {meta['date']}",

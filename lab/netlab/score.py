@@ -11,6 +11,8 @@ summaries and health; ``skewd.controller.messages`` for incidents and remap sugg
   Per node-hour over the time the agents ran (t0 → end).
 - Incident times: ``t`` is the controller's ``opened_at`` (its group's first finding, which may
   predate the incident's pathology joining it), ``published`` when a subscriber first saw it.
+- **Clocks**: per node, whether any of its summaries said its clock was not synchronised, and
+  the largest error bound they gave.
 - **Incidents / remaps naming a healthy node**: an incident whose culprit node (or, without a
   culprit, its group's node) is not the faulty node; a remap suggestion whose culprit or any
   action's target node is not the faulty node. In a healthy run every node is healthy.
@@ -78,9 +80,14 @@ def score_run(run_dir: Path) -> dict[str, Any]:
     incidents: dict[str, dict[str, Any]] = {}
     remaps: dict[str, dict[str, Any]] = {}
     counts = {"finding": 0, "summary": 0, "health": 0, "incident": 0, "remap": 0}
+    clocks: dict[str, tuple[bool, float | None]] = {}  # node -> what its summaries said, unsynced sticks
     for kind, msg, recv in _decoded(msgs):
         counts[kind] = counts.get(kind, 0) + 1
-        if kind == "finding" and msg.state is State.FIRING and msg.id not in firing:
+        if kind == "summary":
+            was = clocks.get(msg.node, (True, None))
+            errs = [e for e in (was[1], msg.clock_sync.max_error_s) if e is not None]
+            clocks[msg.node] = (was[0] and msg.clock_sync.synced, max(errs) if errs else None)
+        elif kind == "finding" and msg.state is State.FIRING and msg.id not in firing:
             fired = msg.fired_at if msg.fired_at is not None else msg.evaluated_at
             firing[msg.id] = {"rule_id": msg.rule_id, "pathology": msg.pathology, "node": msg.node,
                               "entity": msg.entity, "scope": msg.scope.value, "fired_at": fired,
@@ -124,6 +131,10 @@ def score_run(run_dir: Path) -> dict[str, Any]:
         "incident_list": sorted(incidents.values(), key=lambda i: i["t"]),
         "remap_list": sorted(remaps.values(), key=lambda r: r["t"]),
         "messages": counts,
+        # the clocks the run's agents reported (adjtimex, in every summary): the controller's
+        # cross-node alignment runs with its default unsynced-clock error for an unsynced node
+        "clocks": {"nodes": len(clocks), "unsynced": sum(1 for ok, _ in clocks.values() if not ok),
+                   "max_error_s": max((e for _, e in clocks.values() if e is not None), default=None)},
     }
 
 

@@ -86,3 +86,13 @@ def test_the_benchmark_rescores_kept_runs_and_rewrites_only_its_section(tmp_path
     assert text.startswith(SIM_PAGE) and "stale" not in text
     assert "| straggler | - | EW-1 | 1 | 1/1 (EW-1-tp-straggler) | 30s (30s) | 1 (0) | 1 (1 in 1 runs) |" in text
     assert "| incident | EW-9 | 1 | straggler (1) |" in text
+
+
+def test_the_table_says_whether_the_agents_clocks_were_synced() -> None:
+    runs = [dict(result("healthy", 1, False, None), clocks={"nodes": 4, "unsynced": 4, "max_error_s": 16.0}),
+            dict(result("straggler", 2, True, 30.0), clocks={"nodes": 4, "unsynced": 3, "max_error_s": 2.5})]
+    text = render(runs, META)
+    assert "**not synchronised** on 7 of 8 nodes over 2 runs (kernel error bound up to 16 s)" in text
+    synced = [dict(result("healthy", 1, False, None), clocks={"nodes": 4, "unsynced": 0, "max_error_s": 0.001})]
+    assert "said synchronised on all 4 nodes over 1 runs" in render(synced, META)
+    assert "clocks: not recorded" in render([result("healthy", 1, False, None)], META)

@@ -101,3 +101,19 @@ def test_a_healthy_run_counts_every_firing_finding_per_node_hour(tmp_path: Path)
     assert r["false_findings"] == 4
     assert r["false_per_node_hour"] == round(4 / (4 * 300 / 3600), 2)
     assert r["incidents_naming_healthy"] == 1
+
+
+def summary(node: str, t: float, synced: bool, err: float | None) -> tuple[str, bytes]:
+    s = wire.Summary(node=node, cluster=CLUSTER, t=t, interval=1.0, signals={}, agent_version="test",
+                     clock_sync=wire.ClockSync(synced=synced, max_error_s=err))
+    return wire.subject_for(s), wire.encode(s)
+
+
+def test_the_clocks_the_agents_reported_are_scored_per_node(tmp_path: Path) -> None:
+    """The issue's bar must hold on hosts whose clocks are not synced: the score says which they
+    were. A node that said unsynced once counts as unsynced, with its largest error bound."""
+    msgs = [summary("n0", T0 + 1, True, 0.0004), summary("n1", T0 + 1, False, 16.0),
+            summary("n1", T0 + 2, True, 0.001), summary("n2", T0 + 1, False, None)]
+    r = score_run(write_run(tmp_path, None, None, [], msgs))
+    assert r["clocks"] == {"nodes": 3, "unsynced": 2, "max_error_s": 16.0}
+    assert r["messages"]["summary"] == 4
