@@ -199,7 +199,13 @@ DEFAULTS: dict[str, Any] = {
     #   agent restart (a few seconds) and a NATS reconnect.
     # max_nodes: nodes heard from at once; messages from further new nodes are rejected (and
     #   counted) until silent nodes make room (about 18 kB of state per node; 10000 nodes ~ 200 MB)
-    "ingest": {"max_clock_skew": "5m", "silent_intervals": 30, "max_nodes": 10000},
+    # summary_backlog_bytes: summaries read off the socket and not yet taken in, at most (per
+    #   subscription). Beyond it the newest are dropped and counted (summaries_dropped): an
+    #   intake that falls behind stays seconds behind, not minutes, and its memory is bounded.
+    #   32 MiB holds ~25,000 summaries of 1.3 kB: a whole 1 s interval of 10,000 nodes arriving at
+    #   once, and about 1.5 s of one worker's intake at saturation (docs/benchmarks.md)
+    "ingest": {"max_clock_skew": "5m", "silent_intervals": 30, "max_nodes": 10000,
+               "summary_backlog_bytes": 32 << 20},
     "topology": {"tp_groups": {}, "pp_groups": {}, "models": {}},
     # scale-out (docs/controller.md, "Scale-out"): partitions = the N of the NATS server's summary
     # partition mapping (`skewd nats-auth --partitions N`); 1 = one process does everything, as
@@ -359,6 +365,8 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         silent_intervals=num(ing.get("silent_intervals"), "ingest.silent_intervals", 2, 1e6,
                              "ingest", "silent_intervals"),
         max_nodes=int(num(ing.get("max_nodes"), "ingest.max_nodes", 1, 10_000_000, "ingest", "max_nodes")),
+        summary_backlog_bytes=int(num(ing.get("summary_backlog_bytes"), "ingest.summary_backlog_bytes", 1 << 16,
+                                      1 << 34, "ingest", "summary_backlog_bytes")),
         tp_groups=tp, pp_groups=pp, models=models, log_level=level, source=where,
         metrics_listen=parse_listen_address(merged["metrics"].get("listen"), pos, problems),
         alertmanager=parse_alertmanager(merged["alertmanager"], pos, dur, problems),
@@ -425,6 +433,9 @@ KEY_DOCS: dict[str, str | tuple[str, str]] = {
                                "state is forgotten",
     "ingest.max_nodes": "nodes heard from at once; further new nodes are rejected (and counted) until silent "
                         "nodes make room",
+    "ingest.summary_backlog_bytes": "summaries received and not yet taken in, at most, per subscription; beyond it "
+                                    "the newest are dropped and counted (`summaries_dropped`), so an overloaded "
+                                    "intake stays seconds behind with bounded memory",
     "scaleout.partitions": "summary partitions: the N of the NATS server's `partition(N, ...)` mapping "
                            "(deploy/nats/partitions.conf); 1: one controller takes every summary; N > 1: every "
                            "controller process with this config is a worker holding partitions through KV leases",

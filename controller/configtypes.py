@@ -81,6 +81,8 @@ class ControllerConfig:
     max_clock_skew: float = 300.0
     silent_intervals: float = 30.0
     max_nodes: int = 10000
+    #: ingest.summary_backlog_bytes: nats-py's pending-bytes limit of each summary subscription
+    summary_backlog_bytes: int = 32 << 20
     tp_groups: dict[str, TPGroup] = field(default_factory=dict)
     pp_groups: dict[str, PPGroup] = field(default_factory=dict)
     models: dict[str, ModelSpec] = field(default_factory=dict)

@@ -36,7 +36,9 @@ SCHEMA = "schema"  # a schema version this controller does not read (upgrade one
 SUBJECT_MISMATCH = "subject_mismatch"  # the body names another node/cluster/rule than its subject
 CLOCK_SKEW = "clock_skew"  # its time is implausibly far from the controller's clock
 TOO_MANY_NODES = "too_many_nodes"  # a new node while ingest.max_nodes nodes are live
-REASONS = (MALFORMED, SCHEMA, SUBJECT_MISMATCH, CLOCK_SKEW, TOO_MANY_NODES)
+#: a summary dropped unread: ingest.summary_backlog_bytes of summaries were waiting to be taken in
+BACKLOG_FULL = "backlog_full"
+REASONS = (MALFORMED, SCHEMA, SUBJECT_MISMATCH, CLOCK_SKEW, TOO_MANY_NODES, BACKLOG_FULL)
 
 LOG_LINES_PER_MINUTE = 5  # per (kind, reason): the first few show what is wrong, the count the rest
 

@@ -54,6 +54,20 @@ class Intake:
         self._unconfirmed.discard(node)
         return True
 
+    def summary_dropped(self, subject: str) -> None:
+        """nats-py dropped a summary on ``subject`` unread: this subscription's backlog of summaries
+        received and not yet taken in reached ``ingest.summary_backlog_bytes``. The intake is
+        behind its input; bounding the backlog keeps it seconds behind instead of minutes, and its
+        memory bounded, and the node's next interval replaces what was dropped."""
+        self._reject("summary", ingest.BACKLOG_FULL, subject,
+                     f"{self.cfg.summary_backlog_bytes} bytes of summaries wait to be taken in "
+                     "(ingest.summary_backlog_bytes): this controller cannot keep up with its summaries; "
+                     "add workers (scaleout.partitions, docs/controller.md) or give it more CPU")
+
+    def subscribes(self, sub: Any) -> bool:
+        """Whether ``sub`` (a nats-py subscription) is one of this controller's."""
+        return any(s is sub for s in self._subs)
+
     async def _on_summary(self, msg: Any) -> None:
         if self._ticking:  # its state is on the tick thread (evaluation.py)
             await self._tick_idle()

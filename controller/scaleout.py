@@ -38,6 +38,7 @@ import time
 from typing import Any, Iterable, Mapping
 
 import msgspec
+from nats import errors as nats_errors
 
 from skewd import wire
 from skewd.natsutil import connect, connect_intake, ensure_streams
@@ -197,6 +198,11 @@ class Worker:
         self._note_error(e)
 
     async def _on_intake_error(self, e: Exception) -> None:
+        if isinstance(e, nats_errors.SlowConsumerError):  # a summary dropped unread: its partition counts it
+            ctl = next((c for c in self.controllers() if c.subscribes(e.sub)), None)
+            if ctl is not None:
+                ctl.summary_dropped(e.subject)
+                return
         self._note_error(e, "summary intake")
 
     async def _beat(self) -> None:

@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 import numpy as np
+from nats import errors as nats_errors
 
 from skewd import wire
 from skewd.catalogue import full_catalogue
@@ -230,7 +231,11 @@ class Controller(Intake, Evaluation, Suggestions, SilentNodes, PartitionExchange
             self.state = await StateStore.open(self.js, cfg.bucket, cfg.cluster, cfg.state_max_age, nc=self.nc)
             self.intake_nc = await connect_intake(cfg.nats, error_cb=self._on_intake_error)
         await self._restore()
-        sub, sub_summaries = self.nc.subscribe, self.intake_nc.subscribe
+        sub = self.nc.subscribe
+
+        async def sub_summaries(subject: str, cb: Callable[[Any], Any]) -> Any:
+            # a bounded backlog: beyond it nats-py drops the newest and tells _on_intake_error
+            return await self.intake_nc.subscribe(subject, cb=cb, pending_bytes_limit=cfg.summary_backlog_bytes)
         loops: list[tuple[str, Callable[[], Any]]] = [("eval", self._eval_loop), ("housekeeping", self._housekeeping_loop)]
         if self.role == ROLE_PARTITION:
             for subject in wire.summary_filters(cfg.cluster, self.partition):
@@ -321,6 +326,9 @@ class Controller(Intake, Evaluation, Suggestions, SilentNodes, PartitionExchange
 
     async def _on_intake_error(self, e: Exception) -> None:
         if self._stopping:
+            return
+        if isinstance(e, nats_errors.SlowConsumerError):
+            self.summary_dropped(e.subject)  # counted; logged a few times a minute
             return
         log.warning("nats (summary intake): %s", e)
 

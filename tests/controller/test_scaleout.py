@@ -302,7 +302,9 @@ def test_a_lone_worker_behind_a_summary_flood_keeps_its_leases(nats_server_facto
     another process publishes 3,000 a second. What the worker has not read waits in the kernel's
     socket buffers and then in the server, up to its ``max_pending`` (64 MB by default; 256 KB
     here, the same overload made smaller), where the server closes the connection as a slow
-    consumer, again and again. The worker falls behind and loses summaries, but not its leases:
+    consumer, again and again; the worker's own bounded backlog (``ingest.summary_backlog_bytes``,
+64 KB here) drops what it cannot hold and each partition counts it. The worker falls behind
+and loses summaries, but not its leases:
     no partition is stopped or restarted (a restarted partition forgets its alignment window and
     warm-up, so under a lasting overload it would never evaluate again), and once the flood is
     over it takes summaries in again on every partition."""
@@ -313,7 +315,8 @@ def test_a_lone_worker_behind_a_summary_flood_keeps_its_leases(nats_server_facto
 
     async def run() -> None:
         w = Worker(config(url, cluster, controller_id="lone", topology=_topology(),
-                          scaleout={"partitions": PARTITIONS, "lease": "1.5s"}))
+                          scaleout={"partitions": PARTITIONS, "lease": "1.5s"},
+                          ingest={"summary_backlog_bytes": 1 << 16}))
         stops: list[tuple[int, str]] = []
         starts: list[int] = []
         orig_stop, orig_start = w._stop_partition, w._start_partition
@@ -362,6 +365,11 @@ def test_a_lone_worker_behind_a_summary_flood_keeps_its_leases(nats_server_facto
             assert pub.returncode == 0
             await asyncio.sleep(2.0)
             Controller.ingest_summary = orig_ingest  # type: ignore[method-assign]
+            # what the worker's intake could not hold was dropped by its partitions' bounded
+            # backlogs and counted there, not reported as a connection error
+            dropped = {k: c.rejections.counts.get("summary", {}).get("backlog_full", 0) for k, c in w.partitions.items()}
+            assert sum(dropped.values()) > 0, dropped
+            assert not any("slow consumer, messages dropped" in e for e in w.errors), w.errors[-3:]
             before = taken()
             await _play(nc, groups, 250, 262, pace=0.1)
             busy = {wire.partition_of(g, PARTITIONS) for g in GROUPS}
