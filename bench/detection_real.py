@@ -42,6 +42,7 @@ MATRIX: dict[str, tuple[int, str]] = {
     "slow-link": (3, "4m"),
     "deep-queue": (3, "4m"),
     "drops": (3, "4m"),
+    "ingress-drops": (3, "4m"),
 }
 QUICK_DURATION = "150s"
 

@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--lag-ms", type=float, help="straggler: pin the extra compute per step (default: drawn 10-30)")
     r.add_argument("--onset", help="pin the fault's onset after the agents are up (e.g. 90s)")
     r.add_argument("--faulty-node", type=int, help="pin the faulty node's index")
+    r.add_argument("--record", action="store_true",
+                   help="agents record what they see into RUN/record/<node> (replay it with `skewd replay`)")
     add_lab_options(r)
     c = sub.add_parser("cleanup", help="remove the lab's leftover namespaces and cgroups (by prefix)")
     c.add_argument("--prefix", default=DEFAULT_PREFIX)
@@ -112,7 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"netlab: {e}", file=sys.stderr)
         return 2
     out = Path(a.out) / f"{plan.scenario}-s{plan.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
-    opts = LabOptions(prefix=a.prefix, subnet=a.subnet, backend=a.backend, torch_python=a.torch_python)
+    opts = LabOptions(prefix=a.prefix, subnet=a.subnet, backend=a.backend, torch_python=a.torch_python,
+                      record=a.record)
     print(f"run {out}: {json.dumps(plan.to_dict())}", flush=True)
     try:
         run(plan, out, opts, log=lambda s: print(s, flush=True))

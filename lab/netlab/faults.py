@@ -16,6 +16,11 @@
   that exceeds its bucket into segments and drops most of them, and TCP then made no progress
   at all for 15 s and more on this kernel (6.18; no retransmit counted) - a dead link, not a
   lossy one. A pfifo drops whole super-packets, as a NIC's ring does.
+- ``ingress_drops``: the same htb and pfifo on the switch's port into the node's collective
+  port (its egress is the node's ingress): what the node's ring predecessor (and, on a shared
+  port, the front end) sends it is tail-dropped on the way in, a lossy switch port or cable in
+  front of the node. Its peers resend; the node receives the resends (NS-4). The peers are
+  healthy: a product that names the sender for the loss into its neighbour is wrong.
 
 :data:`FAULTS` maps each kind to the IDs a correct product raises on the faulty node. Slow link:
 NS-9 is the runbook's ID (utilisation against the link's rate), NS-5 where the rules split a
@@ -51,6 +56,8 @@ FAULTS: dict[str, FaultSpec] = {f.kind: f for f in (
     FaultSpec("slow_link", ("NS-9", "NS-5"), "collective port shaped below the collective's need"),
     FaultSpec("deep_queue", ("NS-5",), "collective port shaped, deep egress queue"),
     FaultSpec("drops", ("NS-7", "EW-6"), "collective port with a tiny queue: bursts tail-dropped"),
+    FaultSpec("ingress_drops", ("NS-4",), "switch port into the collective port with a tiny queue: bursts "
+                                          "tail-dropped on their way in"),
 )}
 
 
@@ -144,8 +151,9 @@ def tc(ns: str, *args: str) -> str:
 
 
 def apply(plan: Plan, *, ns: str, iface: str, ctl_file: Path, step_log: Path, rank_pid: int,
-          cgroup_name: str) -> dict[str, Any]:
-    """Start the plan's fault now; returns what was done (for truth.json)."""
+          cgroup_name: str, switch_ns: str = "", switch_port: str = "") -> dict[str, Any]:
+    """Start the plan's fault now; returns what was done (for truth.json). ``switch_ns`` and
+    ``switch_port``: where the node's port ends on the switch (ingress faults)."""
     kind = plan.fault
     now = time.time()
     period = measured_period(step_log, now - 20, now)
@@ -157,8 +165,12 @@ def apply(plan: Plan, *, ns: str, iface: str, ctl_file: Path, step_log: Path, ra
     if kind == "straggler_cpu":
         assert plan.lag_s is not None
         return steer_cpu(cgroup_name, rank_pid, step_log, period or plan.period_s, plan.lag_s)
-    if kind == "drops":
+    if kind in ("drops", "ingress_drops"):
         assert plan.rate_fraction is not None and plan.queue is not None
+        if kind == "ingress_drops":
+            if not (switch_ns and switch_port):
+                raise FaultError("ingress_drops needs the switch namespace and the node's port on it")
+            ns, iface = switch_ns, switch_port
         need = need_bits_per_s(plan, period or plan.period_s)
         rate = int(plan.rate_fraction * need)
         burst = max(32 * 1024, rate // 8 // 100)

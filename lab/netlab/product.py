@@ -33,8 +33,9 @@ def clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("SKEWD_")}
 
 
-def agent_config(cluster: str, node: str, rank: int, nats_url: str, coll_iface: str, spool_dir: Path) -> dict:
-    return {
+def agent_config(cluster: str, node: str, rank: int, nats_url: str, coll_iface: str, spool_dir: Path,
+                 record_dir: Path | None = None) -> dict:
+    cfg = {
         "cluster": cluster,
         "node": node,
         "labels": {"tp_group": TP_GROUP, "tp_rank": str(rank), "model": MODEL},
@@ -42,6 +43,9 @@ def agent_config(cluster: str, node: str, rank: int, nats_url: str, coll_iface: 
         "collectors": {"pkt": {"interface": coll_iface}},
         "spool": {"dir": str(spool_dir)},  # lab-only: see the module docstring
     }
+    if record_dir is not None:  # --record: what the agent saw, for `skewd replay` after the run
+        cfg["record"] = {"dir": str(record_dir)}
+    return cfg
 
 
 def controller_config(cluster: str, nats_url: str) -> dict:

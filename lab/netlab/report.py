@@ -134,8 +134,8 @@ def render(results: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
              "eth0 with the token streams and NATS), a token-streaming server per node and a client, a real "
              "nats-server, `skewd controller` and one `skewd agent` per node. Faults are made by real means "
              "at a drawn onset: an extra sleep in one rank's compute (straggler), a CPU quota (straggler-cpu), "
-             "tbf/htb shapers on the collective port. Scored from every message on NATS against the run's "
-             "truth.json (`skewd.lab.netlab.score`). Step slowdown: how much longer every rank's step got "
+             "tbf/htb shapers on the collective port, or on the switch port into it (ingress-drops). Scored "
+             "from every message on NATS against the run's truth.json (`skewd.lab.netlab.score`). Step slowdown: how much longer every rank's step got "
              "after onset; rank lag: how late the straggler entered each all-reduce behind its peers' median "
              "(medians over runs, from the ranks' own step logs, `skewd.lab.netlab.steps`).",
              "",
@@ -166,7 +166,7 @@ def render(results: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
         lines.append(f"| straggler (>= 10 ms per step) named by EW-1 on its node in >= 9 of 10 runs, p50 <= 60 s | "
                      f"{st['found']}/{st['runs']}, p50 {_s(st['p50'])} ({st['lag_10ms_runs']} of the runs "
                      f"lagged >= 10 ms) | {'yes' if ok else 'no'} |")
-    for scen in ("slow-link", "deep-queue", "drops", "straggler-cpu"):
+    for scen in ("slow-link", "deep-queue", "drops", "ingress-drops", "straggler-cpu"):
         rs = [r for r in rows if r["scenario"] == scen]
         if rs:
             n = rs[0]["runs"]

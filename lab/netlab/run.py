@@ -58,6 +58,7 @@ class LabOptions:
     torch_python: str | None = None
     cluster: str = "reallab"
     agent_ready_timeout: float = 120.0
+    record: bool = False  # every agent records what it sees into <run>/record/<node> (skewd replay)
 
 
 @dataclass
@@ -158,7 +159,9 @@ class Lab:
         for i in range(p.nodes):
             cfg = product.write_yaml(self.run_dir / "config" / f"agent-{node_name(i)}.yaml",
                                      product.agent_config(self.opts.cluster, node_name(i), i, self.nats_url,
-                                                          t.coll_iface, self.run_dir / "spool"))
+                                                          t.coll_iface, self.run_dir / "spool",
+                                                          self.run_dir / "record" / node_name(i)
+                                                          if self.opts.record else None))
             self.agents.append(product.start_agent(self.procs, t.node(i), node_name(i), cfg))
         self._wait_agents()
         self.info.t0 = time.time()
@@ -197,7 +200,8 @@ class Lab:
         i = p.faulty_node
         self.info.fault_info = faults_mod.apply(
             p, ns=self.topo.node(i), iface=self.topo.coll_iface, ctl_file=self.ctl_file(i),
-            step_log=self.step_log(i), rank_pid=self.ranks[i].pid, cgroup_name=f"{self.topo.base}n{i}")
+            step_log=self.step_log(i), rank_pid=self.ranks[i].pid, cgroup_name=f"{self.topo.base}n{i}",
+            switch_ns=self.topo.switch, switch_port=self.topo.switch_port(i, self.topo.coll_iface))
         # a fault that takes a while to set up says when it began to bite
         self.info.onset = float(self.info.fault_info.pop("onset", time.time()))
         self.log(f"fault {p.fault} on {node_name(i)} at +{self.info.onset - self.info.t0:.0f}s: "
@@ -221,6 +225,11 @@ class Lab:
                 (self.run_dir / "logs" / f"qdisc-{node_name(i)}-{ifc}.txt").write_text(stats)
                 # what a drops fault did: a run whose queue dropped next to nothing had no fault to find
                 delta["QdiscDropped"] = delta.get("QdiscDropped", 0) + faults_mod.qdisc_dropped(stats)
+            # the switch's queue into the node (an ingress_drops fault's): what the node never received
+            port = self.topo.switch_port(i, self.topo.coll_iface)
+            stats = faults_mod.qdisc_stats(self.topo.switch, port)
+            (self.run_dir / "logs" / f"qdisc-sw-{port}-{node_name(i)}.txt").write_text(stats)
+            delta["SwitchQdiscDropped"] = faults_mod.qdisc_dropped(stats)
         return out
 
     def close(self) -> None:

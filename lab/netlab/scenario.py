@@ -44,6 +44,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "htb at 110-160 % of the need over a pfifo of 10-35 % of a step's burst (2-16 packets): every step's "
              "burst is tail-dropped, "
              "NS-7 (EW-6)"),
+    Scenario("ingress-drops", "ingress_drops",
+             "the same tiny queue on the switch port into the node's collective port: bursts are tail-dropped on "
+             "their way in, the node's peers resend to it; NS-4 on that node, and no peer named for it"),
 )}
 
 
@@ -116,7 +119,7 @@ def make_plan(name: str, seed: int, duration_s: float = 300.0, nodes: int = 4,
     elif sc.fault == "deep_queue":
         rate_fraction = rnd.uniform(0.60, 0.90)
         queue = f"latency {rnd.uniform(1.0, 2.0):.2f}s"
-    elif sc.fault == "drops":
+    elif sc.fault in ("drops", "ingress_drops"):
         # above the average need: the loss comes from the step's burst meeting a tiny queue,
         # a fraction of the burst (sized below, once the message size is final)
         rate_fraction = rnd.uniform(1.1, 1.6)
@@ -127,7 +130,7 @@ def make_plan(name: str, seed: int, duration_s: float = 300.0, nodes: int = 4,
     cap = int(MAX_RANK_BYTES_PER_S * period / rank_wire_bytes_per_step(nodes, 1))
     if msg > cap and "message_bytes" not in (overrides or {}):
         msg, capped = cap, True
-    if sc.fault == "drops":
+    if sc.fault in ("drops", "ingress_drops"):  # a node receives what it sends in a ring all-reduce
         queue = f"limit {drops_queue_packets(nodes, msg, queue_share)}"
     plan = Plan(
         scenario=name, fault=sc.fault, seed=seed, duration_s=float(duration_s), nodes=nodes,

@@ -121,6 +121,12 @@ class Topology:
     def coll_iface(self) -> str:
         return "eth1" if self.dedicated else "eth0"
 
+    def switch_port(self, i: int, iface: str) -> str:
+        """The switch namespace's end of node ``i``'s ``iface`` veth: its egress queue is what the
+        node receives on that port (build() names the ports p0, p1, ... in this order)."""
+        per_node = 2 if self.dedicated else 1
+        return f"p{2 + i * per_node + (1 if iface == 'eth1' else 0)}"
+
     @property
     def client_ip(self) -> str:
         return self.front_ip(CLIENT_HOST)

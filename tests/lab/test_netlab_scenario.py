@@ -61,8 +61,8 @@ def test_a_drops_fault_queue_is_a_fraction_of_the_step_burst() -> None:
     packets held a whole 360 KB step of 4 ranks, and the fault dropped 2 packets in 150 s.)"""
     from skewd.lab.netlab.scenario import GSO_MAX_BYTES
 
-    for seed in range(1, 60):
-        p = make_plan("drops", seed, duration_s=300)
+    for seed, name in ((s, n) for s in range(1, 60) for n in ("drops", "ingress-drops")):
+        p = make_plan(name, seed, duration_s=300)  # a ring node receives what it sends
         kind, n = p.queue.split()
         limit, burst = int(n), rank_wire_bytes_per_step(p.nodes, p.message_bytes) / GSO_MAX_BYTES
         assert kind == "limit" and 2 <= limit <= 16
