@@ -28,6 +28,7 @@ from skewd.natsutil import NatsConfig, NatsConfigError, inbox_prefix
 from skewd.rules.yamlpos import Pos, SettingsFileError, deep_merge, read_settings
 
 from .configsections import (hint, parse_alertmanager, parse_culprit_evidence, parse_inhibit_rules,
+                             parse_loss_paths,
                              parse_listen_address, parse_pathologies, parse_topology)
 # the typed configuration is this module's public API too (``from skewd.controller.config import ...``)
 from .configtypes import (AlertmanagerConfig, ConfigError, ControllerConfig, InhibitRule, ModelSpec, PPGroup,
@@ -146,6 +147,15 @@ DEFAULTS: dict[str, Any] = {
                     # backlog, saturation, loss counted by that node's kernel or NIC): a cross-node
                     # inference naming ANOTHER node never inhibits them (docs/controller.md)
                     "direct_evidence": ["NS-4", "NS-5", "NS-7", "NS-9", "EW-6"],
+                    # which end of a lossy path (controller/losspath.py, docs/controller.md): flows
+                    # from two or more nodes losing into one node are that node's ingress trouble
+                    # (a lossy switch port or cable in front of it), not each sender's: the senders'
+                    # egress-loss findings (and a sender's loss storm, when all its lossy flows go
+                    # there) join the receiver's ingress-loss incident; one node losing towards two
+                    # or more is its egress trouble, the other way round. One lossy flow alone stays
+                    # ambiguous. Real lab, ingress-drops seed 502: NS-7 on both ring neighbours of
+                    # the node behind the lossy port, EW-6 on one; empty lists turn it off
+                    "loss_paths": {"ingress": ["NS-4"], "egress": ["NS-7"], "node": ["EW-6"]},
                     # where each culprit rule's finding holds the measurement that names its node
                     # (controller/culprit.py): an evidence label of the rule (its expression's text) and
                     # the param it must exceed. Rules that put culprit_measure / culprit_bar into their
@@ -350,6 +360,7 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         inhibit_rules=parse_inhibit_rules(co.get("inhibit_rules"), pos, problems),
         effect_window=dur(co.get("effect_window"), "correlation.effect_window", "correlation", "effect_window"),
         direct_evidence=parse_pathologies(co.get("direct_evidence"), "direct_evidence", pos, problems),
+        loss_paths=parse_loss_paths(co.get("loss_paths"), pos, problems),
         culprit_evidence=parse_culprit_evidence(co.get("culprit_evidence"), pos, problems),
         remap_ttl=dur(rm.get("ttl"), "remap.ttl", "remap", "ttl"),
         min_confidence=num(rm.get("min_confidence"), "remap.min_confidence", 0.0, 1.0, "remap", "min_confidence"),
@@ -422,6 +433,10 @@ KEY_DOCS: dict[str, str | tuple[str, str]] = {
                                     "node-local findings that measure a fault on their own node directly (drops, "
                                     "backlog, saturation, loss): a cross-node inference naming another node never "
                                     "hides them, and they fold that inference about their own node into their incident"),
+    "correlation.loss_paths": ("`{ingress: [NS-4], egress: [NS-7], node: [EW-6]}`",
+                              "which end of a lossy path: flows from several nodes losing into one node join "
+                              "that node's ingress-loss incident (and the other way round); empty lists: off "
+                              "(docs/controller.md)"),
     "correlation.culprit_evidence": ("one entry per shipped culprit rule",
                                      "where each culprit rule's finding holds the measurement naming its node: "
                                      "`{measure, minus, per, above, steps, min_steps, abs, negate}` (docs/controller.md); "

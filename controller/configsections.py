@@ -13,7 +13,7 @@ from __future__ import annotations
 import difflib
 from typing import Any, Callable, Mapping
 
-from .configtypes import AlertmanagerConfig, InhibitRule, ModelSpec, PPGroup, TPGroup
+from .configtypes import AlertmanagerConfig, InhibitRule, LossPaths, ModelSpec, PPGroup, TPGroup
 from .culprit import CulpritEvidence
 
 #: the keys of one ``topology.tp_groups.<name>``, ``topology.pp_groups.<name>``, ``topology.models.<name>``
@@ -23,6 +23,8 @@ MODEL_KEYS = {"max_num_seqs", "max_model_len", "router", "engines"}
 #: the keys of one ``correlation.inhibit_rules`` entry, and the labels its ``equal`` may name
 INHIBIT_KEYS = ("source", "target", "equal")
 INHIBIT_EQUAL = ("node", "entity", "tp_group")
+#: the keys of ``correlation.loss_paths``
+LOSS_PATH_KEYS = ("ingress", "egress", "node")
 #: the keys of one ``correlation.culprit_evidence.<rule id>`` entry
 CULPRIT_EVIDENCE_KEYS = ("measure", "above", "steps", "min_steps", "abs", "negate", "minus", "per")
 
@@ -107,6 +109,32 @@ def parse_pathologies(value: Any, key: str, pos: Callable[..., str], problems: l
         if x not in PATHOLOGIES:
             problems.append(f"{pos('correlation', key)}: {name}: unknown pathology ID {x!r}{hint(x, PATHOLOGIES)}")
     return tuple(x for x in value if x in PATHOLOGIES)
+
+
+def parse_loss_paths(value: Any, pos: Callable[..., str], problems: list[str]) -> LossPaths:
+    """``correlation.loss_paths``: three lists of known pathology IDs (empty lists: off)."""
+    from skewd.rules.pathologies import PATHOLOGIES
+
+    name = "correlation.loss_paths"
+    if not isinstance(value, dict):
+        problems.append(f"{pos('correlation', 'loss_paths')}: {name} must be a mapping "
+                        "{ingress: [IDs], egress: [IDs], node: [IDs]}")
+        return LossPaths()
+    got: dict[str, tuple[str, ...]] = {}
+    for k, v in value.items():
+        if k not in LOSS_PATH_KEYS:
+            problems.append(f"{pos('correlation', 'loss_paths', k)}: unknown key {name}.{k}{hint(k, LOSS_PATH_KEYS)}")
+            continue
+        v = [v] if isinstance(v, str) else (v if v is not None else [])
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            problems.append(f"{pos('correlation', 'loss_paths', k)}: {name}.{k} must be a list of pathology IDs")
+            continue
+        for x in v:
+            if x not in PATHOLOGIES:
+                problems.append(f"{pos('correlation', 'loss_paths', k)}: {name}.{k}: unknown pathology ID "
+                                f"{x!r}{hint(x, PATHOLOGIES)}")
+        got[k] = tuple(x for x in v if x in PATHOLOGIES)
+    return LossPaths(**got)
 
 
 def parse_culprit_evidence(value: Any, pos: Callable[..., str], problems: list[str]) -> dict[str, CulpritEvidence]:

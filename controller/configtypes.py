@@ -24,6 +24,16 @@ class ConfigError(Exception):
 
 
 @dataclass(frozen=True)
+class LossPaths:
+    """``correlation.loss_paths`` (controller/losspath.py): the pathologies of a flow's loss seen
+    from its receiver (``ingress``) and its sender (``egress``), and node-level loss storms
+    (``node``); empty lists turn the attribution off."""
+    ingress: tuple[str, ...] = ("NS-4",)
+    egress: tuple[str, ...] = ("NS-7",)
+    node: tuple[str, ...] = ("EW-6",)
+
+
+@dataclass(frozen=True)
 class TPGroup:
     name: str
     nodes: tuple[str, ...]  # in TP-rank order
@@ -81,6 +91,8 @@ class ControllerConfig:
     max_clock_skew: float = 300.0
     silent_intervals: float = 30.0
     max_nodes: int = 10000
+    #: correlation.loss_paths
+    loss_paths: LossPaths = field(default_factory=LossPaths)
     #: ingest.summary_backlog_bytes: nats-py's pending-bytes limit of each summary subscription
     summary_backlog_bytes: int = 32 << 20
     tp_groups: dict[str, TPGroup] = field(default_factory=dict)

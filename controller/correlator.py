@@ -38,7 +38,10 @@ claim); an incident resting on incubating rules alone is shown but gets no remap
 rule corroborates it. Claims refused are counted and listed (:meth:`Correlator.report`). Direct
 evidence beats inference: a node-local finding of a ``direct_evidence`` pathology (drops or a
 backlog measured on that node) is never a victim of a culprit incident naming another node, nor
-the target of an inhibit rule whose source is on another node.
+the target of an inhibit rule whose source is on another node. One exception, from the flows
+themselves: flows from two or more nodes that lose into one node are that node's trouble, and
+the senders' loss findings on them join its ingress-loss incident (:mod:`.losspath`,
+``correlation.loss_paths``).
 
 Root-cause attribution follows the runbooks: the culprit's GPUs report throttle reasons →
 ``gpu``; its host is CPU/IRQ-bound → ``host``; its PCIe feed is thin while its ingress is normal
@@ -54,8 +57,9 @@ from typing import Callable, Iterable, Mapping, Sequence
 from skewd.model import GROUP_SCOPES, Finding, Layer, Scope, State
 
 from . import culprit as culprit_mod
+from . import losspath
 from .align import GroupReport
-from .configtypes import InhibitRule
+from .configtypes import InhibitRule, LossPaths
 from .messages import Cause, Effect, Incident, PhaseContext, Target, stable_key
 from .timeline import Timelines
 from .topology import Topology
@@ -93,12 +97,13 @@ class Correlator:
                  node_value: NodeValue | None = None, inhibit_rules: Sequence[InhibitRule] = (),
                  direct_evidence: Sequence[str] = (),
                  culprit_evidence: Mapping[str, culprit_mod.CulpritEvidence] | None = None,
-                 maturities: Mapping[str, str] | None = None) -> None:
+                 maturities: Mapping[str, str] | None = None, loss_paths: LossPaths | None = None) -> None:
         """``direct_evidence``: pathologies whose node-local findings measure a fault on their
         own node (never inhibited by an inference naming another node); ``culprit_evidence``:
         where culprit rules' findings hold their measurement (:mod:`.culprit`);
         ``maturities``: rule id → maturity tag of the rules this controller loaded, for findings
-        that do not carry their own (agents older than the field)."""
+        that do not carry their own (agents older than the field); ``loss_paths``: which end of
+        a lossy path (:mod:`.losspath`; None: off)."""
         self.cluster = cluster
         self.topology = topology
         self.timelines = timelines
@@ -116,6 +121,7 @@ class Correlator:
         self.direct_evidence = set(direct_evidence)
         self.culprit_evidence: Mapping[str, culprit_mod.CulpritEvidence] = dict(culprit_evidence or {})
         self.maturities: Mapping[str, str] = dict(maturities or {})
+        self.loss_paths = loss_paths
         # what the last correlate() refused to name, and what it kept as findings only
         self.refused: dict[str, tuple[Finding, str]] = {}  # fingerprint → (culprit claim, why it names nobody)
         self.sandboxed: list[Finding] = []  # firing sandbox findings (no incident, no remap)
@@ -197,6 +203,8 @@ class Correlator:
                 self._counted.add(f.id)
                 self.sandbox_total += 1
         firing = [f for f in firing if self.maturity(f) != "sandbox"]
+        # loss findings that the common end of several lossy flows explains (.losspath)
+        loss_end = losspath.attribute(firing, self.loss_paths) if self.loss_paths is not None else {}
         # a cause that resolved while a symptom it explains is still pending or firing keeps its
         # incident open: that occurrence of the symptom began under the cause (its aftermath)
         firing = sorted((*firing, *self._lingering(firing, now)), key=lambda f: (f.active_at, f.rule_id, f.node, f.entity))
@@ -282,7 +290,7 @@ class Correlator:
             if fabric is not None and f.pathology not in self.never_inhibit:
                 fabric.inhibited.append(f)
                 continue
-            src = self._inhibitor(f, firing)
+            src = loss_end.get(f.fingerprint) or self._inhibitor(f, firing)
             if src is not None:
                 deferred[f.fingerprint] = (f, src)
                 continue

@@ -154,7 +154,7 @@ class Controller(Intake, Evaluation, Suggestions, SilentNodes, PartitionExchange
                                      culprit_pathologies=cfg.culprit_pathologies, never_inhibit=cfg.never_inhibit,
                                      effect_window=cfg.effect_window, node_value=self._node_value,
                                      inhibit_rules=cfg.inhibit_rules, direct_evidence=cfg.direct_evidence,
-                                     culprit_evidence=cfg.culprit_evidence,
+                                     culprit_evidence=cfg.culprit_evidence, loss_paths=cfg.loss_paths,
                                      maturities={r.id: r.maturity for r in ruleset.rules})
         self.planner = Planner(cfg)
         self.stats = ControllerStats()

@@ -107,3 +107,22 @@ def entity_of(key: np.ndarray) -> str:
         if proto in (6, 17, 132):
             return f"{name} {src}:{sport}>{dst}:{dport}"
     return f"{name} {src}>{dst}"
+
+
+def hosts_of(entity: str) -> tuple[str, str] | None:
+    """``(source address, destination address)`` of an :func:`entity_of` string (IPv6 without
+    its brackets), or None when ``entity`` is not a flow's name. The controller uses it to find
+    which end of several lossy flows they share (``controller/losspath.py``)."""
+    name, sep, rest = entity.partition(" ")
+    if not sep or not name or ">" not in rest:
+        return None
+    src, _, dst = rest.partition(">")
+
+    def host(end: str) -> str:
+        if end.startswith("["):  # [v6]:port
+            return end[1:end.find("]")] if "]" in end else ""
+        # v4:port; else a port-less v4 or bare v6 address (entity_of writes ports only for tcp/udp/sctp)
+        return end.rpartition(":")[0] if end.count(":") == 1 else end
+
+    s, d = host(src), host(dst)
+    return (s, d) if s and d else None

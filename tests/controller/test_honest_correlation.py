@@ -35,7 +35,7 @@ def _corr(cfg=None, maturities=None) -> Correlator:
     return Correlator("c", Topology.from_config(cfg), Timelines(), culprit_pathologies=cfg.culprit_pathologies,
                       never_inhibit=cfg.never_inhibit, effect_window=30.0, inhibit_rules=cfg.inhibit_rules,
                       direct_evidence=cfg.direct_evidence, culprit_evidence=cfg.culprit_evidence,
-                      maturities=maturities)
+                      maturities=maturities, loss_paths=cfg.loss_paths)
 
 
 def _claim(node: str, pathology: str = "EW-1", rule: str = "EW-1-x", maturity: str = "stable", evidence=None,
