@@ -42,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--message-mb", type=float, help="pin the all-reduce message (default: drawn, 0.25-8 MB)")
     r.add_argument("--lag-ms", type=float, help="straggler: pin the extra compute per step (default: drawn 10-30)")
     r.add_argument("--onset", help="pin the fault's onset after the agents are up (e.g. 90s)")
+    r.add_argument("--fault-duration", help="remove the fault this long after its onset (e.g. 90s): the run then "
+                                            "shows recovery; default: the fault lasts to the end")
     r.add_argument("--faulty-node", type=int, help="pin the faulty node's index")
     r.add_argument("--record", action="store_true",
                    help="agents record what they see into RUN/record/<node> (replay it with `skewd replay`)")
@@ -76,6 +78,8 @@ def plan_from_args(a: argparse.Namespace):
         ov["onset_s"] = parse_duration(a.onset)
     if a.faulty_node is not None:
         ov["faulty_node"] = a.faulty_node
+    if a.fault_duration is not None:
+        ov["fault_duration_s"] = parse_duration(a.fault_duration)
     return make_plan(a.scenario, a.seed, parse_duration(a.duration), a.nodes, ov)
 
 

@@ -191,6 +191,32 @@ def apply(plan: Plan, *, ns: str, iface: str, ctl_file: Path, step_log: Path, ra
     raise FaultError(f"unknown fault {kind!r}")
 
 
+def clear(plan: Plan, *, ns: str, iface: str, ctl_file: Path, cgroup_name: str, switch_ns: str = "",
+          switch_port: str = "") -> str:
+    """End the plan's fault now (a fault with ``fault_duration_s``): what apply() did, undone.
+    Returns what was done."""
+    kind = plan.fault
+    if kind == "straggler":
+        ctl_file.write_text(json.dumps({"extra_sleep_s": 0.0}))
+        return "extra compute 0 ms per step (control file)"
+    if kind == "straggler_cpu":
+        mode = cgroup_cpu_mode()
+        if mode is None:
+            raise FaultError("no cgroup cpu controller to lift the quota from")
+        version, base = mode
+        d = base / cgroup_name
+        if version == "v2":
+            (d / "cpu.max").write_text(f"max {CPU_PERIOD_US}")
+        else:
+            (d / "cpu.cfs_quota_us").write_text("-1")
+        return f"cpu quota of {d} lifted"
+    if kind in ("drops", "ingress_drops", "slow_link", "deep_queue"):
+        if kind == "ingress_drops":
+            ns, iface = switch_ns, switch_port
+        return tc(ns, "qdisc", "del", "dev", iface, "root")
+    raise FaultError(f"unknown fault {kind!r}")
+
+
 def qdisc_stats(ns: str, iface: str) -> str:
     r = ns_exec(ns, "tc", "-s", "qdisc", "show", "dev", iface, check=False)
     return r.stdout

@@ -66,6 +66,7 @@ class RunInfo:
     run_dir: Path
     t0: float = 0.0  # every agent reported (health or summary): the run's clock starts
     onset: float | None = None
+    cleared: float | None = None  # when a fault with a duration was removed
     end: float = 0.0
     runtime: RankRuntime | None = None
     fault_info: dict[str, Any] = field(default_factory=dict)
@@ -207,6 +208,17 @@ class Lab:
         self.log(f"fault {p.fault} on {node_name(i)} at +{self.info.onset - self.info.t0:.0f}s: "
                  f"{self.info.fault_info.get('means')}")
 
+    def clear_fault(self) -> None:
+        p = self.plan
+        assert p.fault is not None and p.faulty_node is not None
+        i = p.faulty_node
+        means = faults_mod.clear(p, ns=self.topo.node(i), iface=self.topo.coll_iface, ctl_file=self.ctl_file(i),
+                                 cgroup_name=f"{self.topo.base}n{i}", switch_ns=self.topo.switch,
+                                 switch_port=self.topo.switch_port(i, self.topo.coll_iface))
+        self.info.cleared = time.time()
+        self.info.fault_info["cleared_means"] = means
+        self.log(f"fault {p.fault} on {node_name(i)} cleared at +{self.info.cleared - self.info.t0:.0f}s: {means}")
+
     def collect(self) -> dict[str, Any]:
         """What the kernel saw, read before teardown: TCP loss classes per node, qdisc stats."""
         out: dict[str, Any] = {}
@@ -264,7 +276,12 @@ def run(plan: Plan, out: Path, opts: LabOptions | None = None, log: Callable[[st
                 lab.check_alive()
                 if onset is not None and info.onset is None and time.time() >= onset:
                     lab.inject()
-                nxt = onset if onset is not None and info.onset is None else end
+                clear_at = (info.onset + plan.fault_duration_s
+                            if info.onset is not None and plan.fault_duration_s is not None else None)
+                if clear_at is not None and info.cleared is None and time.time() >= clear_at:
+                    lab.clear_fault()
+                nxt = onset if onset is not None and info.onset is None else (
+                    clear_at if clear_at is not None and info.cleared is None else end)
                 time.sleep(max(0.05, min(1.0, nxt - time.time())))
             info.end = time.time()
             kernel = lab.collect()
@@ -320,7 +337,7 @@ def _write_truth(lab: Lab, kernel: dict[str, Any]) -> None:
         "expected": list(spec.expected) if spec else [],
         "nodes": [node_name(i) for i in range(p.nodes)],
         "healthy_nodes": [node_name(i) for i in range(p.nodes) if i != p.faulty_node],
-        "t0": info.t0, "onset": info.onset, "end": info.end,
+        "t0": info.t0, "onset": info.onset, "cleared": info.cleared, "end": info.end,
         "onset_after_t0_s": (info.onset - info.t0) if info.onset and info.t0 else None,
         "fault_means": info.fault_info,
         "ranks": {"backend": info.runtime.backend if info.runtime else None,

@@ -70,6 +70,9 @@ class Plan:
     queue: str | None  # shapers: tbf queue ("latency 1.5s" / "limit 4542")
     streams_per_node: int
     overrides: dict[str, Any] = field(default_factory=dict)
+    #: the fault is removed this long after onset (None: it lasts to the end). Pinned only, never
+    #: drawn, so every seed's other draws stay what they were
+    fault_duration_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -143,13 +146,19 @@ def make_plan(name: str, seed: int, duration_s: float = 300.0, nodes: int = 4,
         queue=str(ov.pop("queue", queue)) if queue is not None else None,
         streams_per_node=int(ov.pop("streams_per_node", 4)),
         overrides=dict(overrides or {}),
+        fault_duration_s=float(ov.pop("fault_duration_s")) if ov.get("fault_duration_s") is not None else None,
     )
+    ov.pop("fault_duration_s", None)
     for k in ("lag_s", "rate_fraction", "queue", "faulty_node", "onset_s"):
         ov.pop(k, None)  # pinned for a scenario that does not use it: harmless
     if ov:
         raise KeyError(f"unknown override(s) {sorted(ov)}")
     if plan.onset_s is not None and plan.onset_s >= plan.duration_s - 30:
         raise ValueError(f"onset {plan.onset_s:.0f}s leaves under 30 s of a {plan.duration_s:.0f}s run")
+    if plan.fault_duration_s is not None and (plan.fault is None or plan.onset_s is None
+                                              or plan.onset_s + plan.fault_duration_s >= plan.duration_s - 60):
+        raise ValueError(f"fault duration {plan.fault_duration_s:.0f}s: a fault must end at least 60 s before "
+                         f"the run does (onset {plan.onset_s}s, run {plan.duration_s:.0f}s) so recovery is seen")
     if plan.faulty_node is not None and not 0 <= plan.faulty_node < nodes:
         raise ValueError(f"faulty_node {plan.faulty_node}: the run has nodes 0..{nodes - 1}")
     return plan

@@ -11,6 +11,9 @@ summaries and health; ``skewd.controller.messages`` for incidents and remap sugg
   Per node-hour over the time the agents ran (t0 → end).
 - Incident times: ``t`` is the controller's ``opened_at`` (its group's first finding, which may
   predate the incident's pathology joining it), ``published`` when a subscriber first saw it.
+- **A fault that ends** (``cleared`` in truth.json): a detection counts up to
+  :data:`RECOVERY_GRACE_S` after it; ``recovery`` lists what still fired and how many incidents
+  were still open when the run ended, and the false findings that fired after the grace.
 - **Clocks**: per node, whether any of its summaries said its clock was not synchronised, and
   the largest error bound they gave.
 - **Incidents / remaps naming a healthy node**: an incident whose culprit node (or, without a
@@ -70,10 +73,24 @@ def remap_nodes(s: messages.RemapSuggestion) -> list[str]:
     return sorted(set(nodes))
 
 
+#: after a fault is removed, findings that fire within this long still count as its detection
+#: (a rule's window still holds the fault), and the product has this long to let go of it
+RECOVERY_GRACE_S = 60.0
+
+
+def _rule_at(firing: dict[str, dict[str, Any]], fingerprint: str) -> str:
+    """``rule@node`` of a finding fingerprint, from the firing list (the fingerprint when unseen)."""
+    f = next((x for x in firing.values() if x.get("fingerprint") == fingerprint), None)
+    return f"{f['rule_id']}@{f['node']}" if f else fingerprint
+
+
 def score_run(run_dir: Path) -> dict[str, Any]:
     truth = json.loads((run_dir / "truth.json").read_text())
     msgs = read_messages(run_dir / "messages.jsonl")
     t0, end, onset = truth["t0"], truth["end"], truth["onset"]
+    cleared = truth.get("cleared")  # a fault removed before the end: detections count up to a grace after it
+    latest_f: dict[str, str] = {}  # finding fingerprint -> the state of its latest transition
+    latest_i: dict[str, str] = {}  # incident id -> its latest state
     faulty = truth["node"]
     healthy = set(truth["healthy_nodes"])
     firing: dict[str, dict[str, Any]] = {}
@@ -83,6 +100,10 @@ def score_run(run_dir: Path) -> dict[str, Any]:
     clocks: dict[str, tuple[bool, float | None]] = {}  # node -> what its summaries said, unsynced sticks
     for kind, msg, recv in _decoded(msgs):
         counts[kind] = counts.get(kind, 0) + 1
+        if kind == "finding":
+            latest_f[msg.fingerprint] = msg.state.value
+        elif kind == "incident":
+            latest_i[msg.id] = msg.state
         if kind == "summary":
             was = clocks.get(msg.node, (True, None))
             errs = [e for e in (was[1], msg.clock_sync.max_error_s) if e is not None]
@@ -90,6 +111,7 @@ def score_run(run_dir: Path) -> dict[str, Any]:
         elif kind == "finding" and msg.state is State.FIRING and msg.id not in firing:
             fired = msg.fired_at if msg.fired_at is not None else msg.evaluated_at
             firing[msg.id] = {"rule_id": msg.rule_id, "pathology": msg.pathology, "node": msg.node,
+                              "fingerprint": msg.fingerprint,
                               "entity": msg.entity, "scope": msg.scope.value, "fired_at": fired,
                               "t": round(fired - t0, 1), "summary": msg.summary}
         elif kind == "incident" and msg.id not in incidents:
@@ -105,7 +127,9 @@ def score_run(run_dir: Path) -> dict[str, Any]:
     true_ids: set[str] = set()
     for pid in truth["expected"]:
         hits = sorted((f for fid, f in firing.items() if f["pathology"] == pid and f["node"] == faulty
-                       and onset is not None and f["fired_at"] >= onset), key=lambda f: f["fired_at"])
+                       and onset is not None and f["fired_at"] >= onset
+                       and (cleared is None or f["fired_at"] <= cleared + RECOVERY_GRACE_S)),
+                      key=lambda f: f["fired_at"])
         true_ids |= {fid for fid, f in firing.items() if f in hits}
         detected[pid] = {"found": bool(hits), "latency_s": round(hits[0]["fired_at"] - onset, 1) if hits else None,
                          "rule_id": hits[0]["rule_id"] if hits else None}
@@ -131,6 +155,14 @@ def score_run(run_dir: Path) -> dict[str, Any]:
         "incident_list": sorted(incidents.values(), key=lambda i: i["t"]),
         "remap_list": sorted(remaps.values(), key=lambda r: r["t"]),
         "messages": counts,
+        # a fault that ended: did the product let go? (what still fired, and which incidents
+        # were still open, when the run ended, RECOVERY_GRACE_S or more after the fault ended)
+        "recovery": None if cleared is None else {
+            "cleared_s": round(cleared - t0, 1),
+            "findings_firing_at_end": sorted(_rule_at(firing, fp) for fp, st in latest_f.items()
+                                             if st == State.FIRING.value),
+            "incidents_open_at_end": sum(1 for st in latest_i.values() if st == "open"),
+            "false_after_recovery": sum(1 for f in false if f["fired_at"] > cleared + RECOVERY_GRACE_S)},
         # the clocks the run's agents reported (adjtimex, in every summary): the controller's
         # cross-node alignment runs with its default unsynced-clock error for an unsynced node
         "clocks": {"nodes": len(clocks), "unsynced": sum(1 for ok, _ in clocks.values() if not ok),

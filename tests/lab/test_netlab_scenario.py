@@ -86,3 +86,28 @@ def test_qdisc_drops_are_read_from_tc_output_without_double_counting() -> None:
     assert qdisc_dropped(out) == 533
     assert qdisc_dropped("qdisc noqueue 0: root refcnt 2 \n Sent 0 bytes 0 pkt (dropped 0, overlimits 0 requeues 0) \n") == 0
     assert qdisc_dropped("") == 0
+
+
+def test_a_fault_duration_is_pinned_only_and_must_leave_time_to_recover() -> None:
+    base = make_plan("drops", 5, duration_s=400)
+    ended = make_plan("drops", 5, duration_s=400, overrides={"fault_duration_s": 120})
+    assert base.fault_duration_s is None and ended.fault_duration_s == 120.0
+    # the other draws of the seed are unchanged
+    assert {k: v for k, v in ended.to_dict().items() if k not in ("fault_duration_s", "overrides")} == \
+        {k: v for k, v in base.to_dict().items() if k not in ("fault_duration_s", "overrides")}
+    with pytest.raises(ValueError, match="at least 60 s before"):
+        make_plan("drops", 5, duration_s=300, overrides={"onset_s": 100, "fault_duration_s": 150})
+    with pytest.raises(ValueError, match="at least 60 s before"):
+        make_plan("healthy", 5, duration_s=300, overrides={"fault_duration_s": 60})
+
+
+def test_clearing_a_straggler_stops_its_extra_compute(tmp_path) -> None:
+    import json
+
+    from skewd.lab.netlab.faults import clear
+
+    ctl = tmp_path / "ctl.json"
+    ctl.write_text(json.dumps({"extra_sleep_s": 0.02}))
+    plan = make_plan("straggler", 3, duration_s=400, overrides={"fault_duration_s": 100})
+    clear(plan, ns="unused", iface="eth0", ctl_file=ctl, cgroup_name="unused")
+    assert json.loads(ctl.read_text()) == {"extra_sleep_s": 0.0}

@@ -117,3 +117,29 @@ def test_the_clocks_the_agents_reported_are_scored_per_node(tmp_path: Path) -> N
     r = score_run(write_run(tmp_path, None, None, [], msgs))
     assert r["clocks"] == {"nodes": 3, "unsynced": 2, "max_error_s": 16.0}
     assert r["messages"]["summary"] == 4
+
+
+def test_a_fault_that_ends_counts_detections_up_to_a_grace_and_reports_what_it_left_open(tmp_path: Path) -> None:
+    """A straggler removed 100 s after onset: EW-1 firing 10 s after onset is its detection; a
+    finding firing 90 s after the fault ended is not, and it (and its incident) still open at
+    the end is what the product failed to let go of."""
+    cleared = ONSET + 100
+    ew1 = finding("EW-1-tp-straggler", "EW-1", "n2", State.FIRING, ONSET + 5, ONSET + 10, Scope.NODE, "")
+    ew1_done = dataclasses.replace(ew1, state=State.RESOLVED, evaluated_at=cleared + 20, resolved_at=cleared + 20)
+    late = finding("EW-1-tp-straggler-time-share", "EW-1", "n2", State.FIRING, cleared + 80, cleared + 90,
+                   Scope.NODE, "")
+    msgs = [fmsg(ew1), fmsg(ew1_done), fmsg(late),
+            (messages.incident_subject(CLUSTER), messages.encode(incident("i1", "EW-1", "n2", {"node": "n2"},
+                                                                          cleared + 95)))]
+    run = write_run(tmp_path, "straggler", "n2", ["EW-1"], msgs)
+    truth = json.loads((run / "truth.json").read_text())
+    (run / "truth.json").write_text(json.dumps(dict(truth, cleared=cleared)))
+    r = score_run(run)
+    assert r["detected"]["EW-1"] == {"found": True, "latency_s": 10.0, "rule_id": "EW-1-tp-straggler"}
+    assert r["false_findings"] == 1
+    assert r["recovery"] == {"cleared_s": round(cleared - T0, 1),
+                             "findings_firing_at_end": ["EW-1-tp-straggler-time-share@n2"],
+                             "incidents_open_at_end": 1, "false_after_recovery": 1}
+    # without the end, the late finding is a detection like any other, and there is no recovery
+    (run / "truth.json").write_text(json.dumps(truth))
+    assert score_run(run)["recovery"] is None

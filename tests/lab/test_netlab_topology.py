@@ -44,3 +44,28 @@ def test_switch_port_is_the_other_end_of_the_nodes_port(dedicated: bool) -> None
         topo.teardown()
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert topo.base not in left
+
+
+@pytest.mark.parametrize("scenario", ["slow-link", "ingress-drops"])
+def test_a_cleared_shaper_fault_leaves_the_port_as_it_was(scenario: str, tmp_path) -> None:
+    """--fault-duration: clear() removes the qdisc apply() put on the node's port (or on the
+    switch's end of it), and nothing else."""
+    from skewd.lab.netlab import faults
+    from skewd.lab.netlab.scenario import make_plan
+
+    prefix = os.environ.get("SKEWD_LAB_NETNS_PREFIX", "skwr-")
+    topo = Topology(prefix, f"fc{len(scenario)}", nodes=2, dedicated=False)
+    plan = make_plan(scenario, 1, duration_s=300, nodes=2, overrides={"faulty_node": 1, "fault_duration_s": 60})
+    ns, port = (topo.switch, topo.switch_port(1, "eth0")) if scenario == "ingress-drops" else (topo.node(1), "eth0")
+    try:
+        topo.build()
+        before = faults.qdisc_stats(ns, port).split()[:2]
+        faults.tc(ns, "qdisc", "replace", "dev", port, "root", "handle", "1:", "tbf", "rate", "100mbit",
+                  "burst", "32k", "limit", "10000")
+        assert "tbf" in faults.qdisc_stats(ns, port)
+        faults.clear(plan, ns=topo.node(1), iface="eth0", ctl_file=tmp_path / "ctl", cgroup_name="unused",
+                     switch_ns=topo.switch, switch_port=topo.switch_port(1, "eth0"))
+        after = faults.qdisc_stats(ns, port)
+        assert "tbf" not in after and after.split()[:2] == before
+    finally:
+        topo.teardown()
