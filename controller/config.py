@@ -107,8 +107,9 @@ DEFAULTS: dict[str, Any] = {
                         # resource-imbalanced engine, bursts of admissions, or generation lengths that spread
                         # (NS-8: the long tail of a length-variance client holds its blocks for thousands of
                         # steps - ns8 seeds 107 and 109 filled the node's cache and grew its queue minutes
-                        # after NS-8 fired; NS-8's rules, like GPU-7's and PCIE-7's, are sandbox and inhibit
-                        # nothing until promoted, docs/rules.md). A growing queue over a full cache is demand outgrowing the cache
+                        # after NS-8 fired; NS-8-latency-tail is incubating since the seeds 116-118 table, while
+                        # GPU-7-compute-bound and PCIE-7's rules are sandbox and inhibit nothing until
+                        # promoted, docs/rules.md). A growing queue over a full cache is demand outgrowing the cache
                         # only when nothing slowed the engine (held-out seeds 104-106: 17 of 19 wrong GPU-2
                         # incidents sat on the node of one of these faults).
                         # PCIE-4 and GPU-8 stay out: GPU-2 already explains PCIE-4's thin feed, which
@@ -128,6 +129,13 @@ DEFAULTS: dict[str, Any] = {
                         # spread too) are why the engine's generation lengths spread (NS-8's latency tail);
                         # PCIE-10 names the GPU or engine, NS-8 the engine or port: the node joins them
                         {"source": ["PCIE-10"], "target": ["NS-8"], "equal": ["node"]},
+                        # a batch client (NS-8's early stops next to long generations) sends its batch at
+                        # once: the engine's queue jumps by the batch and the port's bytes burst - NS-1's
+                        # red flag from the same client. The spread of lengths is what sets it apart from
+                        # a merely bursty client (NS-1 alone spreads no lengths); NS-8 names the engine,
+                        # NS-1 the port: the node joins them (fault lab, ns8 batch_early_stop seed 116:
+                        # two NS-1 incidents on the NS-8 node)
+                        {"source": ["NS-8"], "target": ["NS-1"], "equal": ["node"]},
                         # a congested, lossy, head-of-line blocked, credit-starved or registration-churning
                         # port delays and smears the node's collective sends: the agent's capture sees steps
                         # merge or start late, which reads as missing steps (EW-9) or a straggler (EW-1) on

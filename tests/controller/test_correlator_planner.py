@@ -415,6 +415,10 @@ def test_a_preemption_storm_explains_kv_saturation_and_a_thin_feed_and_early_sto
     # NS-8 -> GPU-2 (node): generation lengths that spread leave a long tail holding its KV blocks,
     # which fills the node's cache while its queue grows (ns8 seeds 107 and 109)
     (("NS-8", Layer.ENGINE, "engine0", Scope.ENGINE), ("GPU-2", Layer.ENGINE, "engine0", Scope.ENGINE)),
+    # NS-8 -> NS-1 (node): a batch client with early stops sends its batch at once, so the port's bytes
+    # burst and the engine's queue jumps - NS-1's red flag from NS-8's client (ns8 batch_early_stop seed
+    # 116: two NS-1 incidents on the NS-8 node)
+    (("NS-8", Layer.ENGINE, "engine0", Scope.ENGINE), ("NS-1", Layer.NETWORK, "eth0", Scope.NIC_PORT)),
 ])
 def test_an_engine_cause_takes_its_nodes_symptom_not_another_nodes(cause, symptom) -> None:
     c = _corr()
