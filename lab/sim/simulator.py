@@ -260,7 +260,10 @@ class Simulation:
                     src = r.stages[s]
                     dst = r.stages[(s + 1) % len(r.stages)]
                     last = s == len(r.stages) - 1
-                    nbytes = (np.maximum(st.batch, 1) * 8.0 + 4096) if last else act  # sampled ids go back
+                    # the last stage's sampled ids go back to the first (lab/sim/steps.py, "pipeline
+                    # hand-offs"). NOTE order of magnitude, not measured: vLLM's V2 runner broadcasts
+                    # 16 B per request; either stays far under the pkt collector's collective share
+                    nbytes = (np.maximum(st.batch, 1) * 8.0 + 4096) if last else act
                     start = st.starts + st.durs * frac[s] - (0.0002 if not last else 0.0)
                     start = np.minimum(start, st.starts + st.durs - 1e-4)
                     for i, a in enumerate(src):

@@ -129,10 +129,22 @@ def step_silences(rng: np.random.Generator, prev_last: float, entry: np.ndarray,
 #   reaction: its compute end is invisible on the wire, it only ever answers), a slower one
 #   sends on its own, its compute gap reaching from its previous hand-off to this one.
 #
-# The last stage's sampled tokens go back to the engine core over the executor's channel (a few
-# kB per step on another connection), not over the stage connections: under the pkt collector's
-# collective-connection share they never end a silence. The clear-to-send is a small RDMA write
-# (payload bytes > 0, not a RoCE ACK), a send for the collector.
+# The pipeline is a cycle: the last stage's sampled tokens go back every step. The engine core
+# gets the step's output over the executor's channel, and with vLLM's V2 model runner (the
+# default; vllm 0.33 vllm/v1/worker/gpu/pp_utils.py, PPHandler) the last stage also broadcasts
+# the sampled ids to every earlier stage - int64 [requests, 1] plus int32 [2, requests], 16 B per
+# request - on a dedicated NCCL communicator "so it does not serialize on the wire with the
+# inter-stage hidden-state p2p send/recv ops": other queue pairs, another connection. An earlier
+# stage's receive runs after its own forward (the broadcast stream waits for the main stream) and
+# is consumed pp_size steps later, so a first stage that waits for a slower last stage could show
+# its compute gap and a wait ended by data on that connection (if its clear-to-send leaves when
+# the GPU reaches the receive, not when the host enqueues it: NCCL proxy timing, not measured
+# here). The pkt collector never counts it: a connection is collective at 10 % of
+# the port's heaviest (collectors/pkt/collective.py ``share``), and 16 B per request is under
+# 1 % of a TP rank's activation slice (hidden x 2 B / tp: 2 kB per request at hidden 8192, TP8).
+# So it is not among the stage connections here (the simulator's flow tables carry its bytes,
+# lab/sim/simulator.py). The clear-to-send is a small RDMA write (payload bytes > 0, not a RoCE
+# ACK), a send for the collector.
 
 #: bytes of a clear-to-send (an NCCL FIFO entry: addresses, size, tag). NOTE: order of magnitude,
 #: not measured
