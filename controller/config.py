@@ -217,9 +217,10 @@ DEFAULTS: dict[str, Any] = {
     #   agent restart (a few seconds) and a NATS reconnect.
     # max_nodes: nodes heard from at once; messages from further new nodes are rejected (and
     #   counted) until silent nodes make room (about 18 kB of state per node; 10000 nodes ~ 200 MB)
-    # summary_backlog_bytes: summaries read off the socket and not yet taken in, at most (per
-    #   subscription). Beyond it the newest are dropped and counted (summaries_dropped): an
-    #   intake that falls behind stays seconds behind, not minutes, and its memory is bounded.
+    # summary_backlog_bytes: summaries read off the socket and not yet taken in, at most (all
+    #   the intake's summary subscriptions together). Beyond it the oldest are shed and counted
+    #   (rejected, reason backlog_full): an intake that falls behind stays seconds behind, not
+    #   minutes, and its memory is bounded.
     #   32 MiB holds ~25,000 summaries of 1.3 kB: a whole 1 s interval of 10,000 nodes arriving at
     #   once, and about 1.5 s of one worker's intake at saturation (docs/benchmarks.md)
     "ingest": {"max_clock_skew": "5m", "silent_intervals": 30, "max_nodes": 10000,
@@ -456,9 +457,9 @@ KEY_DOCS: dict[str, str | tuple[str, str]] = {
                                "state is forgotten",
     "ingest.max_nodes": "nodes heard from at once; further new nodes are rejected (and counted) until silent "
                         "nodes make room",
-    "ingest.summary_backlog_bytes": "summaries received and not yet taken in, at most, per subscription; beyond it "
-                                    "the newest are dropped and counted (`summaries_dropped`), so an overloaded "
-                                    "intake stays seconds behind with bounded memory",
+    "ingest.summary_backlog_bytes": "summaries received and not yet taken in, at most (a worker's partitions share "
+                                    "it); beyond it the oldest are shed and counted (rejected, `backlog_full`), so an "
+                                    "overloaded intake stays seconds behind with bounded memory",
     "scaleout.partitions": "summary partitions: the N of the NATS server's `partition(N, ...)` mapping "
                            "(deploy/nats/partitions.conf); 1: one controller takes every summary; N > 1: every "
                            "controller process with this config is a worker holding partitions through KV leases",

@@ -93,7 +93,7 @@ class ControllerConfig:
     max_nodes: int = 10000
     #: correlation.loss_paths
     loss_paths: LossPaths = field(default_factory=LossPaths)
-    #: ingest.summary_backlog_bytes: nats-py's pending-bytes limit of each summary subscription
+    #: ingest.summary_backlog_bytes: summaries waiting to be taken in, at most (service.py sheds the oldest)
     summary_backlog_bytes: int = 32 << 20
     tp_groups: dict[str, TPGroup] = field(default_factory=dict)
     pp_groups: dict[str, PPGroup] = field(default_factory=dict)

@@ -55,8 +55,9 @@ class Intake:
         return True
 
     def summary_dropped(self, subject: str) -> None:
-        """nats-py dropped a summary on ``subject`` unread: this subscription's backlog of summaries
-        received and not yet taken in reached ``ingest.summary_backlog_bytes``. The intake is
+        """A summary on ``subject`` was dropped unread: the intake's backlog of summaries received
+        and not yet taken in was over ``ingest.summary_backlog_bytes`` (service.py sheds the
+        oldest; nats-py's own limit, should it ever be reached, drops the newest). The intake is
         behind its input; bounding the backlog keeps it seconds behind instead of minutes, and its
         memory bounded, and the node's next interval replaces what was dropped."""
         self._reject("summary", ingest.BACKLOG_FULL, subject,
