@@ -240,7 +240,8 @@ class Controller(Intake, Evaluation, Suggestions, SilentNodes, PartitionExchange
         # in is the newest. Measured at saturation (docs/benchmarks.md): p50 latency 4.5 s instead
         # of 35 s, for 27 % fewer summaries taken in (the sheds' dispatch). nats-py's own pending
         # limit drops the newest instead and calls the error callback for each (slower still).
-        share = max(16 << 10, cfg.summary_backlog_bytes // max(1, cfg.partitions))
+        subs_per_controller = len(wire.summary_filters(cfg.cluster)) if self.role == ROLE_ALL else 1
+        share = max(16 << 10, cfg.summary_backlog_bytes // (max(1, cfg.partitions) * subs_per_controller))
 
         async def sub_summaries(subject: str, cb: Callable[[Any], Any]) -> Any:
             held: list[Any] = []

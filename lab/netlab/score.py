@@ -78,12 +78,6 @@ def remap_nodes(s: messages.RemapSuggestion) -> list[str]:
 RECOVERY_GRACE_S = 60.0
 
 
-def _rule_at(firing: dict[str, dict[str, Any]], fingerprint: str) -> str:
-    """``rule@node`` of a finding fingerprint, from the firing list (the fingerprint when unseen)."""
-    f = next((x for x in firing.values() if x.get("fingerprint") == fingerprint), None)
-    return f"{f['rule_id']}@{f['node']}" if f else fingerprint
-
-
 def score_run(run_dir: Path) -> dict[str, Any]:
     truth = json.loads((run_dir / "truth.json").read_text())
     msgs = read_messages(run_dir / "messages.jsonl")
@@ -91,6 +85,7 @@ def score_run(run_dir: Path) -> dict[str, Any]:
     cleared = truth.get("cleared")  # a fault removed before the end: detections count up to a grace after it
     latest_f: dict[str, str] = {}  # finding fingerprint -> the state of its latest transition
     latest_i: dict[str, str] = {}  # incident id -> its latest state
+    names: dict[str, str] = {}  # finding fingerprint -> rule@node
     faulty = truth["node"]
     healthy = set(truth["healthy_nodes"])
     firing: dict[str, dict[str, Any]] = {}
@@ -102,6 +97,7 @@ def score_run(run_dir: Path) -> dict[str, Any]:
         counts[kind] = counts.get(kind, 0) + 1
         if kind == "finding":
             latest_f[msg.fingerprint] = msg.state.value
+            names[msg.fingerprint] = f"{msg.rule_id}@{msg.node}"
         elif kind == "incident":
             latest_i[msg.id] = msg.state
         if kind == "summary":
@@ -111,7 +107,6 @@ def score_run(run_dir: Path) -> dict[str, Any]:
         elif kind == "finding" and msg.state is State.FIRING and msg.id not in firing:
             fired = msg.fired_at if msg.fired_at is not None else msg.evaluated_at
             firing[msg.id] = {"rule_id": msg.rule_id, "pathology": msg.pathology, "node": msg.node,
-                              "fingerprint": msg.fingerprint,
                               "entity": msg.entity, "scope": msg.scope.value, "fired_at": fired,
                               "t": round(fired - t0, 1), "summary": msg.summary}
         elif kind == "incident" and msg.id not in incidents:
@@ -159,8 +154,7 @@ def score_run(run_dir: Path) -> dict[str, Any]:
         # were still open, when the run ended, RECOVERY_GRACE_S or more after the fault ended)
         "recovery": None if cleared is None else {
             "cleared_s": round(cleared - t0, 1),
-            "findings_firing_at_end": sorted(_rule_at(firing, fp) for fp, st in latest_f.items()
-                                             if st == State.FIRING.value),
+            "findings_firing_at_end": sorted(names[fp] for fp, st in latest_f.items() if st == State.FIRING.value),
             "incidents_open_at_end": sum(1 for st in latest_i.values() if st == "open"),
             "false_after_recovery": sum(1 for f in false if f["fired_at"] > cleared + RECOVERY_GRACE_S)},
         # the clocks the run's agents reported (adjtimex, in every summary): the controller's
