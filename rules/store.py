@@ -199,11 +199,14 @@ class _Slab:
     sample, a new row, another layout, gc) first :meth:`WindowStore._detach`-es the slab, which
     gives each block its own arrays back, shaped as they would have been."""
 
-    __slots__ = ("blocks", "cols", "times", "data", "last_seen", "n", "row_caps")
+    __slots__ = ("blocks", "cols", "times", "data", "last_seen", "n", "row_caps", "width")
 
-    def __init__(self, blocks: list[Block], cols: np.ndarray) -> None:
+    def __init__(self, blocks: list[Block], cols: np.ndarray, width: int) -> None:
         self.blocks = blocks
-        self.cols = cols  # batch position of each block's sample
+        # batch position of each block's sample; None when they are the batch's positions in
+        # order (every signal catalogued): a collection's values are then the column as it is
+        self.cols = None if len(cols) == width and bool((cols == np.arange(width)).all()) else cols
+        self.width = width
         first = blocks[0]
         self.n = first.n
         cap = first.times.shape[0]
@@ -442,7 +445,7 @@ class WindowStore:
                     lay.slab_tried = self.version
                 else:
                     sl = lay.slab = _Slab(blocks, np.array([g.col for g in lay.groups if g.blk is not None],
-                                                           dtype=np.int64))
+                                                           dtype=np.int64), len(lay.sig))
             if sl is not None:
                 if sl.blocks[0].slab is sl and increasing and (not sl.n or t0 > sl.times[sl.n - 1]):
                     self._slab_put(sl, ts, V)
@@ -682,19 +685,25 @@ class WindowStore:
         """:meth:`_put_columns` for every block of the slab at once: ``len(ts)`` new columns
         (increasing times after the newest), room made at the same columns."""
         k = len(ts)
-        vals = V[:, sl.cols] if k > 1 else None
+        cols = sl.cols
+        if k == 1 and sl.n < sl.times.shape[0]:  # one collection, room for it
+            c0 = sl.n
+            sl.times[c0] = ts[0]
+            sl.data[:, c0] = V[0] if cols is None else V[0, cols]
+            sl.n = n = c0 + 1
+            for b in sl.blocks:
+                b.n = n
+            sl.last_seen.fill(ts[0])
+            return
+        vals = V if cols is None else V[:, cols]
         j = 0
         while j < k:
             if sl.n == sl.times.shape[0]:
                 self._slab_room(sl, float(ts[j]))
             c0 = sl.n
             m = min(k - j, sl.times.shape[0] - c0)
-            if m == 1 and vals is None:
-                sl.times[c0] = ts[0]
-                sl.data[:, c0] = V[0, sl.cols]
-            else:
-                sl.times[c0: c0 + m] = ts[j: j + m]
-                sl.data[:, c0: c0 + m] = vals[j: j + m].T
+            sl.times[c0: c0 + m] = ts[j: j + m]
+            sl.data[:, c0: c0 + m] = vals[j: j + m].T
             sl.n = c0 + m
             j += m
         n = sl.n
