@@ -222,8 +222,12 @@ class _Slab:
     def _bind(self) -> None:
         """Point every block at its views of the slab's arrays."""
         times, data, seen, n = self.times, self.data, self.last_seen, self.n
+        # one memoryview for all (window's bisection): every buffer export of an array makes
+        # numpy's slicing of it slower (~100 -> ~180 ns with 30 exports)
+        view = memoryview(times)
         for i, b in enumerate(self.blocks):
             b.times = times
+            b.times_view = view
             b.data = data[i: i + 1]
             b.last_seen = seen[i: i + 1]
             b.n = n
