@@ -313,6 +313,7 @@ class WindowStore:
         #: write a cached layout's one-row blocks as one slab (see _Slab): for a store of many
         #: nodes' one-sample signals (the controller turns it on). Only speed depends on it.
         self.node_slabs = False
+        self._slabbed = False  # a slab was ever made (the per-block writes then check for one)
 
     # -- ingest ----------------------------------------------------------------------------
     def ingest(self, batch: SampleBatch) -> None:
@@ -448,6 +449,7 @@ class WindowStore:
                 if blocks is None:
                     lay.slab_tried = self.version
                 else:
+                    self._slabbed = True
                     sl = lay.slab = _Slab(blocks, np.array([g.col for g in lay.groups if g.blk is not None],
                                                            dtype=np.int64), len(lay.sig))
             if sl is not None:
@@ -463,6 +465,7 @@ class WindowStore:
                 if sl.blocks[0].slab is sl:
                     self._detach(sl)
         wrote = False
+        slabbed = self._slabbed
         # one-sample groups read their value(s) from these: a Python float (k = 1) or a row
         # of the transposed matrix, the same float64s either way
         one = V[0].tolist() if k == 1 else V.T
@@ -471,7 +474,7 @@ class WindowStore:
             if blk is None:
                 self.dropped_uncatalogued[g.name] = self.dropped_uncatalogued.get(g.name, 0) + g.count * k
                 continue
-            if blk.slab is not None:  # another layout's slab holds it: write it alone from now on
+            if slabbed and blk.slab is not None:  # another layout's slab holds it: write it alone from now on
                 self._detach(blk.slab)
             n = blk.n
             if increasing and (not n or t0 > blk.times[n - 1]):
