@@ -444,6 +444,8 @@ class WindowStore:
         t_last = float(ts[-1])
         if self.node_slabs:
             sl = lay.slab
+            if sl is not None and sl.blocks[0].slab is not sl:  # undone meanwhile
+                sl = lay.slab = None
             if sl is None and lay.slab_tried != self.version:
                 blocks = _Slab.fits(lay)
                 if blocks is None:
@@ -453,17 +455,16 @@ class WindowStore:
                     sl = lay.slab = _Slab(blocks, np.array([g.col for g in lay.groups if g.blk is not None],
                                                            dtype=np.int64), len(lay.sig))
             if sl is not None:
-                if sl.blocks[0].slab is sl and increasing and (not sl.n or t0 > sl.times[sl.n - 1]):
+                if increasing and (not sl.n or t0 > sl.times[sl.n - 1]):
                     self._slab_put(sl, ts, V)
                     for g in lay.uncatalogued:
                         self.dropped_uncatalogued[g.name] = self.dropped_uncatalogued.get(g.name, 0) + g.count * k
                     if t_last > self.latest_t:
                         self.latest_t = t_last
                     return
-                # late or repeated times, or the slab was undone meanwhile: block by block
+                # late or repeated times: block by block
                 lay.slab = None
-                if sl.blocks[0].slab is sl:
-                    self._detach(sl)
+                self._detach(sl)
         wrote = False
         slabbed = self._slabbed
         # one-sample groups read their value(s) from these: a Python float (k = 1) or a row

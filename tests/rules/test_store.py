@@ -389,3 +389,29 @@ def test_slab_ingest_collections_matches_one_at_a_time(cat) -> None:
         assert slab.ingest_collections(sig, ent, node, ts, V)
         assert snapshot(slab) == snapshot(ref)
     assert slab.slab_writes > 0
+
+
+def test_another_layout_writing_a_slab_block_alone_undoes_the_slab(cat) -> None:
+    """A node's full summary (layout A, a slab once its blocks share a time axis) and a partial
+    one (layout B, two of A's signals) already cached: B's newer sample on its own must not land
+    on the slab's shared time axis (A's next write would take its column)."""
+    names = ["gpu_util_ratio", "gpu_power_watts", "pcie_rx_bytes_total", "host_tcp_retrans_segs_total",
+             "netdev_qdisc_backlog_bytes"]
+
+    def batch(t: float, sigs: list[str], v: float) -> SampleBatch:
+        n = len(sigs)
+        return SampleBatch(np.full(n, t), np.full(n, "n1", dtype=object), np.full(n, "", dtype=object),
+                           np.array(sigs, dtype=object), np.arange(n) + v)
+
+    seq = [batch(1.0, names, 0.0), batch(2.0, names, 10.0), batch(2.0, names[:2], 20.0),  # B at A's time
+           batch(3.0, names, 30.0),  # A: its blocks share a time axis again (a slab)
+           batch(3.5, names[:2], 40.0),  # B cached, a time of its own
+           batch(4.0, names, 50.0), batch(4.5, names[:2], 60.0), batch(5.0, names, 70.0)]
+    ref = WindowStore(cat)
+    slab = SlabStore(cat)
+    for b in seq:
+        ref.ingest(b)
+        slab.ingest(b)
+        assert snapshot(slab) == snapshot(ref)
+    assert slab.slab_writes > 0
+    assert slab.series("gpu_util_ratio", "n1")[0].tolist() == [1.0, 2.0, 3.0, 3.5, 4.0, 4.5, 5.0]
