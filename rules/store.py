@@ -12,6 +12,12 @@ kernels (functions.py) give the same results, bit for bit, for either layout.
 Samples from different nodes never share a time axis (their clocks and ticks differ), so a
 late summary from one node never reorders another's.
 
+A store of many nodes' one-row blocks (the controller's: a block per summary signal and node)
+may write the blocks of a node that one cached layout fills together as one *slab*
+(``node_slabs``): one shared time axis, one value matrix whose rows are the blocks' values,
+and one write per node and flush instead of one per signal. It is the store per-block writes
+leave; any other write to one of its blocks first gives the blocks their own arrays back.
+
 Entities get small integer ids from a registry (recycled when they age out) so that values
 from different signals and blocks align by fancy indexing instead of dictionaries.
 
