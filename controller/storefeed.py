@@ -82,6 +82,9 @@ class StoreFeed:
 
     def __init__(self, store: WindowStore) -> None:
         self.store = store
+        # a node's summary signals are one-row blocks written together: one slab write per
+        # node and flush instead of one per signal (the flush's largest cost)
+        store.node_slabs = True
         self._pending: list[_Pending] = []  # summary samples not yet in the store
         self._pending_rows = 0
         self._pending_new = 0  # ... of them from summaries whose layout the store does not know yet
