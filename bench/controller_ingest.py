@@ -521,7 +521,8 @@ class _Msg:
         self.subject, self.data = subject, data
 
 
-def offline(nodes: int, rate: float, seconds: float, warm: float, profile: str | None = None) -> dict:
+def offline(nodes: int, rate: float, seconds: float, warm: float, profile: str | None = None,
+            gc_freeze: bool = True) -> dict:
     """The controller's own CPU per summary, without NATS: the same payloads handed to its
     summary callback in one process, ``rate`` summaries per second of the summaries' clock
     (round-robin over the nodes, as the publisher sends them), the evaluation ticks run as the
@@ -538,6 +539,7 @@ def offline(nodes: int, rate: float, seconds: float, warm: float, profile: str |
     cfg = load_config(None, env={}, overrides={"cluster": CLUSTER, "log": {"level": "error"},
                                               "ingest": {"max_clock_skew": "0s"}})
     ctl = Controller(cfg, wall_clock=lambda: 0.0)
+    ctl.gc_policy.enabled = gc_freeze  # as a started controller (`skewd controller`) does
     ctl.state = MemoryState(CLUSTER)
     ctl.js = CaptureJetStream()
     parts = _time_tick_parts(ctl)
@@ -649,9 +651,12 @@ def main(argv: list[str] | None = None) -> int:
                          "(warm-up and steady state apart)")
     ap.add_argument("--warm", type=float, default=40.0, help="--offline: seconds of summary time counted as warm-up")
     ap.add_argument("--profile", help="--offline: cProfile the steady state into this file")
+    ap.add_argument("--no-gc-freeze", action="store_true",
+                    help="--offline: leave CPython's collector as it is (a started controller freezes "
+                         "its long-lived objects once warm: controller/gcpolicy.py)")
     a = ap.parse_args(argv)
     if a.offline:
-        r = offline(a.nodes, a.offline, a.seconds, a.warm, a.profile)
+        r = offline(a.nodes, a.offline, a.seconds, a.warm, a.profile, gc_freeze=not a.no_gc_freeze)
         for name in ("warm", "steady"):
             p = r[name]
             print(f"controller ingest offline, {name:6}: {p['summaries']:,} summaries, {p['ingest_us']:.0f} us ingest "

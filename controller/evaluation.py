@@ -89,6 +89,7 @@ class Evaluation:
             derived, transitions = await self._off_loop(self._compute, t, warm)
         else:
             derived, transitions = self._compute(t, warm)
+        self.gc_policy.after_tick(warm, len(self.nodes))
         self.correlator.reports = self._reports if self.role == ROLE_LEADER else self.aligner.reports
         if warm:
             self.stats.evaluations += 1

@@ -59,6 +59,7 @@ from .correlator import Correlator
 from .culprit import coverage as culprit_coverage
 from .evaluation import Evaluation
 from .exchange import PartitionExchange
+from .gcpolicy import GcPolicy
 from .intake import Intake
 from .planner import Planner
 from .roles import ROLE_ALL, ROLE_LEADER, ROLE_PARTITION
@@ -178,6 +179,8 @@ class Controller(Intake, Evaluation, Suggestions, SilentNodes, PartitionExchange
         #: evaluate ticks on the tick thread (evaluation.py), off the event loop: set by start();
         #: a harness or replay that calls tick() itself evaluates inline, the same way
         self.tick_in_thread = False
+        #: full garbage collections kept off warm ticks (gcpolicy.py): on for a started controller
+        self.gc_policy = GcPolicy()
         self._on_thread = 0  # jobs of this controller on the tick thread (a tick, a flush): intake waits
         self._idle = asyncio.Event()  # set while no tick is on the tick thread
         self._idle.set()
@@ -219,6 +222,7 @@ class Controller(Intake, Evaluation, Suggestions, SilentNodes, PartitionExchange
         connection, everything else on the control connection."""
         cfg = self.cfg
         self.tick_in_thread = True
+        self.gc_policy.enabled = True
         self.feed.defer_flush = True  # flushed on the tick thread (intake.py)
         if shared is not None:
             self.nc, self.intake_nc, self.js, self.state = shared
