@@ -445,7 +445,8 @@ KEY_DOCS: dict[str, str | tuple[str, str]] = {
     "correlation.effect_window": "baseline before the onset for the TTFT/ITL comparison",
     "correlation.inhibit_rules": ("the runbooks' cause → symptom pairs (docs/controller.md)",
                                   "Alertmanager-style `{source: [IDs], target: [IDs], equal: [node, entity, "
-                                  "tp_group]}`; a list you set replaces the defaults"),
+                                  "tp_group, model]}` (`model`: the model the node's TP group serves, `topology`); a list you "
+                                  "set replaces the defaults"),
     "correlation.direct_evidence": ("`[NS-4, NS-5, NS-7, NS-9, EW-6]`",
                                     "node-local findings that measure a fault on their own node directly (drops, "
                                     "backlog, saturation, loss): a cross-node inference naming another node never "
