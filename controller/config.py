@@ -136,6 +136,14 @@ DEFAULTS: dict[str, Any] = {
                         # NS-1 the port: the node joins them (fault lab, ns8 batch_early_stop seed 116:
                         # two NS-1 incidents on the NS-8 node)
                         {"source": ["NS-8"], "target": ["NS-1"], "equal": ["node"]},
+                        # a load balancer that starves one node (NS-2: it hashes few sessions there) sends
+                        # that node's share to its peers - the requests are not lost, they go elsewhere -
+                        # so a peer serving the same model sees more demand than before, and one near its
+                        # knee fills its cache while its queue grows (GPU-2 on ANOTHER node: fault lab
+                        # ns2 seed 120, GPU-2 on node1 50 s before the starvation of node2 ended). The
+                        # fix is the balancer's, so the saturation joins the starvation's incident; the
+                        # model joins them (the replicas one balancer spreads a model over)
+                        {"source": ["NS-2"], "target": ["GPU-2"], "equal": ["model"]},
                         # a congested, lossy, head-of-line blocked, credit-starved or registration-churning
                         # port delays and smears the node's collective sends: the agent's capture sees steps
                         # merge or start late, which reads as missing steps (EW-9) or a straggler (EW-1) on
@@ -437,7 +445,8 @@ KEY_DOCS: dict[str, str | tuple[str, str]] = {
     "correlation.effect_window": "baseline before the onset for the TTFT/ITL comparison",
     "correlation.inhibit_rules": ("the runbooks' cause → symptom pairs (docs/controller.md)",
                                   "Alertmanager-style `{source: [IDs], target: [IDs], equal: [node, entity, "
-                                  "tp_group]}`; a list you set replaces the defaults"),
+                                  "tp_group, model]}` (`model`: the model the node's TP group serves, `topology`); a list you "
+                                  "set replaces the defaults"),
     "correlation.direct_evidence": ("`[NS-4, NS-5, NS-7, NS-9, EW-6]`",
                                     "node-local findings that measure a fault on their own node directly (drops, "
                                     "backlog, saturation, loss): a cross-node inference naming another node never "

@@ -22,7 +22,7 @@ PP_KEYS = {"stages", "model"}
 MODEL_KEYS = {"max_num_seqs", "max_model_len", "router", "engines"}
 #: the keys of one ``correlation.inhibit_rules`` entry, and the labels its ``equal`` may name
 INHIBIT_KEYS = ("source", "target", "equal")
-INHIBIT_EQUAL = ("node", "entity", "tp_group")
+INHIBIT_EQUAL = ("node", "entity", "tp_group", "model")
 #: the keys of ``correlation.loss_paths``
 LOSS_PATH_KEYS = ("ingress", "egress", "node")
 #: the keys of one ``correlation.culprit_evidence.<rule id>`` entry

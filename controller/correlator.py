@@ -317,10 +317,17 @@ class Correlator:
         return list(groups.values())
 
     def _label(self, f: Finding, name: str) -> str:
+        """An inhibit rule's ``equal`` label of ``f``: its node, entity, TP group, or the model
+        its node serves (the replicas a load balancer spreads one model's requests over; "" for
+        a node of no known model, so in a one-model cluster without a topology every node
+        matches)."""
         if name == "node":
             return f.node
         if name == "entity":
             return f.entity
+        if name == "model":
+            m = self.topology.model_of(f.node)
+            return m.name if m is not None else ""
         grp = self.topology.group_of(f.node)
         return f.labels.get("tp_group") or (grp.name if grp is not None else "")
 
@@ -448,11 +455,44 @@ class Correlator:
         cause resolved opens an incident of its own then, with its old ``opened_at``)."""
         return max(inc.opened_at, self.held_from.get(inc.id, inc.opened_at))
 
+    def cause_pending(self, inc: Incident, now: float, wait: float) -> bool:
+        """True while a finding that would take ``inc`` over is *pending*: a source of an
+        inhibit rule with one of ``inc``'s members as its target, on the labels the rule's
+        ``equal`` joins (a symptom that fires before its cause by more than ``group_wait``: a
+        batch client's NS-1 fires on its first batch, the NS-8 its spread lengths explain goes
+        pending 30 s later and fires after its own ``for``). Only node incidents: culprit and
+        cluster incidents are no inhibit targets as a whole. Sandbox findings hide nothing. A
+        pending source counts for ``wait`` + ``effect_window`` from its pending start only: an
+        agent drops a pending alert that turns false without sending a transition, so the
+        controller's pending copy may be stale, and a symptom is never held for ever by it."""
+        if "node" not in inc.group:
+            return False
+        members = self.members(inc)
+        pending = [s for s in self.findings.values()
+                   if s.state is State.PENDING and self.maturity(s) != "sandbox"
+                   and now - s.active_at <= wait + self.effect_window]
+        if not members or not pending:
+            return False
+        for f in members:
+            if f.pathology in self.never_inhibit:
+                continue
+            direct = f.pathology in self.direct_evidence
+            for r in self.inhibit_rules:
+                if f.pathology not in r.target:
+                    continue
+                if any(s.pathology in r.source and s.fingerprint != f.fingerprint
+                       and all(self._label(s, k) == self._label(f, k) for k in r.equal)
+                       and not (direct and s.node != f.node) for s in pending):
+                    return True
+        return False
+
     def due(self, inc: Incident, now: float, wait: float) -> bool:
         """Whether a held open incident is to be published at ``now``: it has been held
-        ``wait`` (``correlation.group_wait``) and no culprit rule is pending in its TP group
-        (the gate the planner applies too: what may still be explained is not shown yet)."""
-        return inc.state == "open" and now - self.hold_start(inc) >= wait and not self.culprit_pending(inc)
+        ``wait`` (``correlation.group_wait``), no culprit rule is pending in its TP group and no
+        cause that would take it over is pending (the gate the planner applies too: what may
+        still be explained is not shown yet)."""
+        return (inc.state == "open" and now - self.hold_start(inc) >= wait and not self.culprit_pending(inc)
+                and not self.cause_pending(inc, now, wait))
 
     def is_held(self, inc: Incident) -> bool:
         return inc.id not in self.published
