@@ -89,15 +89,23 @@ class RetransmitAnalysis:
         rtx_g = np.zeros(F, np.int64)
         tcp_any = np.zeros(F, bool)
         closed_g = np.zeros(F, bool)
-        tsel = np.flatnonzero(is_tcp[rows])
-        if not len(tsel):
-            return rtx_g, tcp_any, closed_g
-        tg = gi[tsel]
+        tcp_rows = is_tcp[rows]
+        if tcp_rows.all():  # only TCP flows (a collective port): the flow grouping as it is
+            n_t, tg, pr, ts, tgs = len(rows), gi, rows, ts_rows, gs
+            tfirst = np.zeros(n_t, bool)
+            tfirst[gs] = True
+        else:
+            tsel = np.flatnonzero(tcp_rows)
+            n_t = len(tsel)
+            if not n_t:
+                return rtx_g, tcp_any, closed_g
+            tg = gi[tsel]
+            tfirst = np.r_[True, tg[1:] != tg[:-1]]
+            tgs = np.flatnonzero(tfirst)
+            pr = rows[tsel]
+            ts = ts_rows[tsel]
+        del tcp_rows
         tslot = slot_g[tg]
-        tfirst = np.r_[True, tg[1:] != tg[:-1]]
-        tgs = np.flatnonzero(tfirst)
-        pr = rows[tsel]
-        ts = ts_rows[tsel]
         seq = pk.tcp_seq[pr]
         fl = pk.tcp_flags[pr].astype(np.int64)
         pay = pk.payload[pr]
@@ -118,21 +126,25 @@ class RetransmitAnalysis:
         keepalive = (seglen <= 1) & (u == excl - 1) & ((fl & (TCP_SYN | TCP_FIN | TCP_RST)) == 0)
         # time the highest sequence end last advanced, before each packet
         adv = (endv != NONE) & (endv > excl)
-        cm = np.maximum.accumulate(np.where(adv, np.arange(len(tsel)), -1))
+        cm = np.maximum.accumulate(np.where(adv, np.arange(n_t), -1))
         pa = np.r_[-1, cm[:-1]]
         mine = pa >= tgs[tgi]
         t_adv = np.where(mine, ts[np.maximum(pa, 0)], st["adv"][tslot])
         # the conversation join (both directions, capture order) only where it can matter:
         # flows with backward segments (fast retransmission?) or a handshake (its RTT)
-        fast = np.zeros(len(tsel), bool)
+        fast = np.zeros(n_t, bool)
         irtt_conv_slots: list[tuple[np.ndarray, int]] = []
         need = np.flatnonzero(np.bincount(tg, weights=(backward | hs).astype(np.float64), minlength=F) > 0)
         if len(need):
             want = set(slot_g[need].tolist())
             want |= {r for r in (self._reverse_slot(int(x)) for x in slot_g[need].tolist()) if r is not None}
-            sub = np.flatnonzero(np.isin(tslot, np.fromiter(want, np.int64, len(want))))
-            fast[sub], irtt_conv_slots = self._tcp_conversations(pk, pr[sub], ts[sub], seq[sub], fl[sub],
-                                                                 seglen[sub], tslot[sub])
+            joined = np.isin(tslot[tgs], np.fromiter(want, np.int64, len(want)))  # per TCP flow
+            if joined.all():  # the usual case on a collective port: one conversation
+                fast, irtt_conv_slots = self._tcp_conversations(pk, pr, ts, seq, fl, seglen, tslot)
+            else:
+                sub = np.flatnonzero(np.repeat(joined, np.diff(np.r_[tgs, n_t])))
+                fast[sub], irtt_conv_slots = self._tcp_conversations(pk, pr[sub], ts[sub], seq[sub], fl[sub],
+                                                                     seglen[sub], tslot[sub])
         for sl_arr, irtt in irtt_conv_slots:
             unknown = st["irtt"][sl_arr] <= 0
             st["irtt"][sl_arr[unknown]] = irtt
@@ -141,7 +153,7 @@ class RetransmitAnalysis:
         ooo = (t_adv >= 0) & (ts - t_adv < thres) & (excl != u + seglen)
         rtx = backward & ~keepalive & (fast | ~ooo)
         rtx_g += np.bincount(tg, weights=rtx.astype(np.float64), minlength=F).astype(np.int64)
-        tl = np.r_[tgs[1:], len(tsel)] - 1
+        tl = np.r_[tgs[1:], n_t] - 1
         s_sl = tslot[tgs]
         st["seq_raw"][s_sl] = seq[tl]
         st["seq_u"][s_sl] = u[tl]

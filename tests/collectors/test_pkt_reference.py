@@ -1,11 +1,12 @@
 """The pkt feature path's per-packet cuts (issue 23 item 6) give exactly what the code before
 them gave, on real captures and on random TCP traffic.
 
-Two paths were rewritten for CPU per captured packet: the TCP conversation join
+Rewritten for CPU per captured packet: the TCP conversation join
 (``RetransmitAnalysis._tcp_conversations``: fast retransmissions and handshake RTTs; it hashed
-and sorted every packet twice, it now works per flow and searches) and the connection key of the
-collective silences (hashed per packet, now per flow). :class:`Reference` is the tracker with
-the previous code of both, kept here verbatim; every interval's flow columns, port figures
+and sorted every packet twice, it now works per flow and searches), the TCP pass around it
+(``_tcp``: no gathers when every flow is TCP or the join takes every flow) and the connection
+key of the collective silences (hashed per packet, now per flow). :class:`Reference` is the
+tracker with the previous code of all three, kept here verbatim; every interval's flow columns, port figures
 (silences included), the tracker's state afterwards, and the join's own outputs must be equal.
 
 Captures: the real gloo all-reduce of the footprint benchmark (tests/fixtures/pkt/netlab-gloo-
@@ -28,6 +29,7 @@ from skewd.collectors.pkt.keyhash import hash_rows
 from skewd.collectors.pkt.parse import TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, Packets, decode
 from skewd.collectors.pkt.portstats import PortAggregation
 from skewd.collectors.pkt.retransmits import RetransmitAnalysis
+from skewd.collectors.pkt.segmented import NONE, excl_cummax, unwrap
 
 from tests.collectors.test_pkt_quiet import assert_same, assert_same_state
 
@@ -91,9 +93,78 @@ def legacy_tcp_conversations(pk: Packets, pr: np.ndarray, ts: np.ndarray, seq: n
 
 
 class Reference(FlowTracker):
-    """The tracker with the previous join and the per-packet connection key."""
+    """The tracker with the previous TCP pass, join and per-packet connection key."""
 
     _tcp_conversations = staticmethod(legacy_tcp_conversations)
+
+    def _tcp(self, pk: Packets, rows: np.ndarray, gi: np.ndarray, gs: np.ndarray, ts_rows: np.ndarray,
+             slot_g: np.ndarray, F: int, is_tcp: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``_tcp`` before the cut (main bddf1cf), verbatim."""
+        st = self.s
+        rtx_g = np.zeros(F, np.int64)
+        tcp_any = np.zeros(F, bool)
+        closed_g = np.zeros(F, bool)
+        tsel = np.flatnonzero(is_tcp[rows])
+        if not len(tsel):
+            return rtx_g, tcp_any, closed_g
+        tg = gi[tsel]
+        tslot = slot_g[tg]
+        tfirst = np.r_[True, tg[1:] != tg[:-1]]
+        tgs = np.flatnonzero(tfirst)
+        pr = rows[tsel]
+        ts = ts_rows[tsel]
+        seq = pk.tcp_seq[pr]
+        fl = pk.tcp_flags[pr].astype(np.int64)
+        pay = pk.payload[pr]
+        seglen = pay + ((fl & TCP_SYN) > 0) + ((fl & TCP_FIN) > 0)
+        tcp_any[tg[tgs]] = True
+        closed_g[tg[tgs]] = (np.bitwise_or.reduceat(fl, tgs) & (TCP_FIN | TCP_RST)) != 0
+        hs = (fl & (TCP_SYN | TCP_ACK)) == TCP_SYN
+        # a handshake in the interval takes the full path, which learns its RTT (the reordering
+        # threshold) even when every segment is in order
+        if not hs.any() and self._tcp_in_order(seq, seglen, ts, tfirst, tgs, tslot):
+            self._tcp_spurious(pk, pr, tslot, np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+            return rtx_g, tcp_any, closed_g
+        tgi = np.cumsum(tfirst) - 1
+        u = unwrap(seq, tfirst, st["seq_raw"][tslot[tgs]], st["seq_u"][tslot[tgs]], 32)
+        endv = np.where(seglen > 0, u + seglen, NONE)
+        excl, incl_last = excl_cummax(endv, tfirst, st["seq_max"][tslot[tgs]])
+        backward = (seglen > 0) & (excl != NONE) & (u < excl)
+        keepalive = (seglen <= 1) & (u == excl - 1) & ((fl & (TCP_SYN | TCP_FIN | TCP_RST)) == 0)
+        # time the highest sequence end last advanced, before each packet
+        adv = (endv != NONE) & (endv > excl)
+        cm = np.maximum.accumulate(np.where(adv, np.arange(len(tsel)), -1))
+        pa = np.r_[-1, cm[:-1]]
+        mine = pa >= tgs[tgi]
+        t_adv = np.where(mine, ts[np.maximum(pa, 0)], st["adv"][tslot])
+        # the conversation join (both directions, capture order) only where it can matter:
+        # flows with backward segments (fast retransmission?) or a handshake (its RTT)
+        fast = np.zeros(len(tsel), bool)
+        irtt_conv_slots: list[tuple[np.ndarray, int]] = []
+        need = np.flatnonzero(np.bincount(tg, weights=(backward | hs).astype(np.float64), minlength=F) > 0)
+        if len(need):
+            want = set(slot_g[need].tolist())
+            want |= {r for r in (self._reverse_slot(int(x)) for x in slot_g[need].tolist()) if r is not None}
+            sub = np.flatnonzero(np.isin(tslot, np.fromiter(want, np.int64, len(want))))
+            fast[sub], irtt_conv_slots = self._tcp_conversations(pk, pr[sub], ts[sub], seq[sub], fl[sub],
+                                                                 seglen[sub], tslot[sub])
+        for sl_arr, irtt in irtt_conv_slots:
+            unknown = st["irtt"][sl_arr] <= 0
+            st["irtt"][sl_arr[unknown]] = irtt
+        irtt = st["irtt"][tslot]
+        thres = np.where(irtt > 0, irtt, 3_000_000)
+        ooo = (t_adv >= 0) & (ts - t_adv < thres) & (excl != u + seglen)
+        rtx = backward & ~keepalive & (fast | ~ooo)
+        rtx_g += np.bincount(tg, weights=rtx.astype(np.float64), minlength=F).astype(np.int64)
+        tl = np.r_[tgs[1:], len(tsel)] - 1
+        s_sl = tslot[tgs]
+        st["seq_raw"][s_sl] = seq[tl]
+        st["seq_u"][s_sl] = u[tl]
+        st["seq_max"][s_sl] = incl_last
+        last_adv = cm[tl]
+        st["adv"][s_sl] = np.where(last_adv >= tgs, ts[np.maximum(last_adv, 0)], st["adv"][s_sl])
+        self._tcp_spurious(pk, pr, tslot, tslot[rtx], u[rtx], u[rtx] + seglen[rtx])
+        return rtx_g, tcp_any, closed_g
 
     def _ports(self, pk: Packets, ipm: np.ndarray, conn: np.ndarray, *rest) -> list[PortFeatures]:
         per_packet = connection_hash(pk.src_hi, pk.src_lo, pk.dst_hi, pk.dst_lo, pk.sport, pk.dport, pk.proto)
