@@ -432,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--netns-prefix", default=os.environ.get("SKEWD_BENCH_NETNS_PREFIX", "skwbench-"),
                     help="--traffic: prefix of the namespaces it creates (<prefix>fp-*; default "
                          "$SKEWD_BENCH_NETNS_PREFIX or skwbench-)")
-    ap.add_argument("--subnet", default="10.78.0.0/16",
+    ap.add_argument("--subnet", default=os.environ.get("SKEWD_BENCH_SUBNET", "10.78.0.0/16"),
                     help="--traffic: IPv4 subnet inside those namespaces (a layer-2 island, no route to the host)")
     ap.add_argument("--keep", metavar="DIR", help="--traffic: keep configs, logs and the NATS record in DIR")
     a = ap.parse_args(argv)
