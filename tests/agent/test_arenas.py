@@ -3,6 +3,7 @@ each keeping its own heap (agent/arenas.py says why). Counted with glibc's own `
 in a fresh interpreter whose threads allocate at the same time, with and without the bound."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -33,7 +34,8 @@ CHILD = textwrap.dedent("""
     libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
     libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
     libc.fclose.argtypes = [ctypes.c_void_p]
-    path = tempfile.mktemp()
+    fd, path = tempfile.mkstemp()
+    os.close(fd)
     fp = libc.fopen(path.encode(), b"w")
     libc.malloc_info(0, fp)
     libc.fclose(fp)
@@ -44,7 +46,7 @@ CHILD = textwrap.dedent("""
 
 
 def arenas(mode: str) -> tuple[str, int]:
-    env = {k: v for k, v in __import__("os").environ.items() if k != "MALLOC_ARENA_MAX"}
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
     out = subprocess.run([sys.executable, "-c", CHILD, mode], capture_output=True, text=True, timeout=60,
                          env=env, check=True).stdout.split()
     return out[0], int(out[1])
