@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import signal
 import sys
 
@@ -47,10 +48,14 @@ def main(argv: list[str]) -> int:
         return run_check(cfg, sys.stdout, args.json)
     from skewd.rules.loader import RuleLoadError
 
+    from .arenas import AGENT_ARENAS, bound_arenas
     from .logs import setup_logging
     from .runner import Agent
 
     setup_logging(cfg.log.get("level", "info"), cfg.log.get("format", "json"))
+    # before the collectors' worker threads exist: each would otherwise get its own arena
+    arenas = bound_arenas()
+    logging.getLogger("skewd.agent").info("malloc arenas: %s", arenas if arenas != "set" else AGENT_ARENAS)
     agent = Agent(cfg)
     try:
         agent.setup()

@@ -49,27 +49,40 @@ def cpu_seconds(pid: int | str) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15 of proc(5)
 
 
-def thread_cpu_seconds(pid: int) -> dict[int, float]:
-    """utime + stime per thread (TID → seconds), from /proc/PID/task/TID/stat."""
-    out: dict[int, float] = {}
+def sys_seconds(pid: int | str) -> float:
+    """stime alone (kernel time) of a process or ``"PID/task/TID"`` thread."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[12]) / CLK_TCK
+
+
+def thread_cpu_seconds(pid: int) -> dict[int, tuple[float, float]]:
+    """(utime + stime, stime) per thread (TID → seconds), from /proc/PID/task/TID/stat."""
+    out: dict[int, tuple[float, float]] = {}
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return out
     for tid in tids:
         try:
-            out[int(tid)] = cpu_seconds(f"{pid}/task/{tid}")
+            out[int(tid)] = (cpu_seconds(f"{pid}/task/{tid}"), sys_seconds(f"{pid}/task/{tid}"))
         except (OSError, ValueError, IndexError):
             pass
     return out
 
 
-def thread_split(pid: int, before: dict[int, float], after: dict[int, float]) -> dict[str, float]:
-    """CPU seconds of the main thread (the event loop: evaluation, summaries, NATS) and of the
-    other threads together (collector workers, the packet capture thread, /metrics)."""
-    main = after.get(pid, 0.0) - before.get(pid, 0.0)
-    rest = sum(v - before.get(t, 0.0) for t, v in after.items() if t != pid)
-    return {"main_thread": main, "other_threads": rest}
+def thread_split(pid: int, before: dict[int, tuple[float, float]],
+                 after: dict[int, tuple[float, float]]) -> dict[str, float]:
+    """CPU seconds of the main thread (the event loop: evaluation, summaries, NATS), of the
+    other threads together (collector workers, the packet capture thread, /metrics), of the
+    busiest other thread (on a busy port the capture thread: it alone drains the ring, while
+    collects rotate over the pool's workers) and the kernel's share (stime) of the others
+    (softirq work such as the ring copy is charged to whichever thread the CPU was running)."""
+    z = (0.0, 0.0)
+    main = after.get(pid, z)[0] - before.get(pid, z)[0]
+    others = {t: (v[0] - before.get(t, z)[0], v[1] - before.get(t, z)[1]) for t, v in after.items() if t != pid}
+    return {"main_thread": main, "other_threads": sum(v[0] for v in others.values()),
+            "busiest_other_thread": max((v[0] for v in others.values()), default=0.0),
+            "other_threads_sys": sum(v[1] for v in others.values())}
 
 
 def status_kib(pid: int, key: str) -> int:
@@ -384,7 +397,9 @@ def report_traffic(a: argparse.Namespace) -> int:
         print(f"  {name}: captured port {x['port_pps']:,.0f} pkt/s (rx {x['port_rx_pps']:,.0f}, tx "
               f"{x['port_tx_pps']:,.0f}; {x['port_mbps']:.1f} MB/s, {x['port_bytes_per_packet']:,.0f} B/packet); "
               f"CPU {100.0 * x['cpu_s'] / x['wall_s']:.2f} % of one core ({x['cpu_s']:.1f} s in {x['wall_s']:.0f} s; "
-              f"main thread {th['main_thread']:.2f} %, others {th['other_threads']:.2f} %); "
+              f"main thread {th['main_thread']:.2f} %, others {th['other_threads']:.2f} %"
+              + (f" of which kernel {th['other_threads_sys']:.2f} %, busiest {th['busiest_other_thread']:.2f} %"
+                 if "busiest_other_thread" in th else "") + "); "
               f"RSS peak {x['hwm_kib'] / 1024:.1f} MiB ({x['hwm_kib'] * 1024 / 1e6:.1f} MB), steady "
               f"{x['rss_steady_kib'] / 1024:.1f} MiB (median of the second half's 5 s samples) = at end "
               + " + ".join(f"{v / 1024:.1f} {k[3:].lower()}" for k, v in x["rss_parts_kib"].items())
@@ -417,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--netns-prefix", default=os.environ.get("SKEWD_BENCH_NETNS_PREFIX", "skwbench-"),
                     help="--traffic: prefix of the namespaces it creates (<prefix>fp-*; default "
                          "$SKEWD_BENCH_NETNS_PREFIX or skwbench-)")
-    ap.add_argument("--subnet", default="10.78.0.0/16",
+    ap.add_argument("--subnet", default=os.environ.get("SKEWD_BENCH_SUBNET", "10.78.0.0/16"),
                     help="--traffic: IPv4 subnet inside those namespaces (a layer-2 island, no route to the host)")
     ap.add_argument("--keep", metavar="DIR", help="--traffic: keep configs, logs and the NATS record in DIR")
     a = ap.parse_args(argv)

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from .collective import CollectiveTracker, connection_hash
+from .collective import CollectiveTracker
 from .frames import DIR_IN
 from .intervals import NS, PortFeatures
 from .parse import Packets
@@ -42,9 +42,11 @@ class PortAggregation:
     collective: CollectiveTracker
     burst_gap_ns: int
 
-    def _ports(self, pk: Packets, ipm: np.ndarray, t0: float, t1: float, port_all: np.ndarray,
+    def _ports(self, pk: Packets, ipm: np.ndarray, conn: np.ndarray, t0: float, t1: float, port_all: np.ndarray,
                cols: dict[str, np.ndarray], newly_closed: np.ndarray, names: list[str],
                drops: dict[int, int], rtx_g: np.ndarray, port_g: np.ndarray) -> list[PortFeatures]:
+        """``ipm``: which packets are IP (decoded); ``conn``: :func:`.collective.connection_hash`
+        of each packet (read only where ``ipm``)."""
         dur = t1 - t0
         out = []
         ifs = [int(pk.iface[0])] if len(pk) and pk.iface.min() == pk.iface.max() else np.unique(pk.iface).tolist()
@@ -105,10 +107,8 @@ class PortAggregation:
                     ps.b_bytes += int(wip.sum())
                 ps.last_ns = max(ps.last_ns, int(tip[-1]))
             if known:
-                conn = connection_hash(pk.src_hi[sel], pk.src_lo[sel], pk.dst_hi[sel], pk.dst_lo[sel],
-                                       pk.sport[sel], pk.dport[sel], pk.proto[sel])
                 f.silences = self.collective.update(p, ts[ip_sel], dirs[ip_sel], pk.payload[sel][ip_sel],
-                                                    conn[ip_sel], pk.bth_opcode[sel][ip_sel], dur)
+                                                    conn[sel][ip_sel], pk.bth_opcode[sel][ip_sel], dur)
             f.bursts_total = ps.bursts
             if ps.b_start >= 0:
                 f.burst_start, f.burst_bytes, f.inter_burst_gap = ps.b_start / NS, float(ps.b_bytes), ps.b_gap

@@ -89,15 +89,23 @@ class RetransmitAnalysis:
         rtx_g = np.zeros(F, np.int64)
         tcp_any = np.zeros(F, bool)
         closed_g = np.zeros(F, bool)
-        tsel = np.flatnonzero(is_tcp[rows])
-        if not len(tsel):
-            return rtx_g, tcp_any, closed_g
-        tg = gi[tsel]
+        tcp_rows = is_tcp[rows]
+        if tcp_rows.all():  # only TCP flows (a collective port): the flow grouping as it is
+            n_t, tg, pr, ts, tgs = len(rows), gi, rows, ts_rows, gs
+            tfirst = np.zeros(n_t, bool)
+            tfirst[gs] = True
+        else:
+            tsel = np.flatnonzero(tcp_rows)
+            n_t = len(tsel)
+            if not n_t:
+                return rtx_g, tcp_any, closed_g
+            tg = gi[tsel]
+            tfirst = np.r_[True, tg[1:] != tg[:-1]]
+            tgs = np.flatnonzero(tfirst)
+            pr = rows[tsel]
+            ts = ts_rows[tsel]
+        del tcp_rows
         tslot = slot_g[tg]
-        tfirst = np.r_[True, tg[1:] != tg[:-1]]
-        tgs = np.flatnonzero(tfirst)
-        pr = rows[tsel]
-        ts = ts_rows[tsel]
         seq = pk.tcp_seq[pr]
         fl = pk.tcp_flags[pr].astype(np.int64)
         pay = pk.payload[pr]
@@ -118,21 +126,25 @@ class RetransmitAnalysis:
         keepalive = (seglen <= 1) & (u == excl - 1) & ((fl & (TCP_SYN | TCP_FIN | TCP_RST)) == 0)
         # time the highest sequence end last advanced, before each packet
         adv = (endv != NONE) & (endv > excl)
-        cm = np.maximum.accumulate(np.where(adv, np.arange(len(tsel)), -1))
+        cm = np.maximum.accumulate(np.where(adv, np.arange(n_t), -1))
         pa = np.r_[-1, cm[:-1]]
         mine = pa >= tgs[tgi]
         t_adv = np.where(mine, ts[np.maximum(pa, 0)], st["adv"][tslot])
         # the conversation join (both directions, capture order) only where it can matter:
         # flows with backward segments (fast retransmission?) or a handshake (its RTT)
-        fast = np.zeros(len(tsel), bool)
+        fast = np.zeros(n_t, bool)
         irtt_conv_slots: list[tuple[np.ndarray, int]] = []
         need = np.flatnonzero(np.bincount(tg, weights=(backward | hs).astype(np.float64), minlength=F) > 0)
         if len(need):
             want = set(slot_g[need].tolist())
             want |= {r for r in (self._reverse_slot(int(x)) for x in slot_g[need].tolist()) if r is not None}
-            sub = np.flatnonzero(np.isin(tslot, np.fromiter(want, np.int64, len(want))))
-            fast[sub], irtt_conv_slots = self._tcp_conversations(pk, pr[sub], ts[sub], seq[sub], fl[sub],
-                                                                 seglen[sub], tslot[sub])
+            joined = np.isin(tslot[tgs], np.fromiter(want, np.int64, len(want)))  # per TCP flow
+            if joined.all():  # the usual case on a collective port: one conversation
+                fast, irtt_conv_slots = self._tcp_conversations(pk, pr, ts, seq, fl, seglen, tslot)
+            else:
+                sub = np.flatnonzero(np.repeat(joined, np.diff(np.r_[tgs, n_t])))
+                fast[sub], irtt_conv_slots = self._tcp_conversations(pk, pr[sub], ts[sub], seq[sub], fl[sub],
+                                                                     seglen[sub], tslot[sub])
         for sl_arr, irtt in irtt_conv_slots:
             unknown = st["irtt"][sl_arr] <= 0
             st["irtt"][sl_arr[unknown]] = irtt
@@ -141,7 +153,7 @@ class RetransmitAnalysis:
         ooo = (t_adv >= 0) & (ts - t_adv < thres) & (excl != u + seglen)
         rtx = backward & ~keepalive & (fast | ~ooo)
         rtx_g += np.bincount(tg, weights=rtx.astype(np.float64), minlength=F).astype(np.int64)
-        tl = np.r_[tgs[1:], len(tsel)] - 1
+        tl = np.r_[tgs[1:], n_t] - 1
         s_sl = tslot[tgs]
         st["seq_raw"][s_sl] = seq[tl]
         st["seq_u"][s_sl] = u[tl]
@@ -243,56 +255,84 @@ class RetransmitAnalysis:
                            ) -> tuple[np.ndarray, list[tuple[np.ndarray, int]]]:
         """Both directions of each TCP conversation in this batch, joined in capture order:
         which segments answer the peer's duplicate ACKs (fast retransmissions), and the
-        handshake RTT (SYN to the first ACK) of conversations whose handshake is seen."""
+        handshake RTT (SYN to the first ACK) of conversations whose handshake is seen.
+
+        The packets come grouped by flow (one direction of a conversation) in capture order, so
+        the conversation keys are hashed once per flow and the per-direction streams are the
+        flows themselves, put in conversation order without sorting the packets; the latest
+        packet of the other direction before each packet is a binary search in its stream.
+        Two flows of one stream (the same 5-tuple with another IP version, or a key collision)
+        are merged in capture order by one sort, as a join of the packets would."""
         n = len(pr)
-        a = np.stack([pk.src_hi[pr], pk.src_lo[pr], pk.sport[pr].astype(np.uint64)], 1)
-        b = np.stack([pk.dst_hi[pr], pk.dst_lo[pr], pk.dport[pr].astype(np.uint64)], 1)
+        if not n:
+            return np.zeros(0, bool), []
+        fs = np.flatnonzero(np.r_[True, tslot[1:] != tslot[:-1]])  # first packet of each flow
+        fe = np.r_[fs[1:], n]
+        fp = pr[fs]
+        a = np.stack([pk.src_hi[fp], pk.src_lo[fp], pk.sport[fp].astype(np.uint64)], 1)
+        b = np.stack([pk.dst_hi[fp], pk.dst_lo[fp], pk.dport[fp].astype(np.uint64)], 1)
         lt = (a[:, 0] < b[:, 0]) | ((a[:, 0] == b[:, 0]) & ((a[:, 1] < b[:, 1])
                                                            | ((a[:, 1] == b[:, 1]) & (a[:, 2] <= b[:, 2]))))
-        lo_ep = np.where(lt[:, None], a, b)
-        hi_ep = np.where(lt[:, None], b, a)
-        key = np.concatenate([lo_ep, hi_ep], 1)
-        ck = hash_rows(key)
+        ck = hash_rows(np.concatenate([np.where(lt[:, None], a, b), np.where(lt[:, None], b, a)], 1))
         d = (~lt).astype(np.int64)
-        o = np.lexsort((pr, ck))  # conversation, then capture order (pr is the packet index)
-        cks = ck[o]
-        cfirst = np.r_[True, cks[1:] != cks[:-1]]
-        cgi = np.cumsum(cfirst) - 1
-        cgs = np.flatnonzero(cfirst)
+        fo = np.lexsort((d, ck))  # flows by conversation, then direction
+        ckf, df = ck[fo], d[fo]
+        new_conv = np.r_[True, ckf[1:] != ckf[:-1]]
+        new_stream = new_conv | np.r_[True, df[1:] != df[:-1]]
+        flen = (fe - fs)[fo]
+        # packets in stream order (conversation, direction, capture order)
+        so = np.repeat(fs[fo] - np.r_[0, np.cumsum(flen)[:-1]], flen) + np.arange(n)
+        sid_f = np.cumsum(new_stream) - 1
+        sid = np.repeat(sid_f, flen)  # stream of each packet, in stream order
+        if not new_stream.all():  # a stream of several flows: capture order across them
+            o = np.lexsort((pr[so], sid))
+            so, sid = so[o], sid[o]
+        cid_f = np.cumsum(new_conv) - 1
+        S = int(sid_f[-1]) + 1
+        s_first = np.r_[True, sid[1:] != sid[:-1]]
+        s_start = np.flatnonzero(s_first)
+        s_conv = np.zeros(S, np.int64)
+        s_conv[sid_f] = cid_f
+        cgs = s_start[np.flatnonzero(np.r_[True, s_conv[1:] != s_conv[:-1]])]
+        cgi = s_conv[sid]
         # per (conversation, direction) stream: duplicate-ACK run lengths
-        o2 = np.argsort(cgi * 2 + d[o], kind="stable")
-        so = o[o2]
-        sk = (cgi * 2 + d[o])[o2]
-        sfirst = np.r_[True, sk[1:] != sk[:-1]]
-        ack = pk.tcp_ack[pr]
-        win = pk.tcp_win[pr]
-        prev_ack = np.r_[-1, ack[so][:-1]]
-        prev_win = np.r_[-1, win[so][:-1]]
+        sp = pr[so]
+        ack = pk.tcp_ack[sp]
+        win = pk.tcp_win[sp]
+        prev_ack = np.r_[-1, ack[:-1]]
+        prev_win = np.r_[-1, win[:-1]]
         f = fl[so]
-        dup = (~sfirst & (seglen[so] == 0) & (ack[so] == prev_ack) & (win[so] == prev_win)
+        dup = (~s_first & (seglen[so] == 0) & (ack == prev_ack) & (win == prev_win)
                & ((f & 0x10) > 0) & ((f & (TCP_SYN | TCP_FIN | TCP_RST)) == 0))
         cs = np.cumsum(dup)
         reset = np.maximum.accumulate(np.where(~dup, cs, 0))
-        run = np.empty(n, np.int64)
-        run[so] = cs - reset
-        # the latest packet of the other direction before each packet (conversation order)
-        pos = np.arange(n)
-        dd = d[o]
-        last = [np.maximum.accumulate(np.where(dd == k, pos, -1)) for k in (0, 1)]
-        opp = np.where(dd == 0, last[1], last[0])
-        ok = opp >= cgs[cgi]
-        oo = o[np.maximum(opp, 0)]
+        run = cs - reset  # in stream order
+        # the latest packet of the other direction before each packet: the other stream of the
+        # conversation (its neighbour, if it has one) searched by capture position
+        other = np.full(S, -1, np.int64)
+        if S > 1:
+            pair = s_conv[1:] == s_conv[:-1]
+            other[:-1][pair] = np.arange(1, S)[pair]
+            other[1:][pair] = np.arange(S - 1)[pair]
+        big_n = int(pr.max()) + 1
+        skey = sid * big_n + sp
+        osid = other[sid]
+        has = osid >= 0
+        j = np.searchsorted(skey, np.where(has, osid, 0) * big_n + sp) - 1
+        ok = has & (j >= 0)
+        ok[ok] &= sid[j[ok]] == osid[ok]
+        jj = np.maximum(j, 0)
+        tso = ts[so]
         fast = np.zeros(n, bool)
-        fast[o] = ok & (run[oo] >= 2) & (ack[oo] == seq[o]) & (ts[o] - ts[oo] < 20_000_000)
+        fast[so] = ok & (run[jj] >= 2) & (ack[jj] == seq[so]) & (tso - tso[jj] < 20_000_000)
         # handshake RTT: first SYN (no ACK) to the first ACK without SYN after it
         big = np.iinfo(np.int64).max
-        fo = fl[o]
-        syn_t = np.minimum.reduceat(np.where(((fo & TCP_SYN) > 0) & ((fo & 0x10) == 0), ts[o], big), cgs)
-        after = ((fo & 0x10) > 0) & ((fo & (TCP_SYN | TCP_RST)) == 0) & (ts[o] >= syn_t[cgi])
-        ack_t = np.minimum.reduceat(np.where(after, ts[o], big), cgs)
+        syn_t = np.minimum.reduceat(np.where(((f & TCP_SYN) > 0) & ((f & 0x10) == 0), tso, big), cgs)
+        after = ((f & 0x10) > 0) & ((f & (TCP_SYN | TCP_RST)) == 0) & (tso >= syn_t[cgi])
+        ack_t = np.minimum.reduceat(np.where(after, tso, big), cgs)
         known = np.flatnonzero((syn_t < big) & (ack_t < big))
         out = []
         for c in known.tolist():
             e = cgs[c + 1] if c + 1 < len(cgs) else n
-            out.append((np.unique(tslot[o[cgs[c]:e]]), int(ack_t[c] - syn_t[c])))
+            out.append((np.unique(tslot[so[cgs[c]:e]]), int(ack_t[c] - syn_t[c])))
         return fast, out

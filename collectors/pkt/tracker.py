@@ -26,7 +26,7 @@ import math
 
 import numpy as np
 
-from .collective import CollectiveTracker
+from .collective import CollectiveTracker, connection_hash
 from .flowkey import entity_of, flow_key_columns, group_flows
 from .frames import DIR_IN, DIR_OUT
 from .intervals import FLOW_COLUMNS, NS, IntervalFeatures
@@ -370,8 +370,15 @@ class FlowTracker(RetransmitAnalysis, PortAggregation):
         newly_closed = np.r_[closed_g & ~was_closed, np.zeros(Fi, bool)]
         ents = [self.entity(int(x)) for x in sl.tolist()]
         feats = IntervalFeatures(t0, t1, ents, cols)
-        feats.ports = self._ports(pk, ipm, t0, t1, port_all, cols, newly_closed, port_names or [], drops or {},
-                                  rtx_g, port_g)
+        # the collective silences key packets by connection: a flow's fields are its packets', so
+        # hash once per flow (not per packet); only IP packets (the flows' rows) are read
+        conn = np.zeros(len(pk), np.uint64)
+        if F:
+            fr = rows[gs]
+            conn[rows] = connection_hash(pk.src_hi[fr], pk.src_lo[fr], pk.dst_hi[fr], pk.dst_lo[fr],
+                                         pk.sport[fr], pk.dport[fr], pk.proto[fr])[gi]
+        feats.ports = self._ports(pk, ipm, conn, t0, t1, port_all, cols, newly_closed, port_names or [],
+                                  drops or {}, rtx_g, port_g)
         self._expire(t1_ns)
         return feats
 
@@ -384,5 +391,6 @@ class FlowTracker(RetransmitAnalysis, PortAggregation):
         e_f, e_i, e_b = np.zeros(0), np.zeros(0, np.int64), np.zeros(0, bool)
         cols = {c: e_f.copy() for c in FLOW_COLUMNS}
         feats = IntervalFeatures(t0, t1, [], cols)
-        feats.ports = self._ports(pk, e_b, t0, t1, e_i, cols, e_b, port_names or [], drops or {}, e_i, e_i)
+        feats.ports = self._ports(pk, e_b, np.zeros(0, np.uint64), t0, t1, e_i, cols, e_b, port_names or [],
+                                  drops or {}, e_i, e_i)
         return feats
