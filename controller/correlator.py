@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 from skewd.model import GROUP_SCOPES, Finding, Layer, Scope, State
 
@@ -334,19 +334,25 @@ class Correlator:
     def _inhibitor(self, f: Finding, firing: Sequence[Finding]) -> Finding | None:
         """The first finding in ``firing`` that inhibits ``f`` under ``correlation.inhibit_rules``:
         a firing source, or a resolved (lingering) one that held when ``f``'s occurrence began."""
+        return next((s for s in self._sources_of(f, firing)
+                     if s.state is State.FIRING or self._began_under(f, s)), None)
+
+    def _sources_of(self, f: Finding, candidates: Sequence[Finding]) -> Iterator[Finding]:
+        """The findings of ``candidates`` that an inhibit rule makes a source for ``f`` (rule by
+        rule, in ``candidates``' order), whatever their state: the rule names ``f``'s pathology
+        as target and theirs as source, the rule's ``equal`` labels match, and a ``direct_evidence``
+        target is only taken over by a source on its own node. Nothing for a ``never_inhibit``."""
         if f.pathology in self.never_inhibit:
-            return None
+            return
         direct = f.pathology in self.direct_evidence
         for r in self.inhibit_rules:
             if f.pathology not in r.target:
                 continue
-            for s in firing:
+            for s in candidates:
                 if (s.pathology in r.source and s.fingerprint != f.fingerprint
                         and all(self._label(s, k) == self._label(f, k) for k in r.equal)
-                        and not (direct and s.node != f.node)
-                        and (s.state is State.FIRING or self._began_under(f, s))):
-                    return s
-        return None
+                        and not (direct and s.node != f.node)):
+                    yield s
 
     @staticmethod
     def _began_under(f: Finding, s: Finding) -> bool:
@@ -467,24 +473,11 @@ class Correlator:
         controller's pending copy may be stale, and a symptom is never held for ever by it."""
         if "node" not in inc.group:
             return False
-        members = self.members(inc)
         pending = [s for s in self.findings.values()
                    if s.state is State.PENDING and self.maturity(s) != "sandbox"
                    and now - s.active_at <= wait + self.effect_window]
-        if not members or not pending:
-            return False
-        for f in members:
-            if f.pathology in self.never_inhibit:
-                continue
-            direct = f.pathology in self.direct_evidence
-            for r in self.inhibit_rules:
-                if f.pathology not in r.target:
-                    continue
-                if any(s.pathology in r.source and s.fingerprint != f.fingerprint
-                       and all(self._label(s, k) == self._label(f, k) for k in r.equal)
-                       and not (direct and s.node != f.node) for s in pending):
-                    return True
-        return False
+        return bool(pending) and any(next(self._sources_of(f, pending), None) is not None
+                                     for f in self.members(inc))
 
     def due(self, inc: Incident, now: float, wait: float) -> bool:
         """Whether a held open incident is to be published at ``now``: it has been held

@@ -187,6 +187,27 @@ class _Group:
                    int(rows[0]) if one else -1, int(idx[0]) if one else -1)
 
 
+def _room(times: np.ndarray, n: int, cutoff: float) -> tuple[int, int]:
+    """Making room in a time axis of ``n`` used columns: the first column to keep (newer than
+    ``cutoff``) and the capacity after (doubled when nothing ages out or more than half of it
+    would stay full)."""
+    keep_from = int(np.searchsorted(times[:n], cutoff, side="right"))
+    cap = times.shape[0]
+    return keep_from, (cap * 2 if keep_from == 0 or n - keep_from > cap // 2 else cap)
+
+
+def _shift(times: np.ndarray, values: np.ndarray, keep_from: int, n: int,
+           to_times: np.ndarray, to_values: np.ndarray) -> int:
+    """Move columns ``keep_from:n`` of ``times``/``values`` (rows x columns) to the front of
+    ``to_times``/``to_values`` (the same arrays or larger ones), blank the rest; the new count."""
+    m = n - keep_from
+    to_times[:m] = times[keep_from:n]
+    to_values[:, :m] = values[:, keep_from:n]
+    to_times[m:] = np.inf
+    to_values[:, m:] = _NAN
+    return m
+
+
 #: fewest one-sample groups for which a layout's blocks are written as one slab (below it the
 #: per-block writes cost about as much as the slab's set-up)
 SLAB_MIN_GROUPS = 4
@@ -678,20 +699,13 @@ class WindowStore:
         """Drop columns older than the horizon; grow when the horizon still needs them."""
         if blk.slab is not None:
             self._detach(blk.slab)
-        cutoff = t - self.horizon
-        keep_from = int(np.searchsorted(blk.times[: blk.n], cutoff, side="right"))
-        if keep_from == 0 or blk.n - keep_from > blk.times.shape[0] // 2:
-            cap = blk.times.shape[0] * 2
+        keep_from, cap = _room(blk.times, blk.n, t - self.horizon)
+        if cap != blk.times.shape[0]:
             times = np.full(cap, np.inf)
             data = _empty_values(blk.values.shape[0], cap)
         else:
             times, data = blk.times, blk.data
-        values = data.T if blk.time_major else data
-        m = blk.n - keep_from
-        times[:m] = blk.times[keep_from: blk.n]
-        values[:, :m] = blk.values[:, keep_from: blk.n]
-        times[m:] = np.inf
-        values[:, m:] = _NAN
+        m = _shift(blk.times, blk.values, keep_from, blk.n, times, data.T if blk.time_major else data)
         blk.times, blk.data, blk.n = times, data, m
 
     # -- slabs (node_slabs) -----------------------------------------------------------------------
@@ -727,21 +741,13 @@ class WindowStore:
 
     def _slab_room(self, sl: _Slab, t: float) -> None:
         """:meth:`_make_room` for every block of the slab (one time axis: the same decision)."""
-        cutoff = t - self.horizon
-        n = sl.n
-        cap = sl.times.shape[0]
-        keep_from = int(np.searchsorted(sl.times[:n], cutoff, side="right"))
-        if keep_from == 0 or n - keep_from > cap // 2:
-            times = np.full(cap * 2, np.inf)
-            data = np.full((sl.data.shape[0], cap * 2), _NAN)
+        keep_from, cap = _room(sl.times, sl.n, t - self.horizon)
+        if cap != sl.times.shape[0]:
+            times = np.full(cap, np.inf)
+            data = np.full((sl.data.shape[0], cap), _NAN)
         else:
             times, data = sl.times, sl.data
-        m = n - keep_from
-        times[:m] = sl.times[keep_from:n]
-        data[:, :m] = sl.data[:, keep_from:n]
-        times[m:] = np.inf
-        data[:, m:] = _NAN
-        sl.n = m
+        sl.n = _shift(sl.times, sl.data, keep_from, sl.n, times, data)
         if times is not sl.times:
             sl.times, sl.data = times, data
         sl._bind()

@@ -26,6 +26,21 @@ CULPRIT_EVIDENCE = {
 }
 
 
+def offline_controller(**over: Any) -> "Controller":
+    """A controller driven by hand, no NATS: summaries handed to ``_on_summary``, ticks by
+    ``evaluate_due``; its KV state and JetStream publications kept in memory. Summary times are
+    invented, so the clock check against this machine's clock is off (``max_clock_skew`` 0)."""
+    from skewd.controller.service import Controller
+    from skewd.lab.harness import CaptureJetStream, MemoryState
+
+    cfg = load_config(None, env={}, overrides={"cluster": "c1", "warmup": "2s", "rules": [RULES],
+                                              "ingest": {"max_clock_skew": "0s"}, **over})
+    ctl = Controller(cfg, wall_clock=lambda: 0.0)
+    ctl.state = MemoryState(cfg.cluster)
+    ctl.js = CaptureJetStream()
+    return ctl
+
+
 def config(url: str, cluster: str, **over: Any) -> ControllerConfig:
     base: dict[str, Any] = {
         "cluster": cluster, "nats": {"servers": url, "reconnect_time_wait": 0.2}, "rules": [RULES],

@@ -3,13 +3,19 @@ warm (controller/gcpolicy.py): full collections of ~420k objects took 50-300 ms 
 1,000 nodes. A harness, replay or test that drives ticks itself leaves the collector alone."""
 from __future__ import annotations
 
+import asyncio
 import gc
 
+import nats
 import pytest
 
+from skewd import wire
 from skewd.controller.config import load_config
 from skewd.controller.gcpolicy import REGROW, GcPolicy
 from skewd.controller.service import Controller
+
+from .helpers import config, wait_for
+from .sim import ScriptedGroup
 
 
 @pytest.fixture(autouse=True)
@@ -45,3 +51,28 @@ def test_a_disabled_policy_never_touches_the_collector():
 def test_only_a_started_controller_settles():
     ctl = Controller(load_config(None, env={}))
     assert not ctl.gc_policy.enabled  # harness / replay / tests: the collector as it is
+
+
+def test_a_started_controller_freezes_once_warm(nats_server):
+    """`skewd controller` (Controller.start) on a real nats-server: summaries of one TP group,
+    and once the ticks are past the warm-up the process's long-lived objects are frozen."""
+    cluster = "gcfreeze"
+    g = ScriptedGroup(nodes=("n0", "n1", "n2", "n3"), cluster=cluster, t0=1_700_000_000.0, seed=3)
+
+    async def run() -> None:
+        ctl = Controller(config(nats_server.url, cluster, ingest={"max_clock_skew": "0s"}))  # invented times
+        await ctl.start()
+        nc = await nats.connect(nats_server.url)
+        try:
+            assert ctl.gc_policy.enabled and gc.get_freeze_count() == 0
+            for i in range(12):  # 12 s of summary time against a 3 s warm-up
+                for n in g.nodes:
+                    await nc.publish(wire.summary_subject(cluster, n, "tp0"), g.summary(i, n))
+            await nc.flush()
+            await wait_for(lambda: asyncio.sleep(0, ctl.gc_policy.settles > 0), 30, "a settle after warm-up")
+            assert gc.get_freeze_count() > 0
+        finally:
+            await nc.close()
+            await ctl.stop()
+
+    asyncio.run(asyncio.wait_for(run(), 60))

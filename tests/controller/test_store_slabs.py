@@ -10,11 +10,9 @@ import random
 import numpy as np
 
 from skewd import wire
-from skewd.controller.config import load_config
 from skewd.controller.service import Controller
-from skewd.lab.harness import CaptureJetStream, MemoryState
 
-from .helpers import RULES
+from .helpers import RULES, offline_controller
 
 T0 = 1_700_000_000.0
 NODES = [f"n{i}" for i in range(8)]
@@ -25,11 +23,7 @@ SIGNALS = ["summary_gpu_util_mean_ratio", "summary_gpu_util_min_ratio", "summary
 
 
 def _controller(slabs: bool) -> Controller:
-    cfg = load_config(None, env={}, overrides={"cluster": "c1", "warmup": "2s", "rules": [RULES],
-                                                    "ingest": {"max_clock_skew": "0s"}})  # invented times
-    ctl = Controller(cfg, wall_clock=lambda: 0.0)
-    ctl.state = MemoryState(cfg.cluster)
-    ctl.js = CaptureJetStream()
+    ctl = offline_controller()
     ctl.store.node_slabs = slabs
     return ctl
 

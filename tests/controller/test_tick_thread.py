@@ -10,21 +10,15 @@ import threading
 import numpy as np
 
 from skewd import wire
-from skewd.controller.config import load_config
 from skewd.controller.service import Controller
-from skewd.lab.harness import CaptureJetStream, MemoryState
 
-from .helpers import RULES
+from .helpers import RULES, offline_controller
 
 T0 = 1_700_000_000.0
 
 
 def _controller(thread: bool) -> Controller:
-    cfg = load_config(None, env={}, overrides={"cluster": "c1", "warmup": "2s", "rules": [RULES],
-                                                    "ingest": {"max_clock_skew": "0s"}})  # invented times
-    ctl = Controller(cfg, wall_clock=lambda: 0.0)
-    ctl.state = MemoryState(cfg.cluster)
-    ctl.js = CaptureJetStream()
+    ctl = offline_controller()
     ctl.tick_in_thread = thread  # what start() sets; no NATS needed for the tick itself
     ctl.feed.defer_flush = thread
     return ctl
