@@ -20,7 +20,8 @@ from skewd.rules.engine import Engine
 from skewd.rules.loader import load_rules
 from skewd.rules.slabwindows import SlabWindows
 from skewd.rules.store import WindowStore
-from skewd.rules.windows import EvalContext
+
+from .windowctx import bits, window_ctx
 
 NODE_SIGNALS = [f"g{i}" for i in range(6)]
 CAT = Catalogue([signal(s, "gauge", "1", "node", "a node gauge", "t") for s in NODE_SIGNALS]
@@ -79,15 +80,6 @@ def fill(seed: int, ticks: int = 30, late: bool = True) -> WindowStore:
     return store
 
 
-def _ctx(store: WindowStore, now: float, slabs) -> EvalContext:
-    return EvalContext(store, now, np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64),
-                       np.empty(0, dtype=np.int64), np.empty(0, dtype=object), np.empty(0, dtype=object),
-                       60.0, {}, [], None, slabs=slabs)
-
-
-def _bits(a: np.ndarray) -> bytes:
-    return np.ascontiguousarray(a, dtype=float).tobytes()
-
 
 @pytest.mark.parametrize("seed", range(30))
 def test_slab_windows_are_the_per_block_values_bit_for_bit(seed):
@@ -111,11 +103,11 @@ def test_slab_windows_are_the_per_block_values_bit_for_bit(seed):
                     key: tuple = (kind, sig, windows.identity, dur, q)
                 else:
                     kernel, key = KERNELS[kind], (kind, sig, windows.identity, dur)
-                got_ctx, ref_ctx = _ctx(store, now, reader), _ctx(store, now, None)
+                got_ctx, ref_ctx = window_ctx(store, now, slabs=reader), window_ctx(store, now)
                 windows.window_vec(got_ctx, sig, dur, key, kernel)
                 windows.window_vec(ref_ctx, sig, dur, key, kernel)
                 got, ref = got_ctx.memo[key], ref_ctx.memo[key]  # per block row, before any gather
-                assert _bits(got) == _bits(ref), (kind, sig, dur, now, got, ref)
+                assert bits(got) == bits(ref), (kind, sig, dur, now, got, ref)
                 # the per-block windows (for the kernels that are not stacked) too
                 sl = reader.slices(store, sig, now - dur, now, {})
                 blocks = list(store.signal_blocks(sig))
@@ -124,7 +116,7 @@ def test_slab_windows_are_the_per_block_values_bit_for_bit(seed):
                     continue
                 for (t1, w1), b in zip(sl, blocks):
                     t2, w2 = b.window(now - dur, now)
-                    assert w1.shape == w2.shape and _bits(t1) == _bits(t2) and _bits(w1) == _bits(w2)
+                    assert w1.shape == w2.shape and bits(t1) == bits(t2) and bits(w1) == bits(w2)
         finally:
             functions._ACTIVE[0] = False
 
@@ -142,10 +134,10 @@ def test_a_plan_follows_slabs_undone_and_made_again():
             functions._ACTIVE[0] = True
             try:
                 key = ("avg", sig, windows.identity, 5.0)
-                a, b = _ctx(store, now, reader), _ctx(store, now, None)
+                a, b = window_ctx(store, now, slabs=reader), window_ctx(store, now)
                 windows.window_vec(a, sig, 5.0, key, functions.avg)
                 windows.window_vec(b, sig, 5.0, key, functions.avg)
-                assert _bits(a.memo[key]) == _bits(b.memo[key])
+                assert bits(a.memo[key]) == bits(b.memo[key])
             finally:
                 functions._ACTIVE[0] = False
 
