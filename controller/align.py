@@ -19,7 +19,7 @@ evaluation with its evaluation time. Nothing here reads the clock.
 """
 from __future__ import annotations
 
-from bisect import insort
+from bisect import bisect_left, bisect_right, insort
 from dataclasses import dataclass
 from typing import Generator, Iterable, Mapping, Sequence
 
@@ -105,9 +105,12 @@ class BurstLog:
 
     def prune(self, before: float) -> None:
         ts = self.ts
-        k = 0
-        while k < len(ts) and ts[k] < before:
-            k += 1
+        if not self._unordered:  # sorted (no NaN): the first start not before ``before``
+            k = bisect_left(ts, before)
+        else:
+            k = 0
+            while k < len(ts) and ts[k] < before:
+                k += 1
         if not k:
             return
         del ts[:k]
@@ -143,8 +146,9 @@ class BurstLog:
         if self._unordered:
             sel = (t > lo) & (t <= hi)
             return t[sel], b[sel]
-        i = int(t.searchsorted(lo, side="right"))
-        j = int(t.searchsorted(hi, side="right"))
+        # the mirror's searchsorted(side="right"), on the sorted list itself (no numpy call)
+        i = bisect_right(self.ts, lo)
+        j = bisect_right(self.ts, hi, i)
         return t[i:j], b[i:j]
 
 

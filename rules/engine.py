@@ -43,6 +43,7 @@ from skewd.model import Finding, Layer, Scope, Severity, State, fingerprint
 
 from . import functions
 from .expr import Compiled
+from .slabwindows import SlabWindows
 from .store import WindowStore
 from .windows import EvalContext, batch_plan
 
@@ -148,6 +149,10 @@ class Engine:
         self._refill_until: dict[str, float] = {}  # rule id → end of the hold after an evaluation gap
         #: firing alerts held at the latest evaluation (rule id → fingerprints): no data is not healthy data
         self.held: dict[str, set[str]] = {}
+        self._slab_windows = SlabWindows()
+        #: read window columns once per slab (slabwindows.py) when the store writes slabs
+        #: (``store.node_slabs``); only speed depends on it (the tests compare both ways)
+        self.read_slabs = True
         self._refresh_inactive()
 
     # -- configuration -----------------------------------------------------------------------
@@ -247,7 +252,8 @@ class Engine:
             return None, np.empty(0, dtype=np.int64)
         ctx = EvalContext(self.store, now, frame.eids, frame.node_eids, frame.groups, frame.names,
                           frame.nodes, self.lookback, memo, [], frame.align,
-                          batches=self._batch_plan() if batches is None else batches)
+                          batches=self._batch_plan() if batches is None else batches,
+                          slabs=self._slab_windows if self.read_slabs and self.store.node_slabs else None)
         fires = rule.compiled.fires(ctx)
         if isinstance(fires, np.ndarray) and fires.ndim:
             return ctx, fires.nonzero()[0]

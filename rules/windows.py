@@ -17,6 +17,7 @@ import numpy as np
 from skewd.model import Scope
 
 from . import functions
+from .slabwindows import quantile_dense
 
 
 @dataclass
@@ -46,6 +47,8 @@ class EvalContext:
     ends: np.ndarray | None = None  # per tick, the latest sample time the store held (<= tick)
     # memo key → the group of window functions computed with it (Engine: _batch_plan); None: alone
     batches: dict | None = None
+    # the engine's reader of slab windows (slabwindows.py): a store of many nodes' slabs (None: none)
+    slabs: Any = None
 
 
 def identity(W: np.ndarray) -> np.ndarray:
@@ -74,6 +77,14 @@ def window_vec(ctx: EvalContext, sig: str, dur: float, key: tuple, kernel: Calla
         vals = _wide_counter(ctx, sig, dur, key[0])
         if vals is not None:
             memo[key] = vals
+    if vals is None and ctx.slabs is not None and (len(key) == 2 or key[2] is identity):
+        dense = _DENSE.get(key[0])
+        if dense is None and key[0] == "quantile":
+            dense = quantile_dense(kernel)
+        if dense is not None:
+            vals = ctx.slabs.stacked(ctx.store, sig, ctx.now - dur, ctx.now, memo, dense, kernel)
+            if vals is not None:
+                memo[key] = vals
     if vals is None:
         parts = _slices(ctx, sig, dur)
         if len(parts) == 1:
@@ -465,7 +476,10 @@ def _slices(ctx: EvalContext, sig: str, dur: float) -> list:
     parts = ctx.memo.get(key)
     if parts is None:
         start = ctx.now - dur
-        parts = [blk.window(start, ctx.now) for blk in ctx.store.signal_blocks(sig)]
+        if ctx.slabs is not None:
+            parts = ctx.slabs.slices(ctx.store, sig, start, ctx.now, ctx.memo)
+        if parts is None:
+            parts = [blk.window(start, ctx.now) for blk in ctx.store.signal_blocks(sig)]
         ctx.memo[key] = parts
     return parts
 

@@ -16,7 +16,9 @@ from skewd.rules import functions, windows
 from skewd.rules.engine import Engine
 from skewd.rules.loader import load_rules
 from skewd.rules.store import WindowStore
-from skewd.rules.windows import EvalContext, batch_plan
+from skewd.rules.windows import batch_plan
+
+from .windowctx import bits, window_ctx
 
 SIGS = [("c0", None), ("c1", None), ("c2", 8), ("c3", None), ("c4", 8)]
 CAT = Catalogue([signal(n, "counter", "1", "gpu", "a counter", "t", wb) for n, wb in SIGS]
@@ -76,15 +78,6 @@ def fill(seed: int, ticks: int = 40) -> WindowStore:
     return store
 
 
-def _ctx(store: WindowStore, now: float, plan: dict | None) -> EvalContext:
-    return EvalContext(store, now, np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64),
-                       np.empty(0, dtype=np.int64), np.empty(0, dtype=object), np.empty(0, dtype=object),
-                       60.0, {}, [], None, batches=plan)
-
-
-def _bits(a: np.ndarray) -> bytes:
-    return np.ascontiguousarray(a, dtype=float).tobytes()
-
 
 @pytest.mark.parametrize("seed", range(60))
 def test_stacked_rates_are_the_kernels_rates_bit_for_bit(seed):
@@ -101,17 +94,17 @@ def test_stacked_rates_are_the_kernels_rates_bit_for_bit(seed):
                 now = float(rng.choice([-1.0, 0.0, 5.0, 17.5, 39.0, 60.0]))
                 wanted = [((kind, s, windows.identity, dur), s, kind, dur, CAT[s].wrap_bits) for s in names]
                 plan = batch_plan(wanted)
-                ctx = _ctx(store, now, plan)
+                ctx = window_ctx(store, now, batches=plan)
                 base = functions.rate if kind == "rate" else functions.increase
                 for key, s, _, _, wb in wanted:
                     kernel = lambda t, W, wb=wb: base(t, W, wb)
                     windows.window_vec(ctx, s, dur, key, kernel)
-                    alone = _ctx(store, now, None)
+                    alone = window_ctx(store, now)
                     windows.window_vec(alone, s, dur, key, kernel)
                     got, ref = ctx.memo[key], alone.memo[key]  # per block row, before any gather
-                    assert _bits(got) == _bits(ref), (kind, s, dur, now, got, ref)
+                    assert bits(got) == bits(ref), (kind, s, dur, now, got, ref)
                 # the values came from the stack when _batched memoised them
-                alone = _ctx(store, now, plan)
+                alone = window_ctx(store, now, batches=plan)
                 windows._batched(alone, plan[wanted[0][0]])
                 stacked += sum(w[0] in alone.memo for w in wanted)
         finally:

@@ -18,7 +18,8 @@ from skewd.rules import functions, windows
 from skewd.rules.engine import Engine
 from skewd.rules.loader import load_rules
 from skewd.rules.store import WindowStore
-from skewd.rules.windows import EvalContext
+
+from .windowctx import bits, window_ctx
 
 CAT = Catalogue([signal("g0", "gauge", "1", "node", "a node gauge", "t"),
                  signal("g1", "gauge", "1", "node", "another node gauge", "t"),
@@ -62,15 +63,6 @@ def fill(seed: int, ticks: int = 30) -> WindowStore:
     return store
 
 
-def _ctx(store: WindowStore, now: float) -> EvalContext:
-    return EvalContext(store, now, np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64),
-                       np.empty(0, dtype=np.int64), np.empty(0, dtype=object), np.empty(0, dtype=object),
-                       60.0, {}, [], None)
-
-
-def _bits(a: np.ndarray) -> bytes:
-    return np.ascontiguousarray(a, dtype=float).tobytes()
-
 
 @pytest.mark.parametrize("seed", range(40))
 def test_stacked_windows_are_the_kernels_values_bit_for_bit(seed, monkeypatch):
@@ -97,14 +89,14 @@ def test_stacked_windows_are_the_kernels_values_bit_for_bit(seed, monkeypatch):
                 now = float(rng.choice([-1.0, 0.0, 5.3, 17.5, 29.9, 60.0]))
                 key = (kind, sig, windows.identity, dur)
                 monkeypatch.setattr(windows, "_stacked", counting)
-                ctx = _ctx(store, now)
+                ctx = window_ctx(store, now)
                 windows.window_vec(ctx, sig, dur, key, kernels[kind])
                 monkeypatch.setattr(windows, "STACK_MIN_BLOCKS", 1 << 30)
-                alone = _ctx(store, now)
+                alone = window_ctx(store, now)
                 windows.window_vec(alone, sig, dur, key, kernels[kind])
                 monkeypatch.undo()
                 got, ref = ctx.memo[key], alone.memo[key]  # per block row, before any gather
-                assert _bits(got) == _bits(ref), (kind, sig, dur, now, got, ref)
+                assert bits(got) == bits(ref), (kind, sig, dur, now, got, ref)
         finally:
             functions._ACTIVE[0] = False
     assert stacked  # the stacked path was taken, not only the kernels
