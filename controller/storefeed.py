@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from skewd import wire
 from skewd.model import SampleBatch
 from skewd.rules.store import WindowStore
 
@@ -26,12 +27,17 @@ from .catalogue import NAMES as CTL_SIGNALS
 from .timeline import ENGINE_KEYS
 
 #: summary keys that carry per-burst data for alignment, not signals
-BURST_STARTS = "collective_burst_starts"
-BURST_BYTES = "collective_burst_bytes"
+BURST_STARTS = wire.BURST_STARTS
+BURST_BYTES = wire.BURST_BYTES
 #: pending samples that force a flush between ticks: at a rate the ticks cannot keep up with, a
 #: tick's flush would otherwise grow to seconds with the event loop blocked (250,000 rows took
 #: ~1 s on this machine under load); 50,000 bound it to a few hundred ms
 FLUSH_ROWS = 50_000
+#: the same for samples that wait as float64 rows (binary summaries, :meth:`StoreFeed.add_row`):
+#: ~25 bytes a sample waiting (a list of Python floats takes ~45), ~6 MB at this bound, and a
+#: node's rows go into the store as one matrix per flush, so the fewer flushes the fewer
+#: per-node writes (the flush's main cost)
+FLUSH_ARRAY_ROWS = 250_000
 #: pending samples of layouts the store does not know yet that force a flush: new nodes go the
 #: store's general path (seconds for 250,000 rows, the event loop blocked); a small early flush
 #: teaches the store their layouts, and later flushes take the fast path
@@ -39,7 +45,16 @@ FLUSH_NEW_ROWS = 20_000
 LAYOUTS_PER_NODE = 4  # a node whose values come and go (None) sends a few layouts
 LAYOUT_BUDGET_PER_SAMPLE = 4  # store layout-cache budget per sample of the layouts we know (see StoreFeed.flush)
 #: summary keys that are not window-store samples
-_NOT_SAMPLES = frozenset({BURST_STARTS, BURST_BYTES}) | frozenset(CTL_SIGNALS) | ENGINE_KEYS
+NOT_SAMPLES = frozenset({BURST_STARTS, BURST_BYTES}) | frozenset(CTL_SIGNALS) | ENGINE_KEYS
+
+
+def _matrix(run: list["_Pending"]) -> np.ndarray:
+    """The values of consecutive summaries of one layout, a row each (float64 rows stacked as
+    they are, Python floats converted once)."""
+    if len(run) == 1:
+        v = run[0].values
+        return (v if type(v) is np.ndarray else np.array(v, dtype=np.float64))[None, :]
+    return np.array([p.values for p in run], dtype=np.float64)
 
 
 @dataclass
@@ -63,7 +78,7 @@ class _Layout:
         return cls(list(p.names), list(p.entities), col(p.names), col(p.entities), col([p.node] * len(p.names)))
 
 
-@dataclass
+@dataclass(slots=True)
 class _Pending:
     """One summary's samples, waiting for the next store flush."""
 
@@ -71,7 +86,7 @@ class _Pending:
     t: float
     names: list[str]
     entities: list[str]
-    values: list[float]
+    values: list[float] | np.ndarray  # Python floats, or a float64 row (add_row), no NaN
     layout: _Layout | None  # the node's known layout when the summary matches it
 
 
@@ -87,6 +102,7 @@ class StoreFeed:
         store.node_slabs = True
         self._pending: list[_Pending] = []  # summary samples not yet in the store
         self._pending_rows = 0
+        self._pending_lists = 0  # ... of them held as lists of Python floats (see FLUSH_ARRAY_ROWS)
         self._pending_new = 0  # ... of them from summaries whose layout the store does not know yet
         self._layouts: dict[str, list[_Layout]] = {}  # node → its summaries' layouts the store holds rows for
         self._store_gcs = 0  # store.gc calls that forgot entities (rows our layouts may point at)
@@ -100,6 +116,8 @@ class StoreFeed:
         #: a started controller flushes on its tick thread, off the event loop
         self.defer_flush = False
         self._shapes: dict[str, tuple] = {}  # node → its summaries' last shape (see samples)
+        self._layouts_changed = 0  # bumped whenever _layouts changes: add_row's matches stay valid until then
+        self._row_layouts: dict[tuple[str, object], tuple[int, _Layout | None]] = {}  # (node, key) → match
 
     def samples(self, node: str, sig: dict[str, dict[str, float | None]]) -> tuple[list, list, list]:
         """A summary's samples as (signal names, entities, values), None values left out. A node
@@ -121,7 +139,7 @@ class StoreFeed:
         sample_names, counts = [], []
         complete = True
         for name, es in sig.items():
-            if name in _NOT_SAMPLES:
+            if name in NOT_SAMPLES:
                 continue
             sample_names.append(name)
             counts.append(len(es))
@@ -140,25 +158,50 @@ class StoreFeed:
             values: list[float]) -> tuple[list[str], list[str]]:
         """Queue one node's samples at ``t`` for the next store flush, recognising the node's
         known layout (returns the layout's lists when they match, else the ones given)."""
-        lay = None
-        for known in self._layouts.get(node, ()):
-            if known.names == names and known.entities == ents:
-                lay = known
-                break
+        lay = self._known(node, names, ents)
         if lay is not None:  # the layout's lists stand for these (equal) ones
             names, ents = lay.names, lay.entities
-        self._pending.append(_Pending(node, t, names, ents, values, lay))
-        self._pending_rows += len(values)
-        if lay is None:
-            self._pending_new += len(values)
+        self._pending_lists += len(values)
+        self._queue(_Pending(node, t, names, ents, values, lay))
+        return names, ents
+
+    def add_row(self, node: str, t: float, key: object, names: list[str], ents: list[str], row: np.ndarray) -> None:
+        """:meth:`add` of a float64 row without NaN whose signals and entities are always
+        ``names`` and ``ents`` for ``key`` (a binary summary's layout): the node's known layout
+        is looked up once per key, not compared per summary, and the row is stacked, not
+        converted, at the flush."""
+        hit = self._row_layouts.get((node, key))
+        if hit is not None and hit[0] == self._layouts_changed:
+            lay = hit[1]
+        else:
+            lay = self._known(node, names, ents)
+            if len(self._row_layouts) > 4 * (len(self._layouts) + 1) * LAYOUTS_PER_NODE:
+                self._row_layouts.clear()  # keys of nodes gone, layouts replaced
+            self._row_layouts[(node, key)] = (self._layouts_changed, lay)
+        if lay is not None:
+            names, ents = lay.names, lay.entities
+        self._queue(_Pending(node, t, names, ents, row, lay))
+
+    def _known(self, node: str, names: list[str], ents: list[str]) -> _Layout | None:
+        """The node's known layout of these samples, if any."""
+        for known in self._layouts.get(node, ()):
+            if known.names == names and known.entities == ents:
+                return known
+        return None
+
+    def _queue(self, p: _Pending) -> None:
+        self._pending.append(p)
+        self._pending_rows += len(p.values)
+        if p.layout is None:
+            self._pending_new += len(p.values)
         if not self.defer_flush and self.due:
             self.flush()
-        return names, ents
 
     @property
     def due(self) -> bool:
         """Enough samples wait that they should go into the store before the next tick."""
-        return self._pending_rows >= FLUSH_ROWS or self._pending_new >= FLUSH_NEW_ROWS
+        return (self._pending_lists >= FLUSH_ROWS or self._pending_rows >= FLUSH_ARRAY_ROWS
+                or self._pending_new >= FLUSH_NEW_ROWS)
 
     def flush(self) -> None:
         """Summary samples into the window store. The store's fast path takes one-node,
@@ -170,6 +213,7 @@ class StoreFeed:
         if not self._pending:
             return
         pend, self._pending, self._pending_rows, self._pending_new = self._pending, [], 0, 0
+        self._pending_lists = 0
         store = self.store
         # a known layout means the store holds a row for each of its catalogued samples: only a
         # gc that forgets entities, or a catalogue that grows, can make that untrue (new rows
@@ -196,10 +240,10 @@ class StoreFeed:
                         j += 1
                     run = ps[i:j]
                     ts = np.array([p.t for p in run])
-                    V = np.array([p.values for p in run], dtype=np.float64)
+                    V = _matrix(run)
                     if not store.ingest_collections(lay.signal_col, lay.entity_col, lay.node_col, ts, V):
                         store.ingest_many([SampleBatch(np.full(len(p.values), p.t), lay.node_col, lay.entity_col,
-                                                       lay.signal_col, np.array(p.values, dtype=np.float64))
+                                                       lay.signal_col, np.asarray(p.values, dtype=np.float64))
                                            for p in run], shared_columns=True)
                     i = j
             self.fast_flushes += 1
@@ -208,6 +252,7 @@ class StoreFeed:
                 [(p.t, p.node, e, n, v) for p in pend for n, e, v in zip(p.names, p.entities, p.values)]))
             if not same_shape:
                 self._layouts.clear()
+            self._layouts_changed += 1
             for p in pend:
                 known = self._layouts.setdefault(p.node, [])
                 if any(k.names == p.names and k.entities == p.entities for k in known) or not self._in_store(p):
@@ -290,5 +335,6 @@ class StoreFeed:
         if self.store.forget_node(node):
             self._store_gcs += 1  # the store's rows moved: layouts learned before are void
         self._layouts.pop(node, None)
+        self._layouts_changed += 1
         self._shapes.pop(node, None)
         self._derived_layouts.pop(node, None)
