@@ -14,8 +14,6 @@ import logging
 import math
 from typing import Any
 
-import numpy as np
-
 from skewd import wire
 from skewd.model import GROUP_SCOPES
 
@@ -28,7 +26,6 @@ from .state import STATE_VALUE_BYTES
 from .storefeed import BURST_BYTES, BURST_STARTS
 
 log = logging.getLogger("skewd.controller")
-_F8 = np.dtype("<f8")
 _NAN = float("nan")
 
 
@@ -114,7 +111,7 @@ class Intake:
         try:
             h = wire.read_binary(data)
             lay = self.layouts.resolve(h)
-            values = None if lay is None else wire.values_of(h, lay)
+            values = None if lay is None else wire.read_values(h, lay)
         except wire.WireError as e:
             self._reject("summary", ingest.reason_of(e), subject, str(e))
             return
@@ -128,7 +125,7 @@ class Intake:
                 return
             if not self._summary_heard(subject, h.node, h.interval):
                 return
-            self.ingest_binary(h, self.layouts.keep(h.node, lay), values)  # type: ignore[arg-type]
+            self.ingest_binary(h, self.layouts.keep(h.node, lay), *values)  # type: ignore[misc]
         except Exception:  # noqa: BLE001 - a callback must not die on one message; counted and shown
             self.stats.errors += 1
             log.exception("summary on %s not taken in", subject)
@@ -191,28 +188,26 @@ class Intake:
             self._digest_rows[s.node] = (s.t, s.interval, labels or {}, s.signals)
         self._advance(s.node, s.t)
 
-    def ingest_binary(self, h: wire.BinarySummary, plan: IntakePlan, values: np.ndarray) -> None:
-        """:meth:`ingest_summary` of a binary summary, its ``values`` read against its layout's
-        ``plan``: the controller's state ends up exactly as after the same summary sent as JSON
+    def ingest_binary(self, h: wire.BinarySummary, plan: IntakePlan, vals: list[float], complete: bool) -> None:
+        """:meth:`ingest_summary` of a binary summary, its values read against its layout's
+        ``plan`` (:func:`skewd.wire.read_values`: as floats, and whether none is NaN): the
+        controller's state ends up exactly as after the same summary sent as JSON
         (tests/controller/test_binary_intake.py), without building the signals' dicts."""
         self.stats.summaries += 1
         node, t = h.node, h.t
         if h.labels:
             self.topology.observe(node, h.labels)
         self._observe_bursts(h)
-        vals = values.tolist()
         self.timelines.add_values(node, t, plan.timeline, vals)
-        total = sum(vals)
-        if total - total == 0.0:  # finite: no NaN (no infinity either: values_of refused those)
-            row = values if plan.sample_idx is None else values[plan.sample_idx]
-            if len(row):
-                self.feed.add_row(node, t, plan.id, plan.names, plan.entities, row)
+        if complete or plan.complete(vals):
+            if plan.sample_idx is None:
+                if vals:
+                    self.feed.add_row(node, t, plan.id, plan.names, plan.entities, h.values)
+            elif plan.names:
+                self.feed.add_row(node, t, plan.id, plan.names, plan.entities, plan.sample_bytes(h.values))
         else:  # missing values (JSON's null) are left out, as ingest_summary leaves out None
             names, ents, vs = plan.samples(vals)
-            if len(vs) == len(plan.names):
-                self.feed.add_row(node, t, plan.id, plan.names, plan.entities,
-                                  values if plan.sample_idx is None else values[plan.sample_idx])
-            elif vs:
+            if vs:
                 self.feed.add(node, t, names, ents, vs)
         if self.role == ROLE_PARTITION:  # the leader's copy; its dict is made with the digest
             self._digest_rows[node] = (t, h.interval, h.labels or {}, (plan, vals))
@@ -221,13 +216,13 @@ class Intake:
     def _observe_bursts(self, h: wire.BinarySummary) -> None:
         """The aligner's part of a binary summary, taken as :meth:`ingest_summary` takes the same
         bursts from JSON (a NaN start or byte count there is ``null``)."""
-        starts = np.frombuffer(h.starts, _F8).tolist() if h.starts else []
+        starts = wire.floats(h.starts) if h.starts else []
         if starts and not h.burst_bytes:
             ts = sorted(starts)
             if _finite_sum(ts):  # NaN (JSON's null) or too large: the long way
                 self.aligner.observe_starts(h.node, h.t, h.synced, h.max_error_s, ts)
                 return
-        nbytes = np.frombuffer(h.burst_bytes, _F8).tolist() if h.burst_bytes else None
+        nbytes = wire.floats(h.burst_bytes) if h.burst_bytes else None
         bursts = []
         for k, v in enumerate(starts):
             if v != v:

@@ -20,6 +20,8 @@ from skewd import wire
 from .storefeed import NOT_SAMPLES
 from .timeline import SummaryPlan, summary_plan
 
+_F8 = np.dtype("<f8")
+
 
 class IntakePlan:
     """One layout's reading plan (see the module doc); made when a node first uses the layout."""
@@ -35,6 +37,16 @@ class IntakePlan:
         self.names = [layout.names[i] for i in idx]
         self.entities = [layout.entities[i] for i in idx]
         self.timeline: SummaryPlan = summary_plan(layout.signals)
+
+    def sample_bytes(self, values: bytes) -> bytes:
+        """The store samples' float64s out of all the values' (``sample_idx`` set)."""
+        return np.frombuffer(values, _F8)[self.sample_idx].tobytes()
+
+    def complete(self, values: list[float]) -> bool:
+        """No store sample among ``values`` is NaN (missing)."""
+        if self.sample_idx is None:
+            return not any(v != v for v in values)
+        return not any(values[i] != values[i] for i in self.sample_idx.tolist())
 
     def samples(self, values: list[float]) -> tuple[list[str], list[str], list[float]]:
         """(signals, entities, values) of the store samples, NaN left out: what

@@ -37,11 +37,12 @@ FLUSH_ROWS = 50_000
 #: ~25 bytes a sample waiting (a list of Python floats takes ~45), ~6 MB at this bound, and a
 #: node's rows go into the store as one matrix per flush, so the fewer flushes the fewer
 #: per-node writes (the flush's main cost)
-FLUSH_ARRAY_ROWS = 250_000
+FLUSH_ARRAY_ROWS = 500_000
 #: pending samples of layouts the store does not know yet that force a flush: new nodes go the
 #: store's general path (seconds for 250,000 rows, the event loop blocked); a small early flush
 #: teaches the store their layouts, and later flushes take the fast path
 FLUSH_NEW_ROWS = 20_000
+_F8 = np.dtype("<f8")
 LAYOUTS_PER_NODE = 4  # a node whose values come and go (None) sends a few layouts
 LAYOUT_BUDGET_PER_SAMPLE = 4  # store layout-cache budget per sample of the layouts we know (see StoreFeed.flush)
 #: summary keys that are not window-store samples
@@ -49,12 +50,15 @@ NOT_SAMPLES = frozenset({BURST_STARTS, BURST_BYTES}) | frozenset(CTL_SIGNALS) | 
 
 
 def _matrix(run: list["_Pending"]) -> np.ndarray:
-    """The values of consecutive summaries of one layout, a row each (float64 rows stacked as
-    they are, Python floats converted once)."""
-    if len(run) == 1:
-        v = run[0].values
-        return (v if type(v) is np.ndarray else np.array(v, dtype=np.float64))[None, :]
-    return np.array([p.values for p in run], dtype=np.float64)
+    """The values of consecutive summaries of one layout, a row each: float64 rows' bytes
+    joined and read as they are, Python floats converted once."""
+    if all(type(p.values) is bytes for p in run):
+        return np.frombuffer(b"".join([p.values for p in run]), _F8).reshape(len(run), -1)  # type: ignore[misc]
+    return np.array([_row(p.values) for p in run], dtype=np.float64)
+
+
+def _row(values: list[float] | bytes) -> list[float] | np.ndarray:
+    return np.frombuffer(values, _F8) if type(values) is bytes else values  # type: ignore[arg-type]
 
 
 @dataclass
@@ -86,7 +90,7 @@ class _Pending:
     t: float
     names: list[str]
     entities: list[str]
-    values: list[float] | np.ndarray  # Python floats, or a float64 row (add_row), no NaN
+    values: list[float] | bytes  # Python floats, or a float64 LE row's bytes (add_row); no NaN
     layout: _Layout | None  # the node's known layout when the summary matches it
 
 
@@ -165,11 +169,11 @@ class StoreFeed:
         self._queue(_Pending(node, t, names, ents, values, lay))
         return names, ents
 
-    def add_row(self, node: str, t: float, key: object, names: list[str], ents: list[str], row: np.ndarray) -> None:
-        """:meth:`add` of a float64 row without NaN whose signals and entities are always
-        ``names`` and ``ents`` for ``key`` (a binary summary's layout): the node's known layout
-        is looked up once per key, not compared per summary, and the row is stacked, not
-        converted, at the flush."""
+    def add_row(self, node: str, t: float, key: object, names: list[str], ents: list[str], row: bytes) -> None:
+        """:meth:`add` of a row of float64s (little-endian bytes) without NaN whose signals
+        and entities are always ``names`` and ``ents`` for ``key`` (a binary summary's layout):
+        the node's known layout is looked up once per key, not compared per summary, and the
+        rows are joined, not converted, at the flush."""
         hit = self._row_layouts.get((node, key))
         if hit is not None and hit[0] == self._layouts_changed:
             lay = hit[1]
@@ -178,9 +182,15 @@ class StoreFeed:
             if len(self._row_layouts) > 4 * (len(self._layouts) + 1) * LAYOUTS_PER_NODE:
                 self._row_layouts.clear()  # keys of nodes gone, layouts replaced
             self._row_layouts[(node, key)] = (self._layouts_changed, lay)
+        n = len(names)
         if lay is not None:
             names, ents = lay.names, lay.entities
-        self._queue(_Pending(node, t, names, ents, row, lay))
+        else:
+            self._pending_new += n
+        self._pending.append(_Pending(node, t, names, ents, row, lay))  # (_queue, inline: the hot path)
+        self._pending_rows += n
+        if not self.defer_flush and self.due:
+            self.flush()
 
     def _known(self, node: str, names: list[str], ents: list[str]) -> _Layout | None:
         """The node's known layout of these samples, if any."""
@@ -200,8 +210,10 @@ class StoreFeed:
     @property
     def due(self) -> bool:
         """Enough samples wait that they should go into the store before the next tick."""
-        return (self._pending_lists >= FLUSH_ROWS or self._pending_rows >= FLUSH_ARRAY_ROWS
-                or self._pending_new >= FLUSH_NEW_ROWS)
+        # one summary of a layout the store does not know sends them all the general way: as
+        # many as lists then
+        return (self._pending_lists >= FLUSH_ROWS or self._pending_new >= FLUSH_NEW_ROWS
+                or self._pending_rows >= (FLUSH_ROWS if self._pending_new else FLUSH_ARRAY_ROWS))
 
     def flush(self) -> None:
         """Summary samples into the window store. The store's fast path takes one-node,
@@ -242,14 +254,14 @@ class StoreFeed:
                     ts = np.array([p.t for p in run])
                     V = _matrix(run)
                     if not store.ingest_collections(lay.signal_col, lay.entity_col, lay.node_col, ts, V):
-                        store.ingest_many([SampleBatch(np.full(len(p.values), p.t), lay.node_col, lay.entity_col,
-                                                       lay.signal_col, np.asarray(p.values, dtype=np.float64))
-                                           for p in run], shared_columns=True)
+                        store.ingest_many([SampleBatch(np.full(len(V[j]), p.t), lay.node_col, lay.entity_col,
+                                                       lay.signal_col, V[j]) for j, p in enumerate(run)],
+                                          shared_columns=True)
                     i = j
             self.fast_flushes += 1
         else:
             store.ingest(SampleBatch.from_rows(
-                [(p.t, p.node, e, n, v) for p in pend for n, e, v in zip(p.names, p.entities, p.values)]))
+                [(p.t, p.node, e, n, v) for p in pend for n, e, v in zip(p.names, p.entities, _row(p.values))]))
             if not same_shape:
                 self._layouts.clear()
             self._layouts_changed += 1

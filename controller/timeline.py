@@ -22,7 +22,7 @@ import numpy as np
 from .messages import Effect, Phase, PhaseContext, PhaseRecord
 
 
-@dataclass
+@dataclass(slots=True)
 class _Point:
     t: float
     phase: Phase | None
@@ -158,8 +158,8 @@ class Timelines:
             v = [None if i < 0 or values[i] != values[i] else values[i] for i in idx]
             self._add_engine(node, ent, t, *v)
         if plan.node is not None:
-            v = [None if i < 0 or values[i] != values[i] else values[i] for i in plan.node]
-            self._add_node(node, t, *v)
+            p, k, w = [None if i < 0 or values[i] != values[i] else values[i] for i in plan.node]
+            self._add_node(node, t, p, k, w)
 
     def _add_node(self, node: str, t: float, phase: float | None, kv: float | None, waiting: float | None) -> None:
         """The node's own reductions (for what names no engine), keyed by the node name."""

@@ -47,8 +47,8 @@ from __future__ import annotations
 from .base import (BINARY_MAGIC, HDR_KIND, HDR_MSG_ID, HDR_SCHEMA, SUBJECT_PREFIX, WIRE_SCHEMA, MessageKind, SchemaVersionError,
                    WireError)
 from .binsummary import (BINARY_PREFIX, BURST_BYTES, BURST_STARTS, MAX_LAYOUT_SAMPLES, BinarySummary, LayoutBook,
-                         LayoutUnknownError, SummaryEncoder, SummaryLayout, decode_binary_summary, layout_id,
-                         make_layout, pack, read_binary, read_layout, summary_of, values_of)
+                         LayoutUnknownError, SummaryEncoder, SummaryLayout, decode_binary_summary, floats, layout_id,
+                         make_layout, pack, read_binary, read_layout, read_values, summary_of, values_of)
 from .decoding import (MATURITIES, BinarySummaryReader, decode, decode_finding, decode_health, decode_summary,
                        finding_from_dict, health_from_dict, summary_from_dict, summary_view)
 from .messages import (ClockHealth, ClockSync, CollectorHealth, Health, ReloadStatus, RulesHealth, Summary,
@@ -63,8 +63,8 @@ from .subjects import (EMPTY_TOKEN, PARTITIONED_SUMMARY, SUBJECT_TOKENS, ParsedS
 
 __all__ = [
     "BINARY_MAGIC", "BINARY_PREFIX", "BURST_BYTES", "BURST_STARTS", "MAX_LAYOUT_SAMPLES", "BinarySummary", "BinarySummaryReader", "LayoutBook",
-    "LayoutUnknownError", "SummaryEncoder", "SummaryLayout", "decode_binary_summary", "layout_id", "make_layout",
-    "pack", "read_binary", "read_layout", "summary_of", "values_of",
+    "LayoutUnknownError", "SummaryEncoder", "SummaryLayout", "decode_binary_summary", "floats", "layout_id", "make_layout",
+    "pack", "read_binary", "read_layout", "read_values", "summary_of", "values_of",
     "BEST_EFFORT_KINDS", "EMPTY_TOKEN", "FINDINGS_STREAM", "HDR_KIND", "HDR_MSG_ID", "HDR_SCHEMA", "MATURITIES",
     "MAX_INT", "MAX_JSON_DEPTH", "MAX_NAME_CHARS", "MAX_PAYLOAD_BYTES", "MAX_TIME", "PARTITIONED_SUMMARY",
     "REMAPS_STREAM", "STREAMS", "SUBJECT_PREFIX", "SUBJECT_TOKENS", "WIRE_SCHEMA", "ClockHealth", "ClockSync",

@@ -39,6 +39,7 @@ import hashlib
 import math
 import re
 import sys
+from array import array
 from dataclasses import dataclass
 from typing import Annotated, Any, Mapping, Optional
 
@@ -63,6 +64,7 @@ _BURST_KEYS = (BURST_STARTS, BURST_BYTES)
 LAYOUTS_PER_NODE = 4
 
 _F8 = np.dtype("<f8")
+_BIG_ENDIAN = sys.byteorder == "big"
 _NAN = float("nan")
 _ID_MASK = (1 << 63) - 1
 
@@ -195,18 +197,26 @@ def read_binary(data: bytes | bytearray | memoryview) -> BinarySummary:
         raise WireError(f"summary: {_where(e)}") from None
     except (msgspec.DecodeError, RecursionError, ValueError, OverflowError) as e:
         raise WireError(f"summary: not a binary summary: {e}") from None
-    for name in ("values", "starts", "burst_bytes"):
-        n = len(getattr(h, name))
-        if n % 8:
-            raise WireError(f"summary: field {name!r} holds {n} bytes, not a whole number of float64s")
-    if h.burst_bytes and len(h.burst_bytes) != len(h.starts):
-        raise WireError(f"summary: field 'burst_bytes' holds {len(h.burst_bytes) // 8} values for "
-                        f"{len(h.starts) // 8} starts")
-    for name in ("starts", "burst_bytes"):
-        vals = getattr(h, name)
-        if vals:
-            _no_infinity(np.frombuffer(vals, _F8).tolist(), name)
+    nv, ns, nb = len(h.values), len(h.starts), len(h.burst_bytes)
+    if (nv | ns | nb) & 7:
+        name, n = next((k, n) for k, n in (("values", nv), ("starts", ns), ("burst_bytes", nb)) if n & 7)
+        raise WireError(f"summary: field {name!r} holds {n} bytes, not a whole number of float64s")
+    if nb and nb != ns:
+        raise WireError(f"summary: field 'burst_bytes' holds {nb // 8} values for {ns // 8} starts")
+    if ns:
+        _no_infinity(floats(h.starts), "starts")
+        if nb:
+            _no_infinity(floats(h.burst_bytes), "burst_bytes")
     return h
+
+
+def floats(raw: bytes) -> list[float]:
+    """A float64 LE run as Python floats (``array`` is the fastest way there; it reads the
+    machine's byte order, which every platform skewd ships for shares)."""
+    a = array("d", raw)
+    if _BIG_ENDIAN:
+        a.byteswap()
+    return a.tolist()
 
 
 def _no_infinity(values: list[float], field: str) -> None:
@@ -221,13 +231,22 @@ def _no_infinity(values: list[float], field: str) -> None:
 def values_of(h: BinarySummary, layout: SummaryLayout) -> np.ndarray:
     """The summary's values as float64s (a read-only array), one per ``layout`` pair: as many
     as the layout holds, none infinite (NaN: missing)."""
-    vals = np.frombuffer(h.values, _F8)
-    if len(vals) != len(layout):
-        raise WireError(f"summary: field 'values' holds {len(vals)} values; layout {h.layout_id} holds {len(layout)}")
-    s = float(np.add.reduce(vals))
-    if s - s != 0.0:
-        _no_infinity(vals.tolist(), "values")
-    return vals
+    read_values(h, layout)
+    return np.frombuffer(h.values, _F8)
+
+
+def read_values(h: BinarySummary, layout: SummaryLayout) -> tuple[list[float], bool]:
+    """The summary's values as Python floats, checked as by :func:`values_of`, and whether
+    none is NaN (the controller's intake needs both; each is made once here)."""
+    if len(h.values) != 8 * len(layout):
+        raise WireError(f"summary: field 'values' holds {len(h.values) // 8} values; layout {h.layout_id} "
+                        f"holds {len(layout)}")
+    vals = floats(h.values)
+    s = sum(vals)
+    if s - s == 0.0:
+        return vals, True
+    _no_infinity(vals, "values")
+    return vals, not any(v != v for v in vals)  # (finite values whose sum overflowed: complete)
 
 
 def summary_of(h: BinarySummary, layout: SummaryLayout, values: np.ndarray) -> Summary:
@@ -240,10 +259,10 @@ def summary_of(h: BinarySummary, layout: SummaryLayout, values: np.ndarray) -> S
         signals[s] = {e: (None if v != v else v) for e, v in zip(es, vals[i:i + len(es)])}
         i += len(es)
     if h.starts:
-        starts = np.frombuffer(h.starts, _F8).tolist()
+        starts = floats(h.starts)
         signals[BURST_STARTS] = {str(k): (None if v != v else v) for k, v in enumerate(starts)}
         if h.burst_bytes:
-            nb = np.frombuffer(h.burst_bytes, _F8).tolist()
+            nb = floats(h.burst_bytes)
             signals[BURST_BYTES] = {str(k): (None if v != v else v) for k, v in enumerate(nb)}
     return Summary(node=h.node, cluster=h.cluster, t=h.t, interval=h.interval, signals=signals,
                    clock_sync=ClockSync(synced=h.synced, max_error_s=h.max_error_s),
