@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 from skewd import wire
 from skewd.wire import binsummary
 
+from .test_wire_hostile import mutated
+
 T = 1_700_000_030.0
 
 
@@ -232,20 +234,32 @@ def test_trailing_fields_a_later_skewd_may_add_are_ignored() -> None:
 def test_any_byte_mutation_is_decoded_or_rejected(seed: int, n: int, known: bool) -> None:
     enc = wire.SummaryEncoder()
     first = enc.encode(_summary())
-    raw = bytearray(first if not known else enc.encode(_summary()))
     rng = random.Random(seed)
-    for _ in range(n):
-        i = rng.randrange(len(raw))
-        op = rng.randrange(3)
-        if op == 0:
-            raw[i] = rng.randrange(256)
-        elif op == 1:
-            raw[i:i] = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 9)))
-        else:
-            del raw[i]
+    raw = mutated(first if not known else enc.encode(_summary()), rng, n,
+                  lambda: bytes(rng.randrange(256) for _ in range(rng.randrange(1, 9))))
     reader = wire.BinarySummaryReader()
     reader.read(first)
     try:
-        reader.read(bytes(raw))
+        reader.read(raw)
     except wire.WireError:
         pass
+
+
+def test_the_hexdumps_in_docs_wire_md_are_what_the_encoder_writes() -> None:
+    """docs/wire.md shows a binary summary and its layout byte by byte: they are the bytes."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "wire.md").read_text()
+    section = doc[doc.index("### Binary summaries"):]
+    dumps = []
+    for block in section.split("```")[1::2][:2]:
+        dumps.append(bytes.fromhex("".join(line[6:54] for line in block.strip().splitlines())))
+    s = wire.Summary(node="gpu-node-07", cluster="prod-a", t=1700000030.0, interval=1.0,
+                     signals={"summary_gpu_util_mean_ratio": {"": 0.91}, "engine_kv_cache_usage_ratio": {"engine0": 0.62},
+                              "summary_requests_waiting": {"": None},
+                              "collective_burst_starts": {"0": 1700000029.05, "1": 1700000029.55}},
+                     clock_sync=wire.ClockSync(True, 0.0004), agent_version="0.1.0", labels={"tp_group": "tp0"})
+    enc = wire.SummaryEncoder()
+    enc.encode(s)
+    assert dumps == [enc.encode(s), wire.make_layout(s.signals).raw]
+    assert str(wire.read_binary(dumps[0]).layout_id) in section

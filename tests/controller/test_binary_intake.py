@@ -19,7 +19,7 @@ from skewd.controller import ingest
 from skewd.controller.roles import ROLE_PARTITION
 from skewd.controller.service import Controller
 
-from .helpers import offline_controller
+from .helpers import arrival_order, offline_controller
 
 T0 = 1_700_000_000.0
 NODES = [f"n{i}" for i in range(8)]
@@ -63,22 +63,14 @@ def _messages(seed: int, seconds: int, change_at: int) -> list:
     second: mostly every node each second, sometimes one silent, sent twice or held back."""
     rng = random.Random(seed)
     encoders = {n: wire.SummaryEncoder(layout_every=10.0) for n in NODES}
-    out: list = []
-    for i in range(seconds):
-        batch = []
-        for n, node in enumerate(NODES):
-            if rng.random() < 0.03:
-                continue  # silent this second
-            s = _summary(rng, i, n, change_at)
-            subject = wire.summary_subject("c1", node, s.labels["tp_group"])
-            batch.append((subject, wire.encode(s), encoders[node].encode(s)))
-            if rng.random() < 0.03:
-                batch.append(batch[-1])  # sent twice
-        rng.shuffle(batch)
-        if out and rng.random() < 0.1:  # one summary held back a second
-            out.insert(len(out) - rng.randint(1, 5), batch.pop())
-        out.extend(batch)
-        out.append(None)
+
+    def summary(i: int, node: str) -> tuple[str, bytes, bytes] | None:
+        if rng.random() < 0.03:
+            return None  # silent this second
+        s = _summary(rng, i, NODES.index(node), change_at)
+        return wire.summary_subject("c1", node, s.labels["tp_group"]), wire.encode(s), encoders[node].encode(s)
+
+    out = arrival_order(rng, seconds, NODES, summary)
     assert all(e.json_fallbacks == 0 for e in encoders.values())
     return out
 
