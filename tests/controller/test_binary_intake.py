@@ -200,3 +200,27 @@ def test_burst_starts_whose_sum_overflows_are_taken_in_not_lost_as_errors() -> N
     a, b = asyncio.run(_pair([(subject, wire.encode(s), wire.SummaryEncoder().encode(s)), None]))
     assert a.stats.errors == b.stats.errors == 0 and a.stats.summaries == b.stats.summaries == 1
     assert list(a.aligner.bursts["n1"].ts) == list(b.aligner.bursts["n1"].ts) == [T0, 1e308, 1e308]
+
+
+def test_rows_the_store_no_longer_caches_go_in_one_summary_at_a_time_alike() -> None:
+    """The store's layout cache is bounded: a run of rows whose layout it dropped goes in as
+    one SampleBatch per summary (ingest_many), from float64 bytes as from lists."""
+    msgs = _messages(1, 20, change_at=10)
+
+    async def run() -> tuple[Controller, Controller]:
+        a, b = offline_controller(), offline_controller()
+        for ctl in (a, b):
+            ctl.store.ingest_collections = lambda *args: False  # as if every layout had been dropped
+        for m in msgs:
+            if m is None:
+                await a.evaluate_due()
+                await b.evaluate_due()
+                continue
+            subject, js, bn = m
+            await a._on_summary(_Msg(subject, js))
+            await b._on_summary(_Msg(subject, bn))
+        return a, b
+
+    a, b = asyncio.run(run())
+    assert b.feed.fast_flushes > 0
+    _same_state(a, b)
