@@ -43,6 +43,7 @@ DEFAULTS: dict[str, Any] = {
     "collectors": {},  # name → {enabled, interval, timeout, required, ...collector keys}
     "reprobe": {"min_interval": "1s", "max_interval": "1m"},
     "nats": {},  # see skewd.natsutil.NatsConfig; empty url → no publishing
+    "publish": {"summary_encoding": "json", "summary_layout_every": "10s"},
     "spool": {"dir": "/var/lib/skewd/spool", "max_bytes": 256 * 1024 * 1024},
     "metrics": {"listen": "127.0.0.1:9465"},
     "record": {"dir": "", "max_bytes": 1024 * 1024 * 1024, "max_duration": "1h", "rotate": 4},
@@ -53,6 +54,7 @@ SECTION_KEYS: dict[str, set[str]] = {
     "reprobe": {"min_interval", "max_interval"},
     "spool": {"dir", "max_bytes", "max_messages", "fsync", "fsync_interval", "memory_bytes"},
     "metrics": {"listen"},
+    "publish": {"summary_encoding", "summary_layout_every"},
     "record": {"dir", "max_bytes", "max_duration", "rotate"},
     "log": {"level", "format"},
     "nats": {"url", "servers", "user", "password", "token", "nkey_seed_file", "creds_file", "tls_ca_file",
@@ -60,6 +62,8 @@ SECTION_KEYS: dict[str, set[str]] = {
              "pending_size", "inbox_prefix"},
 }
 COMMON_COLLECTOR_KEYS = {"enabled", "interval", "timeout", "required"}
+#: values of ``publish.summary_encoding`` (docs/wire.md, *Binary summaries*)
+SUMMARY_ENCODINGS = ("json", "binary")
 
 #: environment variable → the key it sets (after the file, before command-line overrides)
 ENV_VARS: dict[str, str] = {
@@ -98,6 +102,13 @@ KEY_DOCS: dict[str, str | tuple[str, str]] = {
     "horizon": "how long samples are kept in memory (the longest rule window must fit)",
     "summary_interval": "how often the node summary is published to the controller",
     "collectors": "per-collector settings, `collectors.<name>.<key>` (tables below)",
+    "publish.summary_encoding": "how summaries travel: `json` (readable with `nats sub`, read by every controller "
+                                "version) or `binary` (the layout now and then, the values as float64s: the "
+                                "controller reads it at a fraction of the cost, but a controller older than binary "
+                                "summaries refuses it: upgrade the controller first). docs/wire.md, *Binary summaries*",
+    "publish.summary_layout_every": "with `binary`: the longest a summary goes without carrying its layout; a "
+                                    "controller that restarted refuses the node's summaries (`layout_unknown`) until "
+                                    "then",
     "spool.dir": "where findings wait on disk while NATS is unreachable (a subdirectory per node)",
     "spool.max_bytes": "spool size bound; the oldest findings are evicted beyond it (counted in health `drops`)",
     "spool.max_messages": ("`100000`", "spool bound in findings"),
@@ -160,6 +171,10 @@ class AgentConfig:
     #: backoff between probes of an inactive collector (agent/scheduler.py)
     reprobe_min: float = 1.0
     reprobe_max: float = 60.0
+    #: how summaries are published (``publish.summary_encoding``) and how often a binary one
+    #: carries its layout (``publish.summary_layout_every``, seconds)
+    summary_encoding: str = "json"
+    summary_layout_every: float = 10.0
 
     def collector_config(self, name: str) -> dict[str, Any]:
         return dict(self.collectors.get(name, {}))
@@ -372,6 +387,19 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         problems.append(f"{pos('log', 'format')}: log.format must be json or text")
     spool = merged.get("spool") if isinstance(merged.get("spool"), dict) else {}
     problems += _spool_problems(spool, lambda k: pos("spool", k))
+    publish = merged.get("publish") if isinstance(merged.get("publish"), dict) else {}
+    encoding = publish.get("summary_encoding", "json")
+    if encoding not in SUMMARY_ENCODINGS:
+        problems.append(f"{pos('publish', 'summary_encoding')}: publish.summary_encoding must be json or binary, "
+                        f"got {encoding!r} (json: readable and read by every controller; binary: cheaper to read, "
+                        "needs a controller that reads it)")
+    try:
+        layout_every = parse_duration(publish.get("summary_layout_every", "10s"))
+        if layout_every <= 0:
+            raise ValueError("must be longer than 0s")
+    except ValueError as e:
+        problems.append(f"{pos('publish', 'summary_layout_every')}: publish.summary_layout_every: {e}")
+        layout_every = 10.0
     record = merged.get("record") if isinstance(merged.get("record"), dict) else {}
     if record.get("max_duration"):
         try:
@@ -390,6 +418,7 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         collectors=collectors, nats=dict(merged.get("nats") or {}), spool=dict(merged["spool"]),
         metrics_listen=str(merged["metrics"].get("listen", "")), record=record, log=dict(merged["log"]),
         source=where, raw=merged, reprobe_min=reprobe_s["min_interval"], reprobe_max=reprobe_s["max_interval"],
+        summary_encoding=str(encoding), summary_layout_every=layout_every,
     )
 
 

@@ -83,7 +83,8 @@ class Publisher:
                  streams: Sequence[wire.StreamSpec] = (wire.FINDINGS_STREAM,),
                  manage_streams: bool = True, update_streams: bool = False,
                  pub_ack_timeout: float = 5.0, batch: int = 64,
-                 retry_backoff: tuple[float, float] = (0.1, 5.0)) -> None:
+                 retry_backoff: tuple[float, float] = (0.1, 5.0), summary_encoding: str = "json",
+                 summary_layout_every: float = 10.0) -> None:
         self.config = config
         self.spool = spool
         self.cluster = cluster
@@ -93,6 +94,9 @@ class Publisher:
         self.pub_ack_timeout = pub_ack_timeout
         self.batch = batch
         self.retry_backoff = retry_backoff
+        #: summaries in the binary encoding (``publish.summary_encoding: binary``), else JSON
+        self.summary_encoder = wire.SummaryEncoder(summary_layout_every) if summary_encoding == "binary" else None
+        self._encoder_reconnects = 0  # stats.reconnects when the encoder last sent layouts afresh
         self.stats = PublisherStats()
         self._nc: Any = None
         self._js: Any = None
@@ -245,9 +249,21 @@ class Publisher:
         return self.stats.reconnects != seen
 
     async def publish_summary(self, summary: wire.Summary) -> bool:
-        """Best effort: True if handed to the connection, False if dropped (counted)."""
-        return await self._best_effort(wire.subject_for(summary, self.cluster), wire.headers_for(summary),
-                                       wire.encode(summary))
+        """Best effort: True if handed to the connection, False if dropped (counted). In the
+        binary encoding, the summaries after a reconnect or a dropped one carry their layouts
+        again (a controller may have restarted meanwhile, or missed the one that carried it)."""
+        enc = self.summary_encoder
+        if enc is None:
+            return await self._best_effort(wire.subject_for(summary, self.cluster), wire.headers_for(summary),
+                                           wire.encode(summary))
+        if self.stats.reconnects != self._encoder_reconnects:
+            self._encoder_reconnects = self.stats.reconnects
+            enc.resend_layout()
+        ok = await self._best_effort(wire.subject_for(summary, self.cluster), wire.headers_for(summary),
+                                     enc.encode(summary))
+        if not ok:
+            enc.resend_layout()
+        return ok
 
     async def publish_health(self, health: wire.Health) -> bool:
         """Best effort, like :meth:`publish_summary`."""

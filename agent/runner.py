@@ -329,7 +329,9 @@ class Agent:
                           fsync_interval=sc.get("fsync_interval", 1.0), memory_bytes=sc.get("memory_bytes", 4 << 20))
             # replies under this node's own inbox: what a per-node NATS user may read (docs/security.md)
             ncfg = NatsConfig.from_dict(nats).with_default_inbox(inbox_prefix("agent", self.cfg.cluster, self.cfg.node))
-            self.publisher = Publisher(ncfg, spool, cluster=self.cfg.cluster)
+            self.publisher = Publisher(ncfg, spool, cluster=self.cfg.cluster,
+                                       summary_encoding=self.cfg.summary_encoding,
+                                       summary_layout_every=self.cfg.summary_layout_every)
             self.publisher.add_connect_listener(self._leave_out_own_connection)
             await self.publisher.start()
         if self.cfg.record.get("dir"):

@@ -1,19 +1,24 @@
 """Controller ingest: simulated agents' summaries through a real nats-server into the controller.
 
-    python bench/controller_ingest.py [--warmup 40] [--seconds 20] [--nodes 1000] [--json]
-    python bench/controller_ingest.py --offline 4000 [--warm 40] [--seconds 10] [--profile FILE]
+    python bench/controller_ingest.py [--warmup 40] [--seconds 20] [--nodes 1000] [--encoding binary|json] [--json]
+    python bench/controller_ingest.py --offline 4000 [--warm 40] [--seconds 10] [--encoding ...] [--profile FILE]
 
 Three processes on this machine, as in production: ``nats-server`` (started here, JetStream in
-a temporary directory), one publisher process playing ``--nodes`` agents (each summary is the
-JSON a real agent publishes: the 22 summary signals of a GPU node, 20 collective burst starts,
-topology labels; stamped with the wall clock when it is sent), and one consumer process:
+a temporary directory), one publisher process playing ``--nodes`` agents (each summary is what
+a real agent publishes: the 22 summary signals of a GPU node, 20 collective burst starts,
+topology labels; stamped with the wall clock when it is sent), and one consumer process.
+``--encoding`` is the agents' ``publish.summary_encoding``: ``binary`` by default, what the
+agents of a large cluster send (the shipped agent's default is ``json``, which every controller
+version reads; docs/wire.md recommends ``binary`` for large clusters and deploy/kubernetes sets
+it), the layout riding along every 10 s as the agent's default ``summary_layout_every`` has it;
+``json`` measures the JSON path, the agents' default. The consumers:
 
 * **skewd**: the real :class:`skewd.controller.service.Controller` (default config, shipped
   rule packs) subscribed as in production; every summary goes through its own callback
-  (JSON decode, schema check, topology, aligner, timelines, window store) and the group rules
+  (decode, schema check, topology, aligner, timelines, window store) and the group rules
   evaluate every second of the summaries' clock while summaries keep arriving;
-* **peer**: a bare nats-py subscriber whose callback only counts (``json.loads`` excluded),
-  fed the same payloads in the same way: the transport's own ceiling.
+* **peer**: a bare nats-py subscriber whose callback only counts (decoding excluded: it reads
+  the sent time only), fed the same payloads in the same way: the transport's own ceiling.
 
 Each consumer is measured twice: *saturation* (the publisher sends as fast as it can for
 ``--warmup`` + ``--seconds``; sustained rate = summaries handled / time from the first to the
@@ -63,13 +68,35 @@ TP = 8  # nodes per TP group (topology labels)
 # payloads
 # ---------------------------------------------------------------------------------------------
 
-def templates(nodes: int) -> list[tuple[str, list[bytes | str]]]:
-    """(subject, JSON pieces) per node; the publisher splices in the time and burst starts."""
+#: seconds of summary time between the binary summaries that carry their layout (the agent's
+#: default publish.summary_layout_every)
+LAYOUT_EVERY = 10.0
+
+
+class BinaryTemplate:
+    """What a node's binary summaries share (what the agent's SummaryEncoder would write for the
+    same signals, labels and bursts, without building a Summary per message), and when its
+    layout last rode along."""
+
+    def __init__(self, node: str, labels: dict[str, str]) -> None:
+        import numpy as np
+
+        from skewd import __version__, wire
+
+        self.node, self.labels, self.version = node, labels, __version__
+        self.layout = wire.make_layout({k: [""] for k in SIGNALS})
+        self.values = np.array([SIGNALS[k] for k in self.layout.names], dtype="<f8").tobytes()
+        self.sent = -float("inf")
+
+
+def templates(nodes: int, encoding: str = "json") -> list[tuple[str, Any]]:
+    """(subject, JSON pieces or a :class:`BinaryTemplate`) per node; the publisher splices in
+    the time and burst starts."""
     import re
 
     from skewd import __version__, wire
 
-    out = []
+    out: list[tuple[str, Any]] = []
     for i in range(nodes):
         node = f"node{i:05d}"
         sig = {k: {"": v} for k, v in SIGNALS.items()}
@@ -84,7 +111,8 @@ def templates(nodes: int) -> list[tuple[str, list[bytes | str]]]:
         parts: list[bytes | str] = [p.encode() if k % 2 == 0 else p.strip('"@')
                                     for k, p in enumerate(re.split(r'("@[TBI]@")', text))]
         # published as an agent with a tp_group label does: the group is the placement token
-        out.append((wire.summary_subject(CLUSTER, node, d["labels"]["tp_group"]), parts))
+        subject = wire.summary_subject(CLUSTER, node, d["labels"]["tp_group"])
+        out.append((subject, parts if encoding == "json" else BinaryTemplate(node, d["labels"])))
     return out
 
 
@@ -94,6 +122,18 @@ def payload(tpl: tuple, t: float, interval: float) -> bytes:
     step = 1.0 / BURSTS
     k0 = int((t - interval) / step) + 1
     k1 = int(t / step)
+    if isinstance(tpl[1], BinaryTemplate):
+        import numpy as np
+
+        from skewd import wire
+
+        b = tpl[1]
+        carry = not t - b.sent < LAYOUT_EVERY
+        if carry:
+            b.sent = t
+        starts = np.round(np.arange(k0, k1 + 1) * step + 0.0003, 6).astype("<f8").tobytes()
+        return wire.pack(wire.BinarySummary(CLUSTER, b.node, t, interval, True, 0.0005, b.version, b.labels,
+                                            b.layout.id, b.layout.raw if carry else b"", b.values, starts, b""))
     bursts = ",".join(f'"{j}":{k * step + 0.0003:.6f}' for j, k in enumerate(range(k0, k1 + 1)))
     fill = {"T": repr(t).encode(), "I": repr(interval).encode(), "B": ("{" + bursts + "}").encode()}
     return b"".join(fill[p] if isinstance(p, str) else p for p in tpl[1])
@@ -108,10 +148,10 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-async def role_publisher(url: str, nodes: int, seconds: float, rate: float) -> dict:
+async def role_publisher(url: str, nodes: int, seconds: float, rate: float, encoding: str = "json") -> dict:
     import nats
 
-    tpls = templates(nodes)
+    tpls = templates(nodes, encoding)
     nc = await nats.connect(url, pending_size=64 * 1024 * 1024)
     print("ready", flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # go
@@ -219,6 +259,22 @@ class Recorder:
 
 
 
+def _count_ingests(ctl: Any, rec: "Recorder") -> None:
+    """Count every summary the controller takes in, JSON or binary (timed from outside)."""
+    json_ingest, binary_ingest = ctl.ingest_summary, ctl.ingest_binary
+
+    def ingest(s, labels=None):
+        json_ingest(s, labels)
+        rec.hit(s.t)
+
+    def ingest_binary(h, *a):
+        binary_ingest(h, *a)
+        rec.hit(h.t)
+
+    ctl.ingest_summary = ingest
+    ctl.ingest_binary = ingest_binary
+
+
 def _time_compute(ctl: Any) -> list[float]:
     """Wrap the controller's tick computation (on the tick thread, evaluation.py) so its wall
     time adds up in the returned cell: a tick through NATS is its steps on the event loop plus
@@ -258,13 +314,7 @@ async def role_controller(url: str, warm: float) -> dict:
                 "tp_groups": len(ctl.topology.tp_groups()), "errors": ctl.stats.errors}
 
     rec = Recorder(warm, on_steady=steady_start)
-    orig = ctl.ingest_summary
-
-    def ingest(s, labels=None):  # the controller's own ingest, timed from outside
-        orig(s, labels)
-        rec.hit(s.t)
-
-    ctl.ingest_summary = ingest  # type: ignore[method-assign]
+    _count_ingests(ctl, rec)
     orig_tick = ctl.tick
     computed = _time_compute(ctl)
 
@@ -330,13 +380,7 @@ async def role_worker(url: str, warm: float, workers: int, partitions: int) -> d
             return
         seen.add(id(ctl))
         if into is ticks:
-            orig = ctl.ingest_summary
-
-            def ingest(s, labels=None):
-                orig(s, labels)
-                rec.hit(s.t)
-
-            ctl.ingest_summary = ingest
+            _count_ingests(ctl, rec)
         orig_tick = ctl.tick
         computed = _time_compute(ctl)
 
@@ -389,6 +433,7 @@ async def role_worker(url: str, warm: float, workers: int, partitions: int) -> d
 
 
 async def role_raw(url: str, warm: float) -> dict:
+    import msgspec
     import nats
     from skewd import wire
 
@@ -398,8 +443,16 @@ async def role_raw(url: str, warm: float) -> dict:
 
     tpos = re.compile(rb'"t":([0-9.e+-]+)')
 
-    async def cb(msg) -> None:  # count, and read the sent time without decoding the JSON
-        rec.hit(float(tpos.search(msg.data).group(1)))
+    class Head(msgspec.Struct, array_like=True):  # a binary summary's first fields: the rest is skipped
+        cluster: str
+        node: str
+        t: float
+
+    head = msgspec.msgpack.Decoder(Head)
+
+    async def cb(msg) -> None:  # count, and read the sent time without decoding the summary
+        data = msg.data
+        rec.hit(head.decode(data[4:]).t if data[:1] == b"\x93" else float(tpos.search(data).group(1)))
 
     for subject in wire.summary_filters(CLUSTER):
         await nc.subscribe(subject, cb=cb)
@@ -464,7 +517,7 @@ def _finish(p: subprocess.Popen, timeout: float) -> dict:
 
 
 def measure(url: str, consumer: str, nodes: int, seconds: float, rate: float, warm: float,
-            workers: int = 0, partitions: int = 1) -> dict:
+            workers: int = 0, partitions: int = 1, encoding: str = "binary") -> dict:
     if workers:
         conss = [_child(["--role", "worker", "--url", url, "--warmup", str(warm), "--workers", str(workers),
                          "--partitions", str(partitions)]) for _ in range(workers)]
@@ -472,7 +525,7 @@ def measure(url: str, consumer: str, nodes: int, seconds: float, rate: float, wa
         conss = [_child(["--role", consumer, "--url", url, "--warmup", str(warm)])]
     try:
         pub = _child(["--role", "publisher", "--url", url, "--nodes", str(nodes), "--seconds", str(seconds),
-                      "--rate", str(rate)])
+                      "--rate", str(rate), "--encoding", encoding])
         try:
             p = _finish(pub, seconds + 120)
         finally:
@@ -522,7 +575,7 @@ class _Msg:
 
 
 def offline(nodes: int, rate: float, seconds: float, warm: float, profile: str | None = None,
-            gc_freeze: bool = True) -> dict:
+            gc_freeze: bool = True, encoding: str = "binary") -> dict:
     """The controller's own CPU per summary, without NATS: the same payloads handed to its
     summary callback in one process, ``rate`` summaries per second of the summaries' clock
     (round-robin over the nodes, as the publisher sends them), the evaluation ticks run as the
@@ -543,7 +596,7 @@ def offline(nodes: int, rate: float, seconds: float, warm: float, profile: str |
     ctl.state = MemoryState(CLUSTER)
     ctl.js = CaptureJetStream()
     parts = _time_tick_parts(ctl)
-    tpls = templates(nodes)
+    tpls = templates(nodes, encoding)
     loop = asyncio.new_event_loop()
     t0 = 1.7e9
     last = [t0 - 1.0] * nodes
@@ -551,34 +604,40 @@ def offline(nodes: int, rate: float, seconds: float, warm: float, profile: str |
     phases = {"warm": [0.0, 0.0, 0, 0, 0.0], "steady": [0.0, 0.0, 0, 0, 0.0]}  # ingest s, tick s, n, ticks, tick max
     prof = cProfile.Profile() if profile else None
     cpu = time.process_time
-    i = 0
-    for k in range(total):
-        t = t0 + k / rate
-        ph = phases["warm" if t - t0 < warm else "steady"]
-        if ph is phases["steady"] and k and (t - 1 / rate) - t0 < warm:
-            parts.clear()  # the tick's parts: steady state only
-        if prof is not None and ph is phases["steady"] and k and (t - 1 / rate) - t0 < warm:
-            prof.enable()
-        msg = _Msg(tpls[i][0], payload(tpls[i], t, min(10.0, max(1e-3, t - last[i]))))
-        last[i] = t
-        i = (i + 1) % nodes
-        a = cpu()
-        loop.run_until_complete(ctl._on_summary(msg))
-        b = cpu()
-        ph[0] += b - a
-        ph[2] += 1
-        if ctl.next_eval is not None and ctl.watermark >= ctl.next_eval:
-            loop.run_until_complete(ctl.evaluate_due())
-            c = cpu() - b
-            ph[1] += c
-            ph[3] += 1
-            ph[4] = max(ph[4], c)
+
+    async def drive() -> None:
+        # one coroutine awaiting the callback per summary, as nats-py's subscription task does
+        # (a run_until_complete per summary added ~6 us of event-loop set-up to every figure)
+        i = 0
+        for k in range(total):
+            t = t0 + k / rate
+            ph = phases["warm" if t - t0 < warm else "steady"]
+            if ph is phases["steady"] and k and (t - 1 / rate) - t0 < warm:
+                parts.clear()  # the tick's parts: steady state only
+            if prof is not None and ph is phases["steady"] and k and (t - 1 / rate) - t0 < warm:
+                prof.enable()
+            msg = _Msg(tpls[i][0], payload(tpls[i], t, min(10.0, max(1e-3, t - last[i]))))
+            last[i] = t
+            i = (i + 1) % nodes
+            a = cpu()
+            await ctl._on_summary(msg)
+            b = cpu()
+            ph[0] += b - a
+            ph[2] += 1
+            if ctl.next_eval is not None and ctl.watermark >= ctl.next_eval:
+                await ctl.evaluate_due()
+                c = cpu() - b
+                ph[1] += c
+                ph[3] += 1
+                ph[4] = max(ph[4], c)
+
+    loop.run_until_complete(drive())
     if prof is not None:
         prof.disable()
         prof.dump_stats(profile)
     loop.close()
-    out = {"nodes": nodes, "rate": rate, "warm_s": warm, "steady_s": seconds, "evaluations": ctl.stats.evaluations,
-           "rejected": ctl.stats.summaries_rejected, "errors": ctl.stats.errors}
+    out = {"nodes": nodes, "rate": rate, "encoding": encoding, "warm_s": warm, "steady_s": seconds,
+           "evaluations": ctl.stats.evaluations, "rejected": ctl.stats.summaries_rejected, "errors": ctl.stats.errors}
     nt = max(1, phases["steady"][3])
     out["steady_tick_parts_ms"] = {k: v / nt * 1e3 for k, v in parts.items()}
     for name, (ing, tk, n, nt, mx) in phases.items():
@@ -651,12 +710,16 @@ def main(argv: list[str] | None = None) -> int:
                          "(warm-up and steady state apart)")
     ap.add_argument("--warm", type=float, default=40.0, help="--offline: seconds of summary time counted as warm-up")
     ap.add_argument("--profile", help="--offline: cProfile the steady state into this file")
+    ap.add_argument("--encoding", choices=("json", "binary"), default="binary",
+                    help="how the simulated agents publish summaries (publish.summary_encoding); default binary, "
+                         "what docs/wire.md recommends and deploy/kubernetes sets for a large cluster")
     ap.add_argument("--no-gc-freeze", action="store_true",
                     help="--offline: leave CPython's collector as it is (a started controller freezes "
                          "its long-lived objects once warm: controller/gcpolicy.py)")
     a = ap.parse_args(argv)
     if a.offline:
-        r = offline(a.nodes, a.offline, a.seconds, a.warm, a.profile, gc_freeze=not a.no_gc_freeze)
+        r = offline(a.nodes, a.offline, a.seconds, a.warm, a.profile, gc_freeze=not a.no_gc_freeze,
+                    encoding=a.encoding)
         for name in ("warm", "steady"):
             p = r[name]
             print(f"controller ingest offline, {name:6}: {p['summaries']:,} summaries, {p['ingest_us']:.0f} us ingest "
@@ -665,14 +728,15 @@ def main(argv: list[str] | None = None) -> int:
         tp = r["steady_tick_parts_ms"]
         print("  steady state per tick: " + ", ".join(f"{k} {v:.0f} ms" for k, v in tp.items())
               + " (flush: also between ticks, see FLUSH_ROWS)")
-        print(f"  {r['nodes']} nodes, {r['rate']:g}/s of summary time, evaluations {r['evaluations']}, "
+        print(f"  {r['nodes']} nodes, {r['encoding']} summaries, {r['rate']:g}/s of summary time, "
+              f"evaluations {r['evaluations']}, "
               f"rejected {r['rejected']}, errors {r['errors']}")
         if a.json:
             print(json.dumps({"benchmark": "controller_ingest_offline", **r}))
         return 0
     if a.role:
         if a.role == "publisher":
-            r = asyncio.run(role_publisher(a.url, a.nodes, a.seconds, a.rate))
+            r = asyncio.run(role_publisher(a.url, a.nodes, a.seconds, a.rate, a.encoding))
         elif a.role == "controller":
             r = asyncio.run(role_controller(a.url, a.warmup))
         elif a.role == "worker":
@@ -694,15 +758,17 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[tuple[int, dict, dict, str]] = []
     try:
         server.start()
-        raw_sat = measure(server.url, "raw", a.nodes, run, 0.0, a.warmup)
+        raw_sat = measure(server.url, "raw", a.nodes, run, 0.0, a.warmup, encoding=a.encoding)
         for w in counts:
             la = _loadavg()
-            sat = measure(server.url, "controller", a.nodes, run, 0.0, a.warmup, workers=w, partitions=a.partitions)
+            sat = measure(server.url, "controller", a.nodes, run, 0.0, a.warmup, workers=w, partitions=a.partitions,
+                          encoding=a.encoding)
             lrate = a.latency_rate or max(100.0, round(sat["steady"]["rate"] / 2, -2))
-            lat = measure(server.url, "controller", a.nodes, run, lrate, a.warmup, workers=w, partitions=a.partitions)
+            lat = measure(server.url, "controller", a.nodes, run, lrate, a.warmup, workers=w, partitions=a.partitions,
+                          encoding=a.encoding)
             rows.append((w, sat, lat, la))
         lrate_peer = a.latency_rate or max(100.0, round(max(r[1]["steady"]["rate"] for r in rows) / 2, -2))
-        raw_lat = measure(server.url, "raw", a.nodes, run, lrate_peer, a.warmup)
+        raw_lat = measure(server.url, "raw", a.nodes, run, lrate_peer, a.warmup, encoding=a.encoding)
     except (CannotRun, RuntimeError, OSError, subprocess.TimeoutExpired) as e:
         print(f"controller ingest: could not run: {e}", file=sys.stderr)
         return 1
@@ -711,7 +777,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     load1 = _loadavg()
     print(f"controller ingest: {a.nodes} simulated agents ({a.nodes // TP} TP groups), "
-          f"{raw_sat['bytes_per_msg']:.0f}-byte summaries, real nats-server ({a.partitions} partitions), "
+          f"{raw_sat['bytes_per_msg']:.0f}-byte {a.encoding} summaries, real nats-server ({a.partitions} partitions), "
           f"{os.cpu_count()} cores, {run:g} s per run: each consumer's first {a.warmup:g} s warm-up, the rest "
           f"steady state; load average {load0} -> {load1}")
 
@@ -738,6 +804,7 @@ def main(argv: list[str] | None = None) -> int:
     print("  goal >= 50,000 summaries/s, ratio >= 0.5, p99 <= 250 ms at half that rate, no tick over 100 ms")
     if a.json:
         print(json.dumps({"benchmark": "controller_ingest", "load": [load0, load1], "partitions": a.partitions,
+                          "encoding": a.encoding,
                           "peer": raw_sat, "peer_latency": raw_lat,
                           "skewd": {str(w): {"saturation": sat, "latency": lat, "load": la} for w, sat, lat, la in rows}}))
     return 0

@@ -14,6 +14,7 @@ import json
 import os
 import random
 import re
+import struct
 import tempfile
 import zlib
 from pathlib import Path
@@ -412,6 +413,129 @@ def run_wire(ctx: dict, data: bytes) -> None:
         wire.decode_health(data)
 
 
+# -- binary summaries: the reader and the controller's intake ------------------------------------
+def _binary_seed_summaries() -> list:
+    from skewd import wire
+
+    t = 1_700_000_000.0
+    sig = {"summary_gpu_util_mean_ratio": {"": 0.8}, "summary_requests_waiting": {"": None},
+           "engine_phase": {"engine0": 1.0, "engine1": 2.0}, "engine_ttft_p50_seconds": {"engine0": 0.2},
+           "summary_engine_phase": {"": 1.0}, "summary_kv_cache_usage_ratio": {"": 0.6}}
+    starts = {str(k): t - 1 + 0.05 * k for k in range(20)}
+    return [
+        wire.Summary(node="n1", cluster="c1", t=t, interval=1.0, signals={**sig, "collective_burst_starts": starts},
+                     clock_sync=wire.ClockSync(True, 0.002), agent_version="0.1.0", labels={"tp_group": "tp0"}),
+        wire.Summary(node="n2", cluster="c1", t=t, interval=1.0,
+                     signals={"summary_pcie_rx_bytes_per_second": {"": 1e10}, "collective_burst_starts": starts,
+                              "collective_burst_bytes": {k: 6.4e7 for k in starts}},
+                     clock_sync=wire.ClockSync(False, None), agent_version="0.1.0"),
+    ]
+
+
+def load_wire_binary() -> dict:
+    """Binary summaries with and without their layouts, and an offline controller whose
+    intake takes every input (its ``errors`` count must not move: an exception inside the
+    intake is a bug even though the callback survives it)."""
+    from skewd import wire
+    from skewd.controller.config import load_config
+    from skewd.controller.offline import CaptureJetStream, MemoryState
+    from skewd.controller.service import Controller
+
+    seeds, layouts = [], []
+    for s in _binary_seed_summaries():
+        enc = wire.SummaryEncoder()
+        seeds += [enc.encode(s), enc.encode(s)]
+        layouts.append((s.node, wire.make_layout(s.signals)))
+    cfg = load_config(None, env={}, overrides={"cluster": "c1", "log": {"level": "error"},
+                                              "ingest": {"max_clock_skew": "0s", "max_nodes": 64}})
+    ctl = Controller(cfg, wall_clock=lambda: 0.0)
+    ctl.state, ctl.js = MemoryState("c1"), CaptureJetStream()
+    return {"seeds": seeds, "layouts": layouts, "controller": ctl}
+
+
+def make_wire_binary(ctx: dict, rng: random.Random) -> bytes:
+    import msgspec
+
+    from skewd import wire
+
+    seed = rng.choice(ctx["seeds"])
+    m = Mutator(rng, ctx["seeds"])
+    k = rng.randrange(4)
+    if k == 0:  # bytes as they come
+        return m.bytes_(seed)
+    fields = list(msgspec.msgpack.decode(seed[4:]))
+    for _ in range(rng.choice((1, 1, 2, 3))):
+        i = rng.randrange(len(fields) + 1)
+        if i == len(fields):
+            fields.append(m.value())  # a field a later version might add
+        elif isinstance(fields[i], bytes) and fields[i] and rng.random() < 0.7:
+            if i == 9 and rng.random() < 0.5:  # the layout: a mutated one, its id made to match
+                try:
+                    pairs = msgspec.msgpack.decode(fields[i])
+                except (msgspec.DecodeError, ValueError):  # mutated before (bad UTF-8 is a ValueError)
+                    pairs = []
+                lay = m.bytes_(fields[i]) if rng.random() < 0.5 or not isinstance(pairs, list) else \
+                    _packed(_mutated_layout(rng, m, pairs))
+                fields[8], fields[9] = wire.layout_id(lay), lay
+            else:  # values, starts or bytes: odd float64s or a broken run
+                a = bytearray(fields[i])
+                j = rng.randrange(0, len(a), 8) if rng.random() < 0.8 else rng.randrange(len(a))
+                a[j:j + 8] = struct.pack("<d", rng.choice((float("nan"), float("inf"), -float("inf"), 1e308,
+                                                            -0.0, 5e-324, 1.7e9, -1.7e9)))
+                fields[i] = bytes(a) if rng.random() < 0.9 else bytes(a[:-rng.randrange(1, 9)])
+        else:
+            fields[i] = m.value()
+    body = _packed([f if _packed(f) else None for f in fields])
+    return (seed[:4] if rng.random() < 0.95 else bytes([0x93, 0x53, 0x4B, rng.randrange(256)])) + body
+
+
+def _packed(v: Any) -> bytes:
+    """``v`` as MessagePack; empty when it cannot be (an int beyond 64 bits, a lone surrogate)."""
+    import msgspec
+
+    try:
+        return msgspec.msgpack.encode(v)
+    except Exception:  # noqa: BLE001 - MessagePack has neither
+        return b""
+
+
+def _mutated_layout(rng: random.Random, m: Mutator, pairs: list) -> list:
+    pairs = [list(p) if isinstance(p, list) else p for p in pairs]
+    op = rng.randrange(5)
+    if op == 0 and pairs:
+        pairs.append(pairs[rng.randrange(len(pairs))])  # a signal twice
+    elif op == 1 and pairs:
+        p = pairs[rng.randrange(len(pairs))]
+        if isinstance(p, list) and len(p) == 2 and isinstance(p[1], list):
+            p[1] = p[1] + p[1][:1]  # an entity twice
+    elif op == 2:
+        pairs.append([rng.choice(("collective_burst_starts", "ctl_x", "engine_phase", "x" * 300)), [""]])
+    elif op == 3 and pairs:
+        pairs[rng.randrange(len(pairs))] = m.value()
+    else:
+        rng.shuffle(pairs)
+    return pairs
+
+
+def run_wire_binary(ctx: dict, data: bytes) -> None:
+    from skewd import wire
+
+    reader = wire.BinarySummaryReader()
+    for node, lay in ctx["layouts"]:
+        reader.book.keep(node, lay)
+    ctl = ctx["controller"]
+    for node, lay in ctx["layouts"]:  # each input on the same state: reproducible from its index alone
+        ctl._forget_node(node)
+        ctl.feed.flush()
+        ctl.layouts.keep(node, lay)
+    errors = ctl.stats.errors
+    ctl._take_binary("skewd.v1.summary.c1.n1", data)
+    ctl._take_binary("skewd.v1.summary.c1.n2", data)
+    if ctl.stats.errors != errors:
+        raise RuntimeError("the controller's binary intake raised (see its log) on this input")
+    reader.read(data)
+
+
 TARGETS: dict[str, Target] = {t.name: t for t in [
     Target("yaml", "rules/yamlpos.py: YAML with positions, alias and depth budgets", (),
            load_yaml, lambda c, r: make_text(c, r, YAML_TOKENS), run_yaml),
@@ -430,6 +554,8 @@ TARGETS: dict[str, Target] = {t.name: t for t in [
     Target("nvml", "collectors/nvml_backend.py + gpu/pcie parse: NVML answers through the pynvml double",
            (), load_nvml, make_nvml, run_nvml),
     Target("wire", "skewd/wire/decoding.py: decode of findings, summaries, health", (), load_wire, make_wire, run_wire),
+    Target("wire-binary", "skewd/wire/binsummary.py + controller/intake.py: binary summaries read and taken in",
+           (), load_wire_binary, make_wire_binary, run_wire_binary),
     Target("bundle", "agent/bundle/ + agent/replay (nodes and controller): segments with CRC-consistent tampering",
            (), load_bundle, make_bundle, run_bundle),
 ]}
@@ -445,7 +571,7 @@ def _expected(name: str) -> tuple[type[BaseException], ...]:
         from skewd.collectors.pkt.capfile import CaptureError
 
         return (CaptureError,)
-    if name == "wire":
+    if name in ("wire", "wire-binary"):
         from skewd.wire import WireError
 
         return (WireError,)

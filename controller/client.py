@@ -65,11 +65,11 @@ def _subject(kind: str, cluster: str) -> str:
     return wire.subject_filter(kind, cluster=cluster)
 
 
-def _decode(kind: str, data: bytes) -> Event:
+def _decode(kind: str, data: bytes, summaries: wire.BinarySummaryReader) -> Event:
     if kind == "finding":
         return wire.decode_finding(data)
-    if kind == "summary":
-        return wire.decode_summary(data)
+    if kind == "summary":  # JSON, or binary (the reader learns the layouts as they come)
+        return summaries.read(data)
     if kind == "health":
         return wire.decode_health(data)
     return messages.decode(data, kind)  # type: ignore[return-value]
@@ -112,6 +112,7 @@ async def subscribe(nc_or_url: Any, cluster: str, kinds: Iterable[str] = ("remap
             await q.put((kind, msg))
         return cb
 
+    summaries = wire.BinarySummaryReader()
     unacked: Any = None  # a durable message handed out but not yet acknowledged
     pullers: list[asyncio.Task] = []
     try:
@@ -135,7 +136,7 @@ async def subscribe(nc_or_url: Any, cluster: str, kinds: Iterable[str] = ("remap
         while True:
             kind, msg = await q.get()
             try:
-                ev = _decode(kind, msg.data)
+                ev = _decode(kind, msg.data, summaries)
             except WireError as e:
                 (on_error or (lambda k, x: log.warning("skewd %s message skipped: %s", k, x)))(kind, e)
                 if durable and kind in _DURABLE:

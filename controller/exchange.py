@@ -22,6 +22,13 @@ from .catalogue import NAMES as CTL_SIGNALS
 log = logging.getLogger("skewd.controller")
 
 
+def digest_rows(rows: dict[str, tuple]) -> dict[str, tuple]:
+    """The nodes' latest summaries as :func:`~skewd.controller.digest.encode_digests` takes
+    them: a binary summary's row holds its (plan, values), whose signals' dict is made here,
+    once per digest, instead of once per summary."""
+    return {n: r if type(r[3]) is dict else (r[0], r[1], r[2], r[3][0].signals(r[3][1])) for n, r in rows.items()}
+
+
 class PartitionExchange:
     """Partition → leader digests, the leader's intake of them, and placement checks.
 
@@ -53,7 +60,7 @@ class PartitionExchange:
         """Hand the leader what it needs of this partition at ``t`` (controller/scaleout.py)."""
         from .digest import encode_digests
 
-        rows, self._digest_rows = self._digest_rows, {}
+        rows, self._digest_rows = digest_rows(self._digest_rows), {}
         if self._leader_ctl is None:  # the ctl_* values the cluster-wide rules read: all the leader needs of them
             self._leader_ctl = frozenset(s for r in self.engine.rules.rules if r.scope is Scope.CLUSTER
                                          for s in r.requires if s in CTL_SIGNALS)

@@ -38,7 +38,12 @@ CLOCK_SKEW = "clock_skew"  # its time is implausibly far from the controller's c
 TOO_MANY_NODES = "too_many_nodes"  # a new node while ingest.max_nodes nodes are live
 #: a summary dropped unread: ingest.summary_backlog_bytes of summaries were waiting to be taken in
 BACKLOG_FULL = "backlog_full"
-REASONS = (MALFORMED, SCHEMA, SUBJECT_MISMATCH, CLOCK_SKEW, TOO_MANY_NODES, BACKLOG_FULL)
+#: a binary summary whose layout the controller has not learned yet (after its restart, until the
+#: node's next summary carrying the layout): expected, so logged at info level, not as a warning
+LAYOUT_UNKNOWN = "layout_unknown"
+REASONS = (MALFORMED, SCHEMA, SUBJECT_MISMATCH, CLOCK_SKEW, LAYOUT_UNKNOWN, TOO_MANY_NODES, BACKLOG_FULL)
+#: reasons that say nothing is wrong: their log lines are info, not warnings
+EXPECTED_REASONS = frozenset({LAYOUT_UNKNOWN})
 
 LOG_LINES_PER_MINUTE = 5  # per (kind, reason): the first few show what is wrong, the count the rest
 
@@ -61,14 +66,15 @@ class Rejections:
         per[reason] = per.get(reason, 0) + 1
         now = self.clock()
         w = self._window.setdefault((kind, reason), [now, 0, 0])
+        level = logging.INFO if reason in EXPECTED_REASONS else logging.WARNING
         if now - w[0] >= 60.0:
             if w[2]:
-                self.log.warning("%d more %s messages rejected (%s) in the last minute, not logged one by one",
-                                 int(w[2]), kind, reason)
+                self.log.log(level, "%d more %s messages rejected (%s) in the last minute, not logged one by one",
+                             int(w[2]), kind, reason)
             w[:] = [now, 0, 0]
         if w[1] < self.per_minute:
             w[1] += 1
-            self.log.warning("%s rejected (%s) on %s: %s", kind, reason, subject, detail[:300])
+            self.log.log(level, "%s rejected (%s) on %s: %s", kind, reason, subject, detail[:300])
         else:
             w[2] += 1
 

@@ -19,12 +19,22 @@ from skewd.model import GROUP_SCOPES
 
 from . import ingest
 from . import messages as M
+from .layouts import IntakePlan
 from .roles import ROLE_LEADER, ROLE_PARTITION
 from .silence import agent_open
 from .state import STATE_VALUE_BYTES
 from .storefeed import BURST_BYTES, BURST_STARTS
 
 log = logging.getLogger("skewd.controller")
+_NAN = float("nan")
+
+
+def _finite_sum(ts: list[float]) -> bool:
+    """Whether the starts add up to a finite number: no NaN, no infinity, nothing so large the
+    sum overflows (those take the aligner's long way; ``math.fsum`` raised OverflowError on
+    them, and the summary was lost as an error)."""
+    s = sum(ts)
+    return s - s == 0.0
 
 
 class Intake:
@@ -72,33 +82,77 @@ class Intake:
     async def _on_summary(self, msg: Any) -> None:
         if self._ticking:  # its state is on the tick thread (evaluation.py)
             await self._tick_idle()
-        subject = msg.subject
+        data = msg.data
+        if data[:3] == wire.BINARY_MAGIC:  # no JSON starts so (skewd/wire/binsummary.py)
+            self._take_binary(msg.subject, data)
+        else:
+            self._take_json(msg.subject, data)
+        if self.feed.defer_flush and self.feed.due:  # FLUSH_ROWS between ticks: off the event loop too
+            await self._off_loop(self.feed.flush)
+
+    def _take_json(self, subject: str, data: bytes) -> None:
         try:
-            s = wire.summary_view(msg.data)  # the typed decoder's object: read-only from here on
+            s = wire.summary_view(data)  # the typed decoder's object: read-only from here on
         except wire.WireError as e:
             self._reject("summary", ingest.reason_of(e), subject, str(e))
             return
         try:
-            why = ingest.subject_mismatch(subject, wire.MessageKind.SUMMARY, s.cluster, s.node)
-            if why is not None:
-                self._reject("summary", ingest.SUBJECT_MISMATCH, subject, why)
+            if self._summary_refused(subject, s.cluster, s.node, s.t) or not self._summary_heard(subject, s.node,
+                                                                                                  s.interval):
                 return
-            why = ingest.summary_clock_problem(s.t, self.wall(), self.cfg.max_clock_skew)
-            if why is not None:
-                self._reject("summary", ingest.CLOCK_SKEW, subject, why)
-                return
-            if not self._heard(s.node, s.interval):
-                self._reject("summary", ingest.TOO_MANY_NODES, subject,
-                             f"node {s.node!r} is new and {self.cfg.max_nodes} nodes are live (ingest.max_nodes)")
-                return
-            if self.role == ROLE_PARTITION:
-                self._check_placement(subject, s.node)
             self.ingest_summary(s, s.labels)  # the decoder checked: an object of strings
         except Exception:  # noqa: BLE001 - a callback must not die on one message; counted and shown
             self.stats.errors += 1
             log.exception("summary on %s not taken in", subject)
-        if self.feed.defer_flush and self.feed.due:  # FLUSH_ROWS between ticks: off the event loop too
-            await self._off_loop(self.feed.flush)
+
+    def _take_binary(self, subject: str, data: bytes) -> None:
+        """A binary summary (docs/wire.md, *Binary summaries*): the same checks as a JSON one,
+        and its layout must be known (carried, or learned from an earlier summary)."""
+        try:
+            h = wire.read_binary(data)
+            lay = self.layouts.resolve(h)
+            values = None if lay is None else wire.read_values(h, lay)
+        except wire.WireError as e:
+            self._reject("summary", ingest.reason_of(e), subject, str(e))
+            return
+        try:
+            if self._summary_refused(subject, h.cluster, h.node, h.t):
+                return
+            if lay is None:
+                self._reject("summary", ingest.LAYOUT_UNKNOWN, subject,
+                             f"layout {h.layout_id} of node {h.node!r} is not known (yet): the node's next summary "
+                             f"that carries it teaches it (publish.summary_layout_every)")
+                return
+            if not self._summary_heard(subject, h.node, h.interval):
+                return
+            self.ingest_binary(h, self.layouts.keep(h.node, lay), *values)  # type: ignore[misc]
+        except Exception:  # noqa: BLE001 - a callback must not die on one message; counted and shown
+            self.stats.errors += 1
+            log.exception("summary on %s not taken in", subject)
+
+    def _summary_refused(self, subject: str, cluster: str, node: str, t: float) -> bool:
+        """Refuse (counted, logged) a summary whose body does not belong on its subject or
+        whose time is implausible."""
+        why = ingest.subject_mismatch(subject, wire.MessageKind.SUMMARY, cluster, node)
+        if why is not None:
+            self._reject("summary", ingest.SUBJECT_MISMATCH, subject, why)
+            return True
+        why = ingest.summary_clock_problem(t, self.wall(), self.cfg.max_clock_skew)
+        if why is not None:
+            self._reject("summary", ingest.CLOCK_SKEW, subject, why)
+            return True
+        return False
+
+    def _summary_heard(self, subject: str, node: str, interval: float) -> bool:
+        """Note the summary's node as heard (False, refused, when it is new and too many nodes
+        are live); a partition worker checks its placement."""
+        if not self._heard(node, interval):
+            self._reject("summary", ingest.TOO_MANY_NODES, subject,
+                         f"node {node!r} is new and {self.cfg.max_nodes} nodes are live (ingest.max_nodes)")
+            return False
+        if self.role == ROLE_PARTITION:
+            self._check_placement(subject, node)
+        return True
 
     def ingest_summary(self, s: wire.Summary, labels: dict[str, str] | None = None) -> None:
         """Take one node summary (public so replay and tests can feed summaries directly)."""
@@ -112,7 +166,7 @@ class Intake:
             # the common shape: starts without bytes, as the agent sends them. Sorted as the
             # tuples below would be (a NaN start, which JSON cannot carry, goes the long way)
             ts = sorted(map(float, starts.values()))
-            if math.isfinite(math.fsum(ts)):
+            if _finite_sum(ts):
                 self.aligner.observe_starts(s.node, s.t, s.clock_sync.synced, s.clock_sync.max_error_s, ts)
                 observed = True
         if not observed:
@@ -133,6 +187,50 @@ class Intake:
         if self.role == ROLE_PARTITION:  # the leader's copy, sent with the next digest
             self._digest_rows[s.node] = (s.t, s.interval, labels or {}, s.signals)
         self._advance(s.node, s.t)
+
+    def ingest_binary(self, h: wire.BinarySummary, plan: IntakePlan, vals: list[float], complete: bool) -> None:
+        """:meth:`ingest_summary` of a binary summary, its values read against its layout's
+        ``plan`` (:func:`skewd.wire.read_values`: as floats, and whether none is NaN): the
+        controller's state ends up exactly as after the same summary sent as JSON
+        (tests/controller/test_binary_intake.py), without building the signals' dicts."""
+        self.stats.summaries += 1
+        node, t = h.node, h.t
+        if h.labels:
+            self.topology.observe(node, h.labels)
+        self._observe_bursts(h)
+        self.timelines.add_values(node, t, plan.timeline, vals)
+        if complete or plan.complete(vals):
+            if plan.sample_idx is None:
+                if vals:
+                    self.feed.add_row(node, t, plan.id, plan.names, plan.entities, h.values)
+            elif plan.names:
+                self.feed.add_row(node, t, plan.id, plan.names, plan.entities, plan.sample_bytes(h.values))
+        else:  # missing values (JSON's null) are left out, as ingest_summary leaves out None
+            names, ents, vs = plan.samples(vals)
+            if vs:
+                self.feed.add(node, t, names, ents, vs)
+        if self.role == ROLE_PARTITION:  # the leader's copy; its dict is made with the digest
+            self._digest_rows[node] = (t, h.interval, h.labels or {}, (plan, vals))
+        self._advance(node, t)
+
+    def _observe_bursts(self, h: wire.BinarySummary) -> None:
+        """The aligner's part of a binary summary, taken as :meth:`ingest_summary` takes the same
+        bursts from JSON (a NaN start or byte count there is ``null``)."""
+        starts = wire.floats(h.starts) if h.starts else []
+        if starts and not h.burst_bytes:
+            ts = sorted(starts)
+            if _finite_sum(ts):  # NaN (JSON's null) or too large: the long way
+                self.aligner.observe_starts(h.node, h.t, h.synced, h.max_error_s, ts)
+                return
+        nbytes = wire.floats(h.burst_bytes) if h.burst_bytes else None
+        bursts = []
+        for k, v in enumerate(starts):
+            if v != v:
+                continue
+            b = _NAN if nbytes is None else nbytes[k]
+            bursts.append((v, b if b == b else float("nan")))
+        bursts.sort()
+        self.aligner.observe(h.node, h.t, h.synced, h.max_error_s, bursts)
 
     def _advance(self, node: str, t: float) -> None:
         """A node's data at ``t`` arrived: the evaluation grid starts and the watermark moves."""

@@ -61,6 +61,7 @@ from .evaluation import Evaluation
 from .exchange import PartitionExchange
 from .gcpolicy import GcPolicy
 from .intake import Intake
+from .layouts import IntakeLayouts
 from .planner import Planner
 from .roles import ROLE_ALL, ROLE_LEADER, ROLE_PARTITION
 from .silence import SilentNodes, agent_open
@@ -188,6 +189,7 @@ class Controller(Intake, Evaluation, Suggestions, SilentNodes, PartitionExchange
         self._health: dict[str, wire.Health] = {}
         self._open_keys: set[str] = set()  # incident group keys whose ids are stored in KV
         self.feed = StoreFeed(self.store)  # summary samples on their way into the store
+        self.layouts = IntakeLayouts()  # binary summaries' layouts learned, and their reading plans
         self.rejections = ingest.Rejections(log)
         self.nodes = ingest.NodeBook(cfg.max_nodes, cfg.silent_intervals, cfg.evaluation_interval)
         self.loops: dict[str, LoopHealth] = {}

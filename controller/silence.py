@@ -91,6 +91,7 @@ class SilentNodes:
             del self.timelines.engines[key]
         self.topology.forget(node)
         self.feed.forget_node(node)  # its store rows and known layouts
+        self.layouts.forget_node(node)  # the binary summary layouts it kept
         self._health.pop(node, None)
 
     def _note_silence(self, inc: M.Incident) -> None:

@@ -22,7 +22,7 @@ import numpy as np
 from .messages import Effect, Phase, PhaseContext, PhaseRecord
 
 
-@dataclass
+@dataclass(slots=True)
 class _Point:
     t: float
     phase: Phase | None
@@ -55,6 +55,44 @@ ENGINE_PHASE, ENGINE_KV, ENGINE_WAITING, ENGINE_RUNNING, ENGINE_TTFT, ENGINE_ITL
     "engine_phase", "engine_kv_cache_usage_ratio", "engine_requests_waiting", "engine_requests_running",
     "engine_ttft_p50_seconds", "engine_itl_p50_seconds")
 ENGINE_KEYS = frozenset({ENGINE_PHASE, ENGINE_KV, ENGINE_WAITING, ENGINE_RUNNING, ENGINE_TTFT, ENGINE_ITL})
+
+
+#: the node's reductions a summary timeline reads (entity "")
+NODE_KEYS = ("summary_engine_phase", "summary_kv_cache_usage_ratio", "summary_requests_waiting")
+_ENGINE_ORDER = (ENGINE_PHASE, ENGINE_KV, ENGINE_WAITING, ENGINE_RUNNING, ENGINE_TTFT, ENGINE_ITL)
+
+
+@dataclass(frozen=True)
+class SummaryPlan:
+    """Where :meth:`Timelines.add_summary` finds its inputs among a binary summary's values
+    (positions, -1: absent): per engine entity the positions of its ENGINE_* keys (in the
+    order phase, kv, waiting, running, ttft, itl), and those of :data:`NODE_KEYS` (None when
+    the layout has none of them)."""
+
+    engines: tuple[tuple[str, tuple[int, ...]], ...]
+    node: tuple[int, ...] | None
+
+
+def summary_plan(signals: Iterable[tuple[str, Iterable[str]]]) -> SummaryPlan:
+    """The :class:`SummaryPlan` of a layout (signals with their entities, in value order):
+    the engines are the entities of the first of engine_phase, engine_kv_cache_usage_ratio,
+    engine_requests_waiting that has any, as :meth:`Timelines.add_summary` takes them."""
+    pos: dict[tuple[str, str], int] = {}
+    ents_of: dict[str, list[str]] = {}
+    for name, ents in signals:
+        ents_of[name] = list(ents)
+        for e in ents_of[name]:
+            pos[(name, e)] = len(pos)
+    engines = ents_of.get(ENGINE_PHASE) or ents_of.get(ENGINE_KV) or ents_of.get(ENGINE_WAITING) or []
+    node = tuple(pos.get((k, ""), -1) for k in NODE_KEYS)
+    return SummaryPlan(tuple((e, tuple(pos.get((k, e), -1) for k in _ENGINE_ORDER)) for e in engines),
+                       None if max(node) < 0 else node)
+
+
+def _value(ents: dict[str, float | None] | None, ent: str) -> float | None:
+    """An engine's value of one summary key (None: absent, null or NaN)."""
+    v = (ents or _NONE).get(ent)
+    return None if v is None or v != v else float(v)
 
 
 def _fmt_s(v: float) -> str:
@@ -108,10 +146,23 @@ class Timelines:
         get = signals.get
         engines = get(ENGINE_PHASE) or get(ENGINE_KV) or get(ENGINE_WAITING) or _NONE
         for ent in engines:
-            self._add_engine(node, ent, t, signals)
-        phase = (get("summary_engine_phase") or _NONE).get("")
-        kv = (get("summary_kv_cache_usage_ratio") or _NONE).get("")
-        waiting = (get("summary_requests_waiting") or _NONE).get("")
+            self._add_engine(node, ent, t, *[_value(get(k), ent) for k in _ENGINE_ORDER])
+        self._add_node(node, t, (get("summary_engine_phase") or _NONE).get(""),
+                       (get("summary_kv_cache_usage_ratio") or _NONE).get(""),
+                       (get("summary_requests_waiting") or _NONE).get(""))
+
+    def add_values(self, node: str, t: float, plan: "SummaryPlan", values: list[float]) -> None:
+        """:meth:`add_summary` of a binary summary's values (NaN: missing), read at the
+        positions ``plan`` found in its layout once (:func:`summary_plan`)."""
+        for ent, idx in plan.engines:
+            v = [None if i < 0 or values[i] != values[i] else values[i] for i in idx]
+            self._add_engine(node, ent, t, *v)
+        if plan.node is not None:
+            p, k, w = [None if i < 0 or values[i] != values[i] else values[i] for i in plan.node]
+            self._add_node(node, t, p, k, w)
+
+    def _add_node(self, node: str, t: float, phase: float | None, kv: float | None, waiting: float | None) -> None:
+        """The node's own reductions (for what names no engine), keyed by the node name."""
         if phase is None and kv is None and waiting is None:
             return
         tl = self.engines.get(node)
@@ -120,7 +171,8 @@ class Timelines:
         tl.points.append(_Point(t, Phase.from_code(phase), kv, waiting, None))
         tl.prune(t - self.horizon)
 
-    def _add_engine(self, node: str, ent: str, t: float, signals: dict[str, dict[str, float | None]]) -> None:
+    def _add_engine(self, node: str, ent: str, t: float, phase: float | None, kv: float | None,
+                    waiting: float | None, running: float | None, ttft: float | None, itl: float | None) -> None:
         """One engine's own summary values (a plugin timeline of the same key wins: it sees every step)."""
         key = f"{node}/{ent}"
         tl = self.engines.get(key)
@@ -128,14 +180,7 @@ class Timelines:
             return
         if tl is None:
             tl = self.engines[key] = EngineTimeline(key, "summary")
-
-        def val(name: str) -> float | None:
-            v = (signals.get(name) or _NONE).get(ent)
-            return None if v is None or v != v else float(v)
-
-        tl.points.append(_Point(t, Phase.from_code(val(ENGINE_PHASE)), val(ENGINE_KV), val(ENGINE_WAITING),
-                                val(ENGINE_RUNNING)))
-        ttft, itl = val(ENGINE_TTFT), val(ENGINE_ITL)
+        tl.points.append(_Point(t, Phase.from_code(phase), kv, waiting, running))
         if ttft is not None:
             tl.ttft.append((t, ttft))
         if itl is not None:

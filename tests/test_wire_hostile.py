@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+from typing import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -153,18 +154,24 @@ def test_any_field_set_to_any_json_is_decoded_or_rejected(kind: str, data: st.Da
 @given(st.sampled_from(sorted(DECODERS)), st.integers(0, 2 ** 32), st.integers(1, 8))
 def test_any_byte_mutation_is_decoded_or_rejected(kind: str, seed: int, n: int) -> None:
     make, decode = DECODERS[kind]
-    raw = bytearray(json.dumps(make()).encode())
     rng = random.Random(seed)
+    _outcome(decode, mutated(json.dumps(make()).encode(), rng, n, lambda: rng.choice(
+        [b"[", b"{", b"]", b"}", b'"', b"\\", b"1e999", b"NaN", b"-", b"9" * 50])))
+
+
+def mutated(raw: bytes, rng: random.Random, n: int, insert: Callable[[], bytes]) -> bytes:
+    """``raw`` with ``n`` random bytes replaced, ``insert()``-ed or deleted."""
+    out = bytearray(raw)
     for _ in range(n):
-        i = rng.randrange(len(raw))
+        i = rng.randrange(len(out))
         op = rng.randrange(3)
         if op == 0:
-            raw[i] = rng.randrange(256)
+            out[i] = rng.randrange(256)
         elif op == 1:
-            raw[i:i] = rng.choice([b"[", b"{", b"]", b"}", b'"', b"\\", b"1e999", b"NaN", b"-", b"9" * 50])
+            out[i:i] = insert()
         else:
-            del raw[i]
-    _outcome(decode, bytes(raw))
+            del out[i]
+    return bytes(out)
 
 
 @given(_json)

@@ -38,14 +38,19 @@ and ``wire.<name>`` are how every side uses it):
 * :mod:`skewd.wire.messages` - Summary and Health, and writing any message (JSON, headers, subject);
 * :mod:`skewd.wire.reader` - bounded JSON and typed field access for untrusted payloads;
 * :mod:`skewd.wire.decoding` - strict decoders of findings, summaries and health;
-* :mod:`skewd.wire.fastsummary` - the summary's fast decoding paths (same result as the strict one).
+* :mod:`skewd.wire.fastsummary` - the summary's fast decoding paths (same result as the strict one);
+* :mod:`skewd.wire.binsummary` - the summary's binary encoding (layout + float64 values), its
+  reader and the agent's encoder.
 """
 from __future__ import annotations
 
-from .base import (HDR_KIND, HDR_MSG_ID, HDR_SCHEMA, SUBJECT_PREFIX, WIRE_SCHEMA, MessageKind, SchemaVersionError,
+from .base import (BINARY_MAGIC, HDR_KIND, HDR_MSG_ID, HDR_SCHEMA, SUBJECT_PREFIX, WIRE_SCHEMA, MessageKind, SchemaVersionError,
                    WireError)
-from .decoding import (MATURITIES, decode, decode_finding, decode_health, decode_summary, finding_from_dict,
-                       health_from_dict, summary_from_dict, summary_view)
+from .binsummary import (BINARY_PREFIX, BURST_BYTES, BURST_STARTS, MAX_LAYOUT_SAMPLES, BinarySummary, LayoutBook,
+                         LayoutUnknownError, SummaryEncoder, SummaryLayout, decode_binary_summary, floats, layout_id,
+                         make_layout, pack, read_binary, read_layout, read_values, summary_of, values_of)
+from .decoding import (MATURITIES, BinarySummaryReader, decode, decode_finding, decode_health, decode_summary,
+                       finding_from_dict, health_from_dict, summary_from_dict, summary_view)
 from .messages import (ClockHealth, ClockSync, CollectorHealth, Health, ReloadStatus, RulesHealth, Summary,
                        WireMessage, encode, headers_for, subject_for, to_dict)
 from .reader import (MAX_INT, MAX_JSON_DEPTH, MAX_NAME_CHARS, MAX_PAYLOAD_BYTES, MAX_TIME, decode_totally,
@@ -57,6 +62,9 @@ from .subjects import (EMPTY_TOKEN, PARTITIONED_SUMMARY, SUBJECT_TOKENS, ParsedS
                        summary_subject, token, untoken)
 
 __all__ = [
+    "BINARY_MAGIC", "BINARY_PREFIX", "BURST_BYTES", "BURST_STARTS", "MAX_LAYOUT_SAMPLES", "BinarySummary", "BinarySummaryReader", "LayoutBook",
+    "LayoutUnknownError", "SummaryEncoder", "SummaryLayout", "decode_binary_summary", "floats", "layout_id", "make_layout",
+    "pack", "read_binary", "read_layout", "read_values", "summary_of", "values_of",
     "BEST_EFFORT_KINDS", "EMPTY_TOKEN", "FINDINGS_STREAM", "HDR_KIND", "HDR_MSG_ID", "HDR_SCHEMA", "MATURITIES",
     "MAX_INT", "MAX_JSON_DEPTH", "MAX_NAME_CHARS", "MAX_PAYLOAD_BYTES", "MAX_TIME", "PARTITIONED_SUMMARY",
     "REMAPS_STREAM", "STREAMS", "SUBJECT_PREFIX", "SUBJECT_TOKENS", "WIRE_SCHEMA", "ClockHealth", "ClockSync",

@@ -21,6 +21,11 @@ HDR_MSG_ID = "Nats-Msg-Id"
 HDR_KIND = "Skewd-Kind"
 HDR_SCHEMA = "Skewd-Schema"
 
+#: The first bytes of a binary summary (:mod:`skewd.wire.binsummary`): ``0x93`` is a UTF-8
+#: continuation byte, which no UTF-8 text (no JSON payload) can start with, so a reader tells
+#: the two encodings apart by the first byte.
+BINARY_MAGIC = b"\x93SK"
+
 
 class MessageKind(str, Enum):
     """What a message is; also the third subject token."""

@@ -14,7 +14,8 @@ from typing import Any, Mapping
 from skewd.model import SCHEMA_VERSION as FINDING_SCHEMA_VERSION
 from skewd.model import Finding, Layer, Scope, Severity, State
 
-from .base import WIRE_SCHEMA, MessageKind, WireError
+from .base import BINARY_MAGIC, WIRE_SCHEMA, MessageKind, WireError
+from .binsummary import LayoutBook, decode_binary_summary
 from .fastsummary import TypedSummary, fast_summary, typed_struct, typed_summary
 from .messages import (ClockHealth, ClockSync, CollectorHealth, Health, ReloadStatus, RulesHealth, Summary,
                        WireMessage)
@@ -158,7 +159,13 @@ def decode(data: bytes | str, expect: MessageKind | str | None = None) -> WireMe
     JSON object, known ``kind`` (or ``expect``), supported ``schema``, required fields present
     with the right types and finite, in-range numbers. *Every* failure raises
     :class:`WireError` (:class:`SchemaVersionError` for a version mismatch) with a message
-    naming the field, so a consumer catching WireError is never stopped by a payload."""
+    naming the field, so a consumer catching WireError is never stopped by a payload.
+
+    A binary summary (:mod:`skewd.wire.binsummary`) is read when it carries its layout
+    (:class:`~skewd.wire.binsummary.LayoutUnknownError` otherwise: a stream of them is read
+    with a :class:`~skewd.wire.binsummary.BinarySummaryReader`, which learns the layouts)."""
+    if not isinstance(data, str) and data[:3] == BINARY_MAGIC and (expect is None or expect == MessageKind.SUMMARY):
+        return decode_binary_summary(data)
     d = load_json(data)
     if not isinstance(d, dict):
         raise WireError(f"payload must be a JSON object, got {type(d).__name__}")
@@ -185,6 +192,20 @@ def decode_summary(data: bytes | str) -> Summary:
     shape agents send (:func:`_typed_summary`; same result, a quarter of the time)."""
     fast = typed_summary(data)
     return fast if fast is not None else decode(data, MessageKind.SUMMARY)  # type: ignore[return-value]
+
+
+class BinarySummaryReader:
+    """Reads a stream of summaries in either encoding, learning binary summaries' layouts as
+    they come (:mod:`skewd.wire.binsummary`): what a subscriber other than the controller uses
+    (the client library)."""
+
+    def __init__(self) -> None:
+        self.book = LayoutBook()
+
+    def read(self, data: bytes) -> Summary:
+        if data[:3] == BINARY_MAGIC:
+            return decode_binary_summary(data, self.book)
+        return decode_summary(data)
 
 
 def decode_health(data: bytes | str) -> Health:

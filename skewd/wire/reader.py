@@ -15,7 +15,7 @@ import math
 import re
 from typing import Any, Mapping
 
-from .base import MessageKind, SchemaVersionError, WireError
+from .base import BINARY_MAGIC, MessageKind, SchemaVersionError, WireError
 
 #: Largest payload any decoder reads: the streams' ``max_msg_size`` and NATS's default
 #: ``max_payload`` (1 MiB). A larger body is refused before it is parsed.
@@ -75,6 +75,8 @@ def load_json(data: bytes | str, *, max_bytes: int = MAX_PAYLOAD_BYTES, max_dept
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
     if len(raw) > max_bytes:
         raise WireError(f"payload is {len(raw)} bytes; the limit is {max_bytes}")
+    if raw[:3] == BINARY_MAGIC:
+        raise WireError("payload is a binary summary, not JSON (docs/wire.md, Binary summaries)")
     if json_depth_exceeds(raw, max_depth):
         raise WireError(f"payload nests deeper than {max_depth} levels (or its brackets do not balance)")
     try:

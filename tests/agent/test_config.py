@@ -69,3 +69,19 @@ def test_spool_and_rule_limit_settings_are_checked_at_load_with_their_position(t
     cfg = load_config(f, env={})
     assert cfg.spool["fsync"] == "always" and cfg.spool["fsync_interval"] == 0.25
     assert cfg.rule_limits.yaml_depth == 128
+
+
+def test_summary_encoding_is_json_unless_told_and_checked_at_load(tmp_path):
+    cfg = load_config(None, env={})
+    assert cfg.summary_encoding == "json" and cfg.summary_layout_every == 10.0
+    f = write(tmp_path, "node: n1\npublish:\n  summary_encoding: msgpack\n  summary_layout_every: 0s\n"
+                        "  sumary_encoding: binary\n")
+    with pytest.raises(ConfigError) as ei:
+        load_config(f, env={})
+    msgs = "\n".join(ei.value.problems)
+    assert f"{f}:3:3: publish.summary_encoding must be json or binary, got 'msgpack'" in msgs
+    assert f"{f}:4:3: publish.summary_layout_every: must be longer than 0s" in msgs
+    assert f"{f}:5:3: unknown key publish.sumary_encoding; did you mean summary_encoding?" in msgs
+    cfg = load_config(write(tmp_path, "node: n1\npublish: {summary_encoding: binary, summary_layout_every: 30s}\n"),
+                      env={"SKEWD__publish__summary_layout_every": "20s"})
+    assert cfg.summary_encoding == "binary" and cfg.summary_layout_every == 20.0

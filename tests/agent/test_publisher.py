@@ -199,6 +199,39 @@ async def test_summary_and_health_go_best_effort_over_core_nats(nats_server, spo
         await nc.close()
 
 
+async def test_binary_summaries_carry_their_layout_first_and_again_after_a_drop(nats_server, spool) -> None:
+    """publish.summary_encoding: binary. A subscriber reading with a BinarySummaryReader gets
+    the summaries the JSON decoder would; the first carries its layout, the next ones do not,
+    and after a summary the publisher could not send the next one carries it again."""
+    cluster = _cluster("bin")
+    summaries = [wire.Summary(node="n1", cluster=cluster, t=1700000000.0 + i, interval=1.0,
+                              signals={"summary_gpu_util_mean_ratio": {"": 0.5 + i / 10}, "x": {"": None}},
+                              clock_sync=wire.ClockSync(True, 0.001), agent_version="0.1.0",
+                              labels={"tp_group": "tp0"}) for i in range(3)]
+    nc = await nats.connect(nats_server.url)
+    pub = await _started(nats_server.url, spool, summary_encoding="binary", summary_layout_every=60.0)
+    try:
+        sub = await nc.subscribe(wire.subject_filter("summary", cluster=cluster) + ".*")
+        await nc.flush()
+        await asyncio.wait_for(pub.wait_connected(5), 10)
+        for s in summaries[:2]:
+            assert await pub.publish_summary(s)
+        got = [await asyncio.wait_for(sub.next_msg(), 5) for _ in range(2)]
+        assert [bool(wire.read_binary(m.data).layout) for m in got] == [True, False]
+        reader = wire.BinarySummaryReader()
+        assert [reader.read(m.data) for m in got] == [wire.decode(wire.encode(s)) for s in summaries[:2]]
+        assert got[0].subject == wire.subject_for(summaries[0]) and got[0].headers[wire.HDR_KIND] == "summary"
+        connected, pub._nc = pub._nc, None  # as while disconnected: dropped, counted
+        assert await pub.publish_summary(summaries[2]) is False
+        pub._nc = connected
+        assert await pub.publish_summary(summaries[2])
+        again = await asyncio.wait_for(sub.next_msg(), 5)
+        assert wire.read_binary(again.data).layout  # a reader may have missed it
+    finally:
+        await pub.stop()
+        await nc.close()
+
+
 async def test_spool_bound_while_nats_is_down(nats_server_factory, tmp_path: Path) -> None:
     """NATS down: publish_* never blocks; past the bound the oldest are evicted and counted; the
     newest are delivered, in order, once NATS comes up."""

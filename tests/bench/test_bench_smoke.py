@@ -79,6 +79,16 @@ def test_controller_ingest_reports_controller_and_bare_transport() -> None:
     assert sum("ratio to the peer" in line for line in lines) == 2
 
 
+@pytest.mark.parametrize("encoding", ["json", "binary"])
+def test_controller_ingest_offline_takes_in_every_summary_of_either_encoding(encoding: str) -> None:
+    lines, f = run("controller_ingest.py", "--offline", "200", "--warm", "10", "--seconds", "3", "--nodes", "16",
+                   "--encoding", encoding, "--json")
+    assert f is not None and f["encoding"] == encoding
+    assert f["rejected"] == 0 and f["errors"] == 0 and f["evaluations"] > 0  # past the rules' warm-up
+    assert f["warm"]["summaries"] + f["steady"]["summaries"] == 200 * 13
+    assert any(f"{encoding} summaries" in line for line in lines)
+
+
 def test_agent_footprint_runs_the_real_agent() -> None:
     lines, f = run("agent_footprint.py", "--minutes", "0.1", "--warmup", "5", "--pkt-interface", "none", "--json")
     assert f is not None

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import nats
 
@@ -39,6 +40,30 @@ def offline_controller(**over: Any) -> "Controller":
     ctl.state = MemoryState(cfg.cluster)
     ctl.js = CaptureJetStream()
     return ctl
+
+
+def arrival_order(rng: random.Random, seconds: int, nodes: Sequence[str],
+                  make: Callable[[int, str], Any]) -> list:
+    """Second by second, each node's message ``make(second, node)`` (None: the node is silent
+    that second) in arrival order, and None for an evaluation after each second: a message is
+    sometimes sent twice, a second's messages arrive shuffled, and one is sometimes held back
+    a second."""
+    out: list = []
+    for i in range(seconds):
+        batch = []
+        for node in nodes:
+            m = make(i, node)
+            if m is None:
+                continue
+            batch.append(m)
+            if rng.random() < 0.03:
+                batch.append(m)  # sent twice
+        rng.shuffle(batch)
+        if out and rng.random() < 0.1:  # one summary held back a second
+            out.insert(len(out) - rng.randint(1, 5), batch.pop())
+        out.extend(batch)
+        out.append(None)  # an evaluation
+    return out
 
 
 def config(url: str, cluster: str, **over: Any) -> ControllerConfig:

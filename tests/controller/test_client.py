@@ -76,6 +76,38 @@ async def test_subscribe_yields_typed_events_of_every_kind(nats_server) -> None:
         await nc.close()
 
 
+async def test_binary_summaries_are_read_once_their_layout_came_by(nats_server) -> None:
+    nc = await nats.connect(nats_server.url)
+    got: list = []
+    errors: list = []
+    done = asyncio.Event()
+
+    async def consume():
+        async for ev in client.subscribe(nc, "cb", kinds=("summary",), on_error=lambda k, e: errors.append(e)):
+            got.append(ev)
+            if len(got) == 2:
+                done.set()
+
+    task = asyncio.create_task(consume())
+    try:
+        await asyncio.sleep(0.5)
+        summaries = [wire.Summary(node="n0", cluster="cb", t=100.0 + i, interval=1.0,
+                                  signals={"summary_gpu_util_mean_ratio": {"": 0.5}}, clock_sync=wire.ClockSync(True),
+                                  agent_version="t") for i in range(3)]
+        enc = wire.SummaryEncoder()
+        raw = [enc.encode(s) for s in summaries]  # the first carries the layout
+        for r in (raw[1], raw[0], raw[2]):  # the second before it: its layout not come by yet
+            await nc.publish(wire.summary_subject("cb", "n0"), r)
+        await asyncio.wait_for(done.wait(), 10)
+        assert [e.t for e in got] == [100.0, 102.0] and got[0] == wire.decode(wire.encode(summaries[0]))
+        assert len(errors) == 1 and isinstance(errors[0], wire.LayoutUnknownError)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await nc.close()
+
+
 async def test_durable_subscription_resumes_where_it_left_off(nats_server) -> None:
     nc = await nats.connect(nats_server.url)
     js = nc.jetstream()

@@ -12,7 +12,7 @@ import numpy as np
 from skewd import wire
 from skewd.controller.service import Controller
 
-from .helpers import RULES, offline_controller
+from .helpers import RULES, arrival_order, offline_controller
 
 T0 = 1_700_000_000.0
 NODES = [f"n{i}" for i in range(8)]
@@ -33,32 +33,24 @@ def _messages(seed: int, seconds: int) -> list[tuple[float, object]]:
     mostly every node each second, sometimes one a second late or twice at one time, sometimes
     a signal left out (None) or a node silent."""
     rng = random.Random(seed)
-    out = []
-    for i in range(seconds):
+
+    def summary(i: int, n: str) -> tuple[str, bytes] | None:
+        if rng.random() < 0.03:
+            return None  # silent this second
         t = T0 + i + 1
-        batch = []
-        for n in NODES:
-            if rng.random() < 0.03:
-                continue  # silent this second
-            sig: dict = {}
-            for s in SIGNALS:
-                v = None if rng.random() < 0.04 else rng.random() * 100
-                sig[s] = {"": v}
-            lag = 0.01 if n == "n3" else 0.0
-            sig["collective_burst_starts"] = {str(k): t - 1 + k * 0.05 + 0.0003 + lag for k in range(20)}
-            g = "tp0" if n in NODES[:4] else "tp1"
-            s_ = wire.Summary(node=n, cluster="c1", t=t, interval=1.0, signals=sig,
-                              clock_sync=wire.ClockSync(True, 0.0005), agent_version="test",
-                              labels={"tp_group": g, "tp_rank": str(NODES.index(n) % 4)})
-            batch.append((wire.summary_subject("c1", n, g), wire.encode(s_)))
-            if rng.random() < 0.03:
-                batch.append(batch[-1])  # sent twice
-        rng.shuffle(batch)
-        if out and rng.random() < 0.1:  # one summary held back a second
-            out.insert(len(out) - rng.randint(1, 5), batch.pop())
-        out.extend(batch)
-        out.append(None)  # an evaluation
-    return out
+        sig: dict = {}
+        for s in SIGNALS:
+            v = None if rng.random() < 0.04 else rng.random() * 100
+            sig[s] = {"": v}
+        lag = 0.01 if n == "n3" else 0.0
+        sig["collective_burst_starts"] = {str(k): t - 1 + k * 0.05 + 0.0003 + lag for k in range(20)}
+        g = "tp0" if n in NODES[:4] else "tp1"
+        s_ = wire.Summary(node=n, cluster="c1", t=t, interval=1.0, signals=sig,
+                          clock_sync=wire.ClockSync(True, 0.0005), agent_version="test",
+                          labels={"tp_group": g, "tp_rank": str(NODES.index(n) % 4)})
+        return wire.summary_subject("c1", n, g), wire.encode(s_)
+
+    return arrival_order(rng, seconds, NODES, summary)
 
 
 class _Msg:
