@@ -11,7 +11,7 @@ import pytest
 
 from skewd import wire
 from skewd.controller.config import load_config
-from skewd.controller.gcpolicy import REGROW, GcPolicy
+from skewd.controller.gcpolicy import REGROW, YOUNG_THRESHOLD, GcPolicy
 from skewd.controller.service import Controller
 
 from .helpers import config, wait_for
@@ -42,10 +42,30 @@ def test_settles_on_the_first_warm_tick_and_when_the_nodes_grew():
 
 
 def test_a_disabled_policy_never_touches_the_collector():
+    before = gc.get_threshold()
     p = GcPolicy()
     for n in (10, 100, 1000):
         assert not p.after_tick(warm=True, nodes=n)
     assert gc.get_freeze_count() == 0
+    assert gc.get_threshold() == before
+
+
+def test_the_first_settle_lets_the_young_generation_grow_once():
+    gc.set_threshold(700, 10, 10)  # CPython's defaults
+    p = GcPolicy(enabled=True)
+    assert not p.after_tick(warm=False, nodes=100)
+    assert gc.get_threshold() == (700, 10, 10)  # not before the controller is warm
+    assert p.after_tick(warm=True, nodes=100)
+    assert gc.get_threshold() == YOUNG_THRESHOLD
+    gc.set_threshold(5_000, 10, 10)  # an operator's own tuning after that is left alone
+    assert p.after_tick(warm=True, nodes=1000)
+    assert gc.get_threshold() == (5_000, 10, 10)
+
+
+def test_a_process_with_collection_switched_off_keeps_it_off():
+    gc.set_threshold(0, 10, 10)
+    assert GcPolicy(enabled=True).after_tick(warm=True, nodes=10)
+    assert gc.get_threshold() == (0, 10, 10)
 
 
 def test_only_a_started_controller_settles():
@@ -71,6 +91,7 @@ def test_a_started_controller_freezes_once_warm(nats_server):
             await nc.flush()
             await wait_for(lambda: asyncio.sleep(0, ctl.gc_policy.settles > 0), 30, "a settle after warm-up")
             assert gc.get_freeze_count() > 0
+            assert gc.get_threshold() == YOUNG_THRESHOLD
         finally:
             await nc.close()
             await ctl.stop()
