@@ -66,6 +66,8 @@ class BurstLog:
         self._lo = 0
         self._n = 0
         self._unordered = False  # a NaN start: the lists are no longer sorted by time
+        #: a burst with bytes was taken: the bytes are mirrored too (else windows read NaN bytes)
+        self._bytes = False
         self._reorders = 0  # bursts inserted before the newest (see stamp)
         #: bursts pruned so far: list index + base is a burst's position for the log's life
         #: (while the stamp stays: nothing inserted before the newest)
@@ -92,6 +94,9 @@ class BurstLog:
                     self._unordered = True
                 ts.append(t)
                 bs.append(b)
+            if b == b and not self._bytes:
+                self._bytes = True
+                self._n = 0  # mirror the bytes from the start
 
     def add_starts(self, starts: list[float]) -> None:
         """:meth:`add` of finite, sorted starts without bytes (what agents send): appended in
@@ -147,8 +152,11 @@ class BurstLog:
         if self._n < m:
             lo = self._lo
             self._t[lo + self._n: lo + m] = self.ts[self._n:]
-            self._b[lo + self._n: lo + m] = self.bs[self._n:]
+            if self._bytes:
+                self._b[lo + self._n: lo + m] = self.bs[self._n:]
             self._n = m
+        if not self._bytes:
+            return self._t[self._lo: self._lo + m], _nan_bytes(m)
         return self._t[self._lo: self._lo + m], self._b[self._lo: self._lo + m]
 
     def window(self, lo: float, hi: float) -> tuple[np.ndarray, np.ndarray]:
@@ -161,6 +169,19 @@ class BurstLog:
         i = bisect_right(self.ts, lo)
         j = bisect_right(self.ts, hi, i)
         return t[i:j], b[i:j]
+
+
+_NAN_BYTES = [np.full(0, np.nan)]  # read-only NaN, shared by every log without bytes
+
+
+def _nan_bytes(n: int) -> np.ndarray:
+    """``n`` unknown bytes (a read-only view: burst logs whose bursts carry no bytes)."""
+    a = _NAN_BYTES[0]
+    if len(a) < n:
+        a = np.full(max(n, 2 * len(a), 4096), np.nan)
+        a.flags.writeable = False
+        _NAN_BYTES[0] = a
+    return a[:n]
 
 
 @dataclass

@@ -45,13 +45,11 @@ _SLOT = [("lo", float, np.nan, ()), ("hi", float, np.nan, ()), ("w", float, np.n
 #: per slot and step row
 _STEP = [("first", float, np.nan, ()), ("last", float, np.nan, ()), ("count", np.int64, 0, ()),
          ("complete", bool, False, ()), ("partial", bool, False, ()), ("present", bool, False, (1,))]
-#: per slot and complete step row: M = [lag (k) | excess (k) | spread]
-_COMPLETE = [("M", float, np.nan, (2, 1)), ("B", float, np.nan, (1,)), ("lcl", bool, False, (1,))]
+#: per slot and complete step row
+_COMPLETE = [("B", float, np.nan, (1,)), ("lcl", bool, False, (1,))]
 
 
 def _shape(k: int, tail: tuple) -> tuple:
-    if tail == (2, 1):
-        return (2 * k + 1,)
     return (k,) * len(tail)
 
 
@@ -90,7 +88,10 @@ class StepTable:
 
     # -- storage -----------------------------------------------------------------------------
     def _resize(self, gcap: int, cap: int, ccap: int) -> None:
-        for spec, lead in ((_SLOT, (gcap,)), (_STEP, (gcap, cap)), (_COMPLETE, (gcap, ccap))):
+        for spec, lead in ((_SLOT, (gcap,)), (_STEP, (gcap, cap)), (_COMPLETE, (gcap, ccap)),
+                           # per slot, complete step rows as columns: [lag (k) | excess (k) | spread],
+                           # so that a slot's medians partition contiguous rows
+                           ([("M", float, np.nan, ())], (gcap, 2 * self.k + 1, ccap))):
             for name, dtype, fill, tail in spec:
                 new = np.full(lead + _shape(self.k, tail), fill, dtype=dtype)
                 old = getattr(self, name, None)
@@ -136,6 +137,7 @@ class StepTable:
             for name, *_ in _COMPLETE:
                 arr = getattr(self, name)
                 arr[g, : ce - ca] = arr[g, ca:ce]
+            self.M[g, :, : ce - ca] = self.M[g, :, ca:ce]
             self.s0[g], self.s1[g], self.c0[g], self.c1[g] = 0, e - a, 0, ce - ca
 
     # -- a group aligned from scratch --------------------------------------------------------
@@ -160,9 +162,9 @@ class StepTable:
         self.partial[slot, :nsteps] = partial
         self.present[slot, :nsteps] = rows.present
         M = self.M[slot]
-        M[:C, :k] = rows.lag
-        M[:C, k: 2 * k] = rows.excess
-        M[:C, 2 * k] = rows.spread
+        M[:k, :C] = rows.lag.T
+        M[k: 2 * k, :C] = rows.excess.T
+        M[2 * k, :C] = rows.spread
         self.B[slot, :C] = rows.B
         self.lcl[slot, :C] = rows.last_clear
         self.s1[slot], self.c1[slot] = nsteps, C
@@ -302,9 +304,9 @@ class StepTable:
         self.npart[Sk] += _group_sums(partial, ns)
         csl = Sk[ccand]
         cp = self.c1[Sk][ccand] + np.arange(len(ccand)) - (np.cumsum(nc) - nc)[ccand]
-        self.M[csl, cp, :k] = rows.lag
-        self.M[csl, cp, k: 2 * k] = rows.excess
-        self.M[csl, cp, 2 * k] = rows.spread
+        self.M[csl, :k, cp] = rows.lag  # (the advanced indices first: rows x members)
+        self.M[csl, k: 2 * k, cp] = rows.excess
+        self.M[csl, 2 * k, cp] = rows.spread
         self.B[csl, cp] = rows.B
         self.lcl[csl, cp] = rows.last_clear
         self.lcs[Sk] += _group_sums(rows.last_clear, nc)
@@ -324,15 +326,15 @@ class StepTable:
         st = WindowStats(ncomplete, npartial, self.pps[slot].tolist() if npartial else [])
         if not ncomplete:
             return st
-        M = self.M[slot, c0:c1]
+        M = self.M[slot, :, c0:c1]
         # median0 of lag, excess and spread in one partition: the same order statistics, and
         # (a + b) / 2 of the middle two as median0 takes them
         m, h = ncomplete, ncomplete // 2
-        P = np.partition(M, (h - 1, h, m - 1) if m % 2 == 0 and m > 1 else (h, m - 1), axis=0)
-        if np.isnan(P[m - 1]).any():
-            med = np.concatenate((median0(M[:, :k]), median0(M[:, k: 2 * k]), [median0(M[:, 2 * k])]))
+        P = np.partition(M, (h - 1, h, m - 1) if m % 2 == 0 and m > 1 else (h, m - 1), axis=1)
+        if np.isnan(P[:, m - 1]).any():
+            med = np.concatenate((median0(M[:k].T), median0(M[k: 2 * k].T), [median0(M[2 * k])]))
         else:
-            med = P[h] if m % 2 else (P[h - 1] + P[h]) / 2
+            med = P[:, h] if m % 2 else (P[:, h - 1] + P[:, h]) / 2
         st.spread = float(med[2 * k])
         st.lag = med[:k].tolist()
         st.excess = med[k: 2 * k].tolist()
