@@ -1,7 +1,7 @@
 """Controller ingest: simulated agents' summaries through a real nats-server into the controller.
 
     python bench/controller_ingest.py [--warmup 40] [--seconds 20] [--nodes 1000] [--json]
-    python bench/controller_ingest.py --offline 4000 [--warm 40] [--seconds 10] [--profile FILE]
+    python bench/controller_ingest.py --offline 4000 [--warm 40] [--seconds 10] [--settle 1] [--profile FILE]
 
 Three processes on this machine, as in production: ``nats-server`` (started here, JetStream in
 a temporary directory), one publisher process playing ``--nodes`` agents (each summary is the
@@ -88,12 +88,14 @@ def templates(nodes: int) -> list[tuple[str, list[bytes | str]]]:
     return out
 
 
-def payload(tpl: tuple, t: float, interval: float) -> bytes:
+def payload(tpl: tuple, t: float, interval: float, settle: float = 0.0) -> bytes:
     """The summary a node sends at ``t`` covering ``interval`` seconds: the decode steps (on a
-    50 ms grid of absolute time) whose collective bursts started in that interval."""
+    50 ms grid of absolute time) whose collective bursts started in that interval, or in the
+    interval ``settle`` seconds earlier (an agent reports a step once it has settled, a second
+    or more after it started: agent/steps.py ``settled_steps``)."""
     step = 1.0 / BURSTS
-    k0 = int((t - interval) / step) + 1
-    k1 = int(t / step)
+    k0 = int((t - settle - interval) / step) + 1
+    k1 = int((t - settle) / step)
     bursts = ",".join(f'"{j}":{k * step + 0.0003:.6f}' for j, k in enumerate(range(k0, k1 + 1)))
     fill = {"T": repr(t).encode(), "I": repr(interval).encode(), "B": ("{" + bursts + "}").encode()}
     return b"".join(fill[p] if isinstance(p, str) else p for p in tpl[1])
@@ -522,7 +524,7 @@ class _Msg:
 
 
 def offline(nodes: int, rate: float, seconds: float, warm: float, profile: str | None = None,
-            gc_freeze: bool = True) -> dict:
+            gc_freeze: bool = True, settle: float = 0.0) -> dict:
     """The controller's own CPU per summary, without NATS: the same payloads handed to its
     summary callback in one process, ``rate`` summaries per second of the summaries' clock
     (round-robin over the nodes, as the publisher sends them), the evaluation ticks run as the
@@ -559,7 +561,7 @@ def offline(nodes: int, rate: float, seconds: float, warm: float, profile: str |
             parts.clear()  # the tick's parts: steady state only
         if prof is not None and ph is phases["steady"] and k and (t - 1 / rate) - t0 < warm:
             prof.enable()
-        msg = _Msg(tpls[i][0], payload(tpls[i], t, min(10.0, max(1e-3, t - last[i]))))
+        msg = _Msg(tpls[i][0], payload(tpls[i], t, min(10.0, max(1e-3, t - last[i])), settle))
         last[i] = t
         i = (i + 1) % nodes
         a = cpu()
@@ -577,7 +579,8 @@ def offline(nodes: int, rate: float, seconds: float, warm: float, profile: str |
         prof.disable()
         prof.dump_stats(profile)
     loop.close()
-    out = {"nodes": nodes, "rate": rate, "warm_s": warm, "steady_s": seconds, "evaluations": ctl.stats.evaluations,
+    out = {"nodes": nodes, "rate": rate, "warm_s": warm, "steady_s": seconds, "settle_s": settle,
+           "evaluations": ctl.stats.evaluations,
            "rejected": ctl.stats.summaries_rejected, "errors": ctl.stats.errors}
     nt = max(1, phases["steady"][3])
     out["steady_tick_parts_ms"] = {k: v / nt * 1e3 for k, v in parts.items()}
@@ -651,12 +654,15 @@ def main(argv: list[str] | None = None) -> int:
                          "(warm-up and steady state apart)")
     ap.add_argument("--warm", type=float, default=40.0, help="--offline: seconds of summary time counted as warm-up")
     ap.add_argument("--profile", help="--offline: cProfile the steady state into this file")
+    ap.add_argument("--settle", type=float, default=0.0, metavar="SECONDS",
+                    help="--offline: report each step this long after it started, as agents do "
+                         "(agent/steps.py: max(1 s, two step periods)); 0: in the summary of its interval")
     ap.add_argument("--no-gc-freeze", action="store_true",
                     help="--offline: leave CPython's collector as it is (a started controller freezes "
                          "its long-lived objects once warm: controller/gcpolicy.py)")
     a = ap.parse_args(argv)
     if a.offline:
-        r = offline(a.nodes, a.offline, a.seconds, a.warm, a.profile, gc_freeze=not a.no_gc_freeze)
+        r = offline(a.nodes, a.offline, a.seconds, a.warm, a.profile, gc_freeze=not a.no_gc_freeze, settle=a.settle)
         for name in ("warm", "steady"):
             p = r[name]
             print(f"controller ingest offline, {name:6}: {p['summaries']:,} summaries, {p['ingest_us']:.0f} us ingest "

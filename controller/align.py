@@ -201,6 +201,7 @@ class _GroupTick:
     w: float  # the matching window
     ev: dict
     by: dict
+    errs_of: dict  # its members' clock errors
     pair_err: float  # the two largest clock errors of its members, summed
     gw: "GroupWindow | None" = None  # (incremental)
     key: tuple = ()
@@ -309,11 +310,12 @@ class Aligner:
         """:meth:`derive`, pausing after each TP group (yielding its name) and returning the
         values at the end: a caller on an event loop lets other work run in the pauses (the
         controller keeps taking summaries), which may add to the state between groups but
-        never while one is measured."""
+        never while one is measured. Every group's window, live members and clock errors are
+        read before the first pause, and the groups held in step tables are measured then too
+        (align_batch.py); the pauses come as each group's values are made."""
 
-        out: dict[str, dict[str, float]] = {}
-        for node, c in self.clocks.items():
-            out.setdefault(node, {})["ctl_summary_age_seconds"] = max(0.0, now - c.last_summary_t)
+        out: dict[str, dict[str, float]] = {node: {"ctl_summary_age_seconds": max(0.0, now - c.last_summary_t)}
+                                            for node, c in self.clocks.items()}
         stage_steps: dict[str, tuple[Any, int]] = {}
         group_rates: dict[str, tuple[int, dict[str, float]]] = {}
         # every group's window first (the groups held in step tables only gathered), then the
@@ -334,8 +336,9 @@ class Aligner:
             rates = bytes_rates(by, self.window)
             if rates:
                 group_rates[name] = (len(nodes), rates)
-            errs = sorted((self.clocks[n].clock_error for n in live), reverse=True)
-            gt = _GroupTick(name, live, settled, period, w, ev, by, errs[0] + (errs[1] if len(errs) > 1 else 0.0))
+            errs_of = {n: self.clocks[n].clock_error for n in live}
+            errs = sorted(errs_of.values(), reverse=True)
+            gt = _GroupTick(name, live, settled, period, w, ev, by, errs_of, errs[0] + (errs[1] if len(errs) > 1 else 0.0))
             ticks.append(gt)
             if len(live) >= 2 and gt.pair_err >= w:
                 continue  # unaligned (below)
@@ -346,7 +349,7 @@ class Aligner:
                 gt.gw = gw
                 logs = [self.bursts.get(n) for n in live]
                 stamps = tuple(lg.stamp if lg is not None else None for lg in logs)
-                gt.key = (tuple(live), tuple(self.clocks[n].clock_error for n in live), stamps)
+                gt.key = (tuple(live), tuple(errs_of.values()), stamps)
                 if len(live) >= 2:  # a step table's group: its window moved on with the others
                     gt.logs = logs
                     lo = settled - self.window
@@ -391,11 +394,10 @@ class Aligner:
                 self.reports[name] = rep
                 self._forget_window(name)
                 for n in live:
-                    out.setdefault(n, {}).update(ctl_aligned_steps=0.0,
-                                                 ctl_clock_error_seconds=self.clocks[n].clock_error)
+                    out.setdefault(n, {}).update(ctl_aligned_steps=0.0, ctl_clock_error_seconds=gt.errs_of[n])
                 yield name
                 continue
-            errs_of = {n: self.clocks[n].clock_error for n in live}
+            errs_of = gt.errs_of  # as the tables were moved on with (a pause may have changed a clock since)
             err = np.array([errs_of[n] for n in live])
             starts, nbytes = [gt.ev[n] for n in live], [gt.by[n] for n in live]
             al: Any

@@ -415,30 +415,28 @@ def stats_metrics(live: Sequence[str], st: WindowStats, clock_error: Mapping[str
                   ) -> tuple[dict[str, dict[str, float]], GroupReport]:
     """Per-node ctl_* values and the group's report from its window's :class:`WindowStats`."""
     ncomplete, npartial = st.ncomplete, st.npartial
-    out: dict[str, dict[str, float]] = {node: {} for node in live}
+    steps = float(ncomplete)
+    out: dict[str, dict[str, float]] = {
+        node: {"ctl_aligned_steps": steps, "ctl_clock_error_seconds": float(clock_error.get(node, 0.0))} for node in live}
     rep = GroupReport(group="", watermark=float("nan"), steps=ncomplete, spread_median_s=float("nan"))
-    for node in live:
-        out[node]["ctl_aligned_steps"] = float(ncomplete)
-        out[node]["ctl_clock_error_seconds"] = float(clock_error.get(node, 0.0))
     if npartial:
-        present = st.present
-        for j, node in enumerate(live):
-            miss = (npartial - present[j]) / npartial
-            out[node]["ctl_step_missing_ratio"] = miss
-            rep.missing_share[node] = miss
+        miss = [(npartial - p) / npartial for p in st.present]
+        for node, m in zip(live, miss):
+            out[node]["ctl_step_missing_ratio"] = m
+        rep.missing_share = dict(zip(live, miss))
     if not ncomplete:
         return out, rep
-    rep.spread_median_s = st.spread
-    lag_med, excess_med, last_share = st.lag, st.excess, st.last_share
-    for j, node in enumerate(live):
+    spread = rep.spread_median_s = st.spread
+    lag, excess, share = list(map(float, st.lag)), list(map(float, st.excess)), list(map(float, st.last_share))
+    for node, a, b, c in zip(live, lag, excess, share):
         o = out[node]
-        o["ctl_arrival_lag_seconds"] = float(lag_med[j])
-        o["ctl_arrival_lag_excess_seconds"] = float(excess_med[j])
-        o["ctl_arrival_last_share_ratio"] = float(last_share[j])
-        o["ctl_step_spread_seconds"] = rep.spread_median_s
-        rep.lag_median_s[node] = o["ctl_arrival_lag_seconds"]
-        rep.lag_excess_s[node] = o["ctl_arrival_lag_excess_seconds"]
-        rep.last_share[node] = o["ctl_arrival_last_share_ratio"]
+        o["ctl_arrival_lag_seconds"] = a
+        o["ctl_arrival_lag_excess_seconds"] = b
+        o["ctl_arrival_last_share_ratio"] = c
+        o["ctl_step_spread_seconds"] = spread
+    rep.lag_median_s = dict(zip(live, lag))
+    rep.lag_excess_s = dict(zip(live, excess))
+    rep.last_share = dict(zip(live, share))
     per_node = st.bytes_median
     if per_node is not None:
         med = float(np.median(per_node))

@@ -136,6 +136,30 @@ def test_a_window_start_cutting_through_a_step_aligns_that_group_from_scratch() 
     assert 10 < a.full < 59 and a.reused > 0
 
 
+@pytest.mark.parametrize("phases", [False, True])
+def test_steps_reported_once_settled_are_measured_incrementally(phases: bool) -> None:
+    """Agents report a step a second after it started (agent/steps.py settled_steps), so every
+    summary carries bursts older than the previous tick's settled time. Those are new bursts
+    like any other: a steady group is aligned from scratch once, then only moved on (before,
+    every tick aligned every group from scratch), with members on phases of their own too."""
+    rng = np.random.default_rng(11)
+    tp = {"g": tuple(f"n{i}" for i in range(8))}
+    phase = {n: float(rng.uniform(0, 0.9)) if phases else 0.0 for n in tp["g"]}
+    bursts = {n: T0 + np.arange(2000) * 0.05 + 0.0003 + rng.uniform(0, 0.0005, 2000) for n in tp["g"]}
+    new, full = Aligner(**ARGS), Aligner(**ARGS, incremental=False)
+    for i in range(45):
+        for n in tp["g"]:
+            t = T0 + i + 1 + phase[n]
+            b = bursts[n]
+            starts = b[(b > t - 2.0) & (b <= t - 1.0)].tolist()  # settled: a second old
+            for a in (new, full):
+                a.observe_starts(n, t, True, 0.0005, list(starts))
+        now = T0 + i + 2
+        assert _same(new.derive(now, tp, {}), full.derive(now, tp, {})), i
+    gw = new.windows["g"]
+    assert gw.full <= 2 and gw.reused >= 43
+
+
 def test_step_tables_reuse_the_slots_of_groups_that_went() -> None:
     t = StepTable(4, 2)
     slots = [t.alloc() for _ in range(10)]
