@@ -19,6 +19,12 @@ window (it follows the estimated step period) that would walk the held bursts di
 newest) or holds a NaN start; a window that moved back; a kept count that differs from the log
 (pruned or added below the old end); ties of one node or non-finite starts among the new bursts.
 tests/controller/test_align_incremental.py holds it equal to the full alignment, bit for bit.
+
+The aligner now measures a group of two members or more in a step table across groups
+(:mod:`skewd.controller.align_batch`), which also takes bursts that start before the held
+window's end (agents report a step once it has settled); a GroupWindow still measures a group
+of one this way, aligns any group from scratch (:meth:`GroupWindow.align_full`), and keeps
+every group's key, counters and table slot.
 """
 from __future__ import annotations
 
