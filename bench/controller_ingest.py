@@ -1,7 +1,7 @@
 """Controller ingest: simulated agents' summaries through a real nats-server into the controller.
 
-    python bench/controller_ingest.py [--warmup 40] [--seconds 20] [--nodes 1000] [--encoding binary|json] [--json]
-    python bench/controller_ingest.py --offline 4000 [--warm 40] [--seconds 10] [--encoding ...] [--profile FILE]
+    python bench/controller_ingest.py [--warmup 40] [--seconds 20] [--nodes 1000] [--encoding binary|json] [--settle 1] [--json]
+    python bench/controller_ingest.py --offline 4000 [--warm 40] [--seconds 10] [--encoding ...] [--settle 1] [--profile FILE]
 
 Three processes on this machine, as in production: ``nats-server`` (started here, JetStream in
 a temporary directory), one publisher process playing ``--nodes`` agents (each summary is what
@@ -116,12 +116,14 @@ def templates(nodes: int, encoding: str = "json") -> list[tuple[str, Any]]:
     return out
 
 
-def payload(tpl: tuple, t: float, interval: float) -> bytes:
+def payload(tpl: tuple, t: float, interval: float, settle: float = 0.0) -> bytes:
     """The summary a node sends at ``t`` covering ``interval`` seconds: the decode steps (on a
-    50 ms grid of absolute time) whose collective bursts started in that interval."""
+    50 ms grid of absolute time) whose collective bursts started in that interval, or in the
+    interval ``settle`` seconds earlier (an agent reports a step once it has settled, a second
+    or more after it started: agent/steps.py ``settled_steps``)."""
     step = 1.0 / BURSTS
-    k0 = int((t - interval) / step) + 1
-    k1 = int(t / step)
+    k0 = int((t - settle - interval) / step) + 1
+    k1 = int((t - settle) / step)
     if isinstance(tpl[1], BinaryTemplate):
         import numpy as np
 
@@ -148,7 +150,8 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-async def role_publisher(url: str, nodes: int, seconds: float, rate: float, encoding: str = "json") -> dict:
+async def role_publisher(url: str, nodes: int, seconds: float, rate: float, encoding: str = "json",
+                         settle: float = 0.0) -> dict:
     import nats
 
     tpls = templates(nodes, encoding)
@@ -176,7 +179,7 @@ async def role_publisher(url: str, nodes: int, seconds: float, rate: float, enco
         for _ in range(due):
             tpl = tpls[i]
             t = time.time()
-            data = payload(tpl, t, min(10.0, max(1e-3, t - last[i])))
+            data = payload(tpl, t, min(10.0, max(1e-3, t - last[i])), settle)
             last[i] = t
             i = (i + 1) % nodes
             await pub(tpl[0], data)
@@ -517,7 +520,7 @@ def _finish(p: subprocess.Popen, timeout: float) -> dict:
 
 
 def measure(url: str, consumer: str, nodes: int, seconds: float, rate: float, warm: float,
-            workers: int = 0, partitions: int = 1, encoding: str = "binary") -> dict:
+            workers: int = 0, partitions: int = 1, encoding: str = "binary", settle: float = 0.0) -> dict:
     if workers:
         conss = [_child(["--role", "worker", "--url", url, "--warmup", str(warm), "--workers", str(workers),
                          "--partitions", str(partitions)]) for _ in range(workers)]
@@ -525,7 +528,7 @@ def measure(url: str, consumer: str, nodes: int, seconds: float, rate: float, wa
         conss = [_child(["--role", consumer, "--url", url, "--warmup", str(warm)])]
     try:
         pub = _child(["--role", "publisher", "--url", url, "--nodes", str(nodes), "--seconds", str(seconds),
-                      "--rate", str(rate), "--encoding", encoding])
+                      "--rate", str(rate), "--encoding", encoding, "--settle", str(settle)])
         try:
             p = _finish(pub, seconds + 120)
         finally:
@@ -575,7 +578,7 @@ class _Msg:
 
 
 def offline(nodes: int, rate: float, seconds: float, warm: float, profile: str | None = None,
-            gc_freeze: bool = True, encoding: str = "binary") -> dict:
+            gc_freeze: bool = True, encoding: str = "binary", settle: float = 0.0) -> dict:
     """The controller's own CPU per summary, without NATS: the same payloads handed to its
     summary callback in one process, ``rate`` summaries per second of the summaries' clock
     (round-robin over the nodes, as the publisher sends them), the evaluation ticks run as the
@@ -616,7 +619,7 @@ def offline(nodes: int, rate: float, seconds: float, warm: float, profile: str |
                 parts.clear()  # the tick's parts: steady state only
             if prof is not None and ph is phases["steady"] and k and (t - 1 / rate) - t0 < warm:
                 prof.enable()
-            msg = _Msg(tpls[i][0], payload(tpls[i], t, min(10.0, max(1e-3, t - last[i]))))
+            msg = _Msg(tpls[i][0], payload(tpls[i], t, min(10.0, max(1e-3, t - last[i])), settle))
             last[i] = t
             i = (i + 1) % nodes
             a = cpu()
@@ -636,7 +639,7 @@ def offline(nodes: int, rate: float, seconds: float, warm: float, profile: str |
         prof.disable()
         prof.dump_stats(profile)
     loop.close()
-    out = {"nodes": nodes, "rate": rate, "encoding": encoding, "warm_s": warm, "steady_s": seconds,
+    out = {"nodes": nodes, "rate": rate, "encoding": encoding, "settle_s": settle, "warm_s": warm, "steady_s": seconds,
            "evaluations": ctl.stats.evaluations, "rejected": ctl.stats.summaries_rejected, "errors": ctl.stats.errors}
     nt = max(1, phases["steady"][3])
     out["steady_tick_parts_ms"] = {k: v / nt * 1e3 for k, v in parts.items()}
@@ -713,13 +716,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--encoding", choices=("json", "binary"), default="binary",
                     help="how the simulated agents publish summaries (publish.summary_encoding); default binary, "
                          "what docs/wire.md recommends and deploy/kubernetes sets for a large cluster")
+    ap.add_argument("--settle", type=float, default=1.0, metavar="SECONDS",
+                    help="the simulated agents report each step this long after it started, as agents do "
+                         "(agent/steps.py: max(1 s, two step periods)); 0: in the summary of its interval "
+                         "(figures before 2026-11-27 18:00 UTC)")
     ap.add_argument("--no-gc-freeze", action="store_true",
                     help="--offline: leave CPython's collector as it is (a started controller freezes "
                          "its long-lived objects once warm: controller/gcpolicy.py)")
     a = ap.parse_args(argv)
     if a.offline:
         r = offline(a.nodes, a.offline, a.seconds, a.warm, a.profile, gc_freeze=not a.no_gc_freeze,
-                    encoding=a.encoding)
+                    encoding=a.encoding, settle=a.settle)
         for name in ("warm", "steady"):
             p = r[name]
             print(f"controller ingest offline, {name:6}: {p['summaries']:,} summaries, {p['ingest_us']:.0f} us ingest "
@@ -736,7 +743,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.role:
         if a.role == "publisher":
-            r = asyncio.run(role_publisher(a.url, a.nodes, a.seconds, a.rate, a.encoding))
+            r = asyncio.run(role_publisher(a.url, a.nodes, a.seconds, a.rate, a.encoding, a.settle))
         elif a.role == "controller":
             r = asyncio.run(role_controller(a.url, a.warmup))
         elif a.role == "worker":
@@ -758,17 +765,17 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[tuple[int, dict, dict, str]] = []
     try:
         server.start()
-        raw_sat = measure(server.url, "raw", a.nodes, run, 0.0, a.warmup, encoding=a.encoding)
+        raw_sat = measure(server.url, "raw", a.nodes, run, 0.0, a.warmup, encoding=a.encoding, settle=a.settle)
         for w in counts:
             la = _loadavg()
             sat = measure(server.url, "controller", a.nodes, run, 0.0, a.warmup, workers=w, partitions=a.partitions,
-                          encoding=a.encoding)
+                          encoding=a.encoding, settle=a.settle)
             lrate = a.latency_rate or max(100.0, round(sat["steady"]["rate"] / 2, -2))
             lat = measure(server.url, "controller", a.nodes, run, lrate, a.warmup, workers=w, partitions=a.partitions,
-                          encoding=a.encoding)
+                          encoding=a.encoding, settle=a.settle)
             rows.append((w, sat, lat, la))
         lrate_peer = a.latency_rate or max(100.0, round(max(r[1]["steady"]["rate"] for r in rows) / 2, -2))
-        raw_lat = measure(server.url, "raw", a.nodes, run, lrate_peer, a.warmup, encoding=a.encoding)
+        raw_lat = measure(server.url, "raw", a.nodes, run, lrate_peer, a.warmup, encoding=a.encoding, settle=a.settle)
     except (CannotRun, RuntimeError, OSError, subprocess.TimeoutExpired) as e:
         print(f"controller ingest: could not run: {e}", file=sys.stderr)
         return 1
@@ -777,7 +784,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     load1 = _loadavg()
     print(f"controller ingest: {a.nodes} simulated agents ({a.nodes // TP} TP groups), "
-          f"{raw_sat['bytes_per_msg']:.0f}-byte {a.encoding} summaries, real nats-server ({a.partitions} partitions), "
+          f"{raw_sat['bytes_per_msg']:.0f}-byte {a.encoding} summaries (steps reported {a.settle:g} s after they start), real nats-server ({a.partitions} partitions), "
           f"{os.cpu_count()} cores, {run:g} s per run: each consumer's first {a.warmup:g} s warm-up, the rest "
           f"steady state; load average {load0} -> {load1}")
 
@@ -804,7 +811,7 @@ def main(argv: list[str] | None = None) -> int:
     print("  goal >= 50,000 summaries/s, ratio >= 0.5, p99 <= 250 ms at half that rate, no tick over 100 ms")
     if a.json:
         print(json.dumps({"benchmark": "controller_ingest", "load": [load0, load1], "partitions": a.partitions,
-                          "encoding": a.encoding,
+                          "encoding": a.encoding, "settle_s": a.settle,
                           "peer": raw_sat, "peer_latency": raw_lat,
                           "skewd": {str(w): {"saturation": sat, "latency": lat, "load": la} for w, sat, lat, la in rows}}))
     return 0

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right, insort
 from dataclasses import dataclass
-from typing import Generator, Iterable, Mapping, Sequence
+from dataclasses import field as dataclass_field
+from typing import Any, Generator, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -40,10 +41,13 @@ from .align_steps import (  # noqa: F401 - the step pieces, importable from here
     lower_median,
     median0,
     reference_ratios,
+    quorum,
     rows_metrics,
     stage_gap,
+    stats_metrics,
     walk_opens,
 )
+from .align_batch import Extension, SlotSteps, StepTable, extend_all, gather, log_ends, plan_all
 from .align_window import GroupWindow
 
 
@@ -62,7 +66,13 @@ class BurstLog:
         self._lo = 0
         self._n = 0
         self._unordered = False  # a NaN start: the lists are no longer sorted by time
+        #: a burst with bytes was taken: the bytes are mirrored too (else windows read NaN bytes)
+        self._bytes = False
         self._reorders = 0  # bursts inserted before the newest (see stamp)
+        #: bursts pruned so far: list index + base is a burst's position for the log's life
+        #: (while the stamp stays: nothing inserted before the newest)
+        self.base = 0
+        self.pruned_below = float("-inf")  # the latest prune's cutoff: no burst at or after it was pruned
 
     @property
     def items(self) -> list[tuple[float, float]]:
@@ -84,6 +94,9 @@ class BurstLog:
                     self._unordered = True
                 ts.append(t)
                 bs.append(b)
+            if b == b and not self._bytes:
+                self._bytes = True
+                self._n = 0  # mirror the bytes from the start
 
     def add_starts(self, starts: list[float]) -> None:
         """:meth:`add` of finite, sorted starts without bytes (what agents send): appended in
@@ -111,10 +124,13 @@ class BurstLog:
             k = 0
             while k < len(ts) and ts[k] < before:
                 k += 1
+        if before > self.pruned_below:
+            self.pruned_below = before
         if not k:
             return
         del ts[:k]
         del self.bs[:k]
+        self.base += k
         if k <= self._n:
             self._lo += k
             self._n -= k
@@ -136,8 +152,11 @@ class BurstLog:
         if self._n < m:
             lo = self._lo
             self._t[lo + self._n: lo + m] = self.ts[self._n:]
-            self._b[lo + self._n: lo + m] = self.bs[self._n:]
+            if self._bytes:
+                self._b[lo + self._n: lo + m] = self.bs[self._n:]
             self._n = m
+        if not self._bytes:
+            return self._t[self._lo: self._lo + m], _nan_bytes(m)
         return self._t[self._lo: self._lo + m], self._b[self._lo: self._lo + m]
 
     def window(self, lo: float, hi: float) -> tuple[np.ndarray, np.ndarray]:
@@ -152,10 +171,43 @@ class BurstLog:
         return t[i:j], b[i:j]
 
 
+_NAN_BYTES = [np.full(0, np.nan)]  # read-only NaN, shared by every log without bytes
+
+
+def _nan_bytes(n: int) -> np.ndarray:
+    """``n`` unknown bytes (a read-only view: burst logs whose bursts carry no bytes)."""
+    a = _NAN_BYTES[0]
+    if len(a) < n:
+        a = np.full(max(n, 2 * len(a), 4096), np.nan)
+        a.flags.writeable = False
+        _NAN_BYTES[0] = a
+    return a[:n]
+
+
 @dataclass
 class NodeClock:
     last_summary_t: float = float("-inf")
     clock_error: float = 0.0
+
+
+@dataclass
+class _GroupTick:
+    """One TP group's part of a tick (Aligner.derive_steps): its window read, and how it is measured."""
+
+    name: str
+    live: list
+    settled: float
+    period: float
+    w: float  # the matching window
+    ev: dict
+    by: dict
+    errs_of: dict  # its members' clock errors
+    pair_err: float  # the two largest clock errors of its members, summed
+    gw: "GroupWindow | None" = None  # (incremental)
+    key: tuple = ()
+    ext: "Extension | None" = None  # its step table's move, when only that is needed
+    ends: list = dataclass_field(default_factory=list)  # its members' burst-log positions after settled
+    logs: list = dataclass_field(default_factory=list)  # its members' burst logs (a step table's group)
 
 
 class Aligner:
@@ -178,6 +230,7 @@ class Aligner:
         self.reports: dict[str, GroupReport] = {}
         self.incremental = incremental
         self.windows: dict = {}  # TP group → its GroupWindow (align_window.py) from the previous tick
+        self.tables: dict[int, StepTable] = {}  # group size → the windows held across groups (align_batch.py)
 
     def observe(self, node: str, t: float, synced: bool, max_error: float | None,
                 bursts: Sequence[tuple[float, float]]) -> None:
@@ -204,6 +257,38 @@ class Aligner:
                 log = self.bursts[node] = BurstLog()
             log.add_starts(starts)
 
+    def _hold(self, gw: GroupWindow, gt: "_GroupTick", al: Aligned, rows: StepRows, walked: bool,
+              err: np.ndarray) -> None:
+        """Hold a group's window aligned from scratch in the step table of its size (so the
+        next tick moves it on with the others), or nowhere when its steps are not the walk's."""
+        k = len(gt.live)
+        if not walked or not al.nsteps:
+            self._release(gw)
+            gw.key = None
+            return
+        table = self.tables.get(k)
+        if table is None:
+            table = self.tables[k] = StepTable(k, quorum(k, self.min_fraction))
+        if gw.table is not table:
+            self._release(gw)
+            gw.table, gw.slot = table, table.alloc()
+        rank = np.empty(k, dtype=np.int64)  # align() breaks time ties by node name
+        rank[sorted(range(k), key=gt.live.__getitem__)] = np.arange(k)
+        table.load(gw.slot, al.t, al.step, al.nsteps, rows, gt.settled - self.window, gt.settled, gt.w, err, rank)
+        gw.key, gw.lo, gw.hi, gw.window, gw.ends = gt.key, gt.settled - self.window, gt.settled, gt.w, gt.ends
+        gw.rows = None  # (its own held window, for a group of one: not this one's)
+
+    @staticmethod
+    def _release(gw: GroupWindow) -> None:
+        if gw.slot is not None:
+            gw.table.release(gw.slot)
+        gw.table, gw.slot = None, None
+
+    def _forget_window(self, name: str) -> None:
+        gw = self.windows.pop(name, None)
+        if gw is not None:
+            self._release(gw)
+
     def live(self, nodes: Iterable[str], now: float) -> list[str]:
         return [n for n in nodes if n in self.clocks and now - self.clocks[n].last_summary_t <= self.stale_after]
 
@@ -225,13 +310,17 @@ class Aligner:
         """:meth:`derive`, pausing after each TP group (yielding its name) and returning the
         values at the end: a caller on an event loop lets other work run in the pauses (the
         controller keeps taking summaries), which may add to the state between groups but
-        never while one is measured."""
+        never while one is measured. Every group's window, live members and clock errors are
+        read before the first pause, and the groups held in step tables are measured then too
+        (align_batch.py); the pauses come as each group's values are made."""
 
-        out: dict[str, dict[str, float]] = {}
-        for node, c in self.clocks.items():
-            out.setdefault(node, {})["ctl_summary_age_seconds"] = max(0.0, now - c.last_summary_t)
-        stage_steps: dict[str, tuple[Aligned, int]] = {}
+        out: dict[str, dict[str, float]] = {node: {"ctl_summary_age_seconds": max(0.0, now - c.last_summary_t)}
+                                            for node, c in self.clocks.items()}
+        stage_steps: dict[str, tuple[Any, int]] = {}
         group_rates: dict[str, tuple[int, dict[str, float]]] = {}
+        # every group's window first (the groups held in step tables only gathered), then the
+        # tables' groups moved on at once, then each group's values in order
+        ticks: list[_GroupTick] = []
         for name, nodes in tp_groups.items():
             live = self.live(nodes, now)
             if not live:
@@ -247,39 +336,89 @@ class Aligner:
             rates = bytes_rates(by, self.window)
             if rates:
                 group_rates[name] = (len(nodes), rates)
-            errs = sorted((self.clocks[n].clock_error for n in live), reverse=True)
-            pair_err = errs[0] + (errs[1] if len(errs) > 1 else 0.0)
-            if len(live) >= 2 and pair_err >= w:
+            errs_of = {n: self.clocks[n].clock_error for n in live}
+            errs = sorted(errs_of.values(), reverse=True)
+            gt = _GroupTick(name, live, settled, period, w, ev, by, errs_of, errs[0] + (errs[1] if len(errs) > 1 else 0.0))
+            ticks.append(gt)
+            if len(live) >= 2 and gt.pair_err >= w:
+                continue  # unaligned (below)
+            if self.incremental:
+                gw = self.windows.get(name)
+                if gw is None:
+                    gw = self.windows[name] = GroupWindow()
+                gt.gw = gw
+                logs = [self.bursts.get(n) for n in live]
+                stamps = tuple(lg.stamp if lg is not None else None for lg in logs)
+                gt.key = (tuple(live), tuple(errs_of.values()), stamps)
+                if len(live) >= 2:  # a step table's group: its window moved on with the others
+                    gt.logs = logs
+                    lo = settled - self.window
+                    got = None
+                    if (gw.slot is not None and gw.key == gt.key and lo >= gw.lo and settled >= gw.hi
+                            and not any(st is not None and st[2] for st in stamps)):
+                        got = gather(logs, gw.ends, lo, settled)
+                    if got is None:
+                        gt.ends = log_ends(logs, settled)
+                    else:
+                        gt.ext = Extension(gw.table, gw.slot, lo, settled, w, *got)
+                        gt.ends = gt.ext.ends
+        exts = [gt.ext for gt in ticks if gt.ext is not None]
+        plan_all(exts)
+        for gt in ticks:
+            x = gt.ext
+            if x is not None and x.ok:  # the members' bursts from the restart on: the end of their windows
+                lo, restart = x.lo, x.restart
+                for n, lg in zip(gt.live, gt.logs):
+                    if lg is None:
+                        x.counts.append(0)
+                        continue
+                    e, b = gt.ev[n], gt.by[n]
+                    c = len(e) - (bisect_left(lg.ts, restart) - bisect_right(lg.ts, lo))
+                    x.counts.append(c)
+                    if c:
+                        x.starts.append(e[len(e) - c:])
+                        x.nbytes.append(b[len(b) - c:])
+        extend_all(exts)
+        for gt in ticks:
+            name, live, settled = gt.name, gt.live, gt.settled
+            if len(live) >= 2 and gt.pair_err >= gt.w:
                 # two members' clocks may disagree by more than the matching window: a step
                 # lands in the wrong step on the other, every member looks as if it skipped
                 # steps (EW-9) or moved odd bytes (EW-3), and no lag means anything. Say so
                 # instead of measuring; the clock-free step timing (summary_collective_*) still
                 # names stragglers (EW-1-tp-straggler).
                 rep = GroupReport(group=name, watermark=settled, steps=0, spread_median_s=float("nan"),
-                                  period_s=period, unaligned=(
-                                      f"clock error up to {pair_err * 1e3:.1f} ms between two members is not "
-                                      f"below the step matching window {w * 1e3:.1f} ms"))
+                                  period_s=gt.period, unaligned=(
+                                      f"clock error up to {gt.pair_err * 1e3:.1f} ms between two members is not "
+                                      f"below the step matching window {gt.w * 1e3:.1f} ms"))
                 self.reports[name] = rep
-                self.windows.pop(name, None)
+                self._forget_window(name)
                 for n in live:
-                    out.setdefault(n, {}).update(ctl_aligned_steps=0.0,
-                                                 ctl_clock_error_seconds=self.clocks[n].clock_error)
+                    out.setdefault(n, {}).update(ctl_aligned_steps=0.0, ctl_clock_error_seconds=gt.errs_of[n])
                 yield name
                 continue
-            errs_of = {n: self.clocks[n].clock_error for n in live}
-            if self.incremental:
-                gw = self.windows.get(name)
-                if gw is None:
-                    gw = self.windows[name] = GroupWindow()
-                logs = [self.bursts.get(n) for n in live]
-                al, rows = gw.measure(live, [ev[n] for n in live], [by[n] for n in live], w,  # type: ignore[assignment]
-                                      np.array([errs_of[n] for n in live]), settled - self.window, settled,
-                                      tuple(lg.stamp if lg is not None else None for lg in logs))
-                vals, rep = rows_metrics(live, rows, errs_of, self.min_fraction)
-            else:
-                al = align_arrays(live, [ev[n] for n in live], [by[n] for n in live], w)
+            errs_of = gt.errs_of  # as the tables were moved on with (a pause may have changed a clock since)
+            err = np.array([errs_of[n] for n in live])
+            starts, nbytes = [gt.ev[n] for n in live], [gt.by[n] for n in live]
+            al: Any
+            gw = gt.gw
+            if gw is None:
+                al = align_arrays(live, starts, nbytes, gt.w)
                 vals, rep = aligned_metrics(al, errs_of, self.min_fraction)
-            rep.group, rep.watermark, rep.period_s = name, settled, period
+            elif gt.ext is not None and gt.ext.ok:
+                gw.reused += 1
+                gw.lo, gw.hi, gw.window, gw.ends = gt.ext.lo, settled, gt.w, gt.ext.ends
+                vals, rep = stats_metrics(live, gw.table.stats(gw.slot), errs_of)
+                al = SlotSteps(gw.table, gw.slot)
+            elif len(live) >= 2:
+                al, rows, walked = gw.align_full(live, starts, nbytes, gt.w, err)
+                vals, rep = rows_metrics(live, rows, errs_of, self.min_fraction)
+                self._hold(gw, gt, al, rows, walked, err)
+            else:  # a group of one: its own incremental window (align_window.py)
+                self._release(gw)
+                al, rows = gw.measure(live, starts, nbytes, gt.w, err, settled - self.window, settled, gt.key[2])
+                vals, rep = rows_metrics(live, rows, errs_of, self.min_fraction)
+            rep.group, rep.watermark, rep.period_s = name, settled, gt.period
             self.reports[name] = rep
             for n, v in vals.items():
                 out.setdefault(n, {}).update(v)
@@ -287,7 +426,7 @@ class Aligner:
                 stage_steps[name] = (al, max(1, len(live) // 2))
             yield name
         for name in [g for g in self.windows if g not in tp_groups]:
-            del self.windows[name]
+            self._forget_window(name)
         for n, r in reference_ratios(group_rates).items():
             out.setdefault(n, {})["ctl_collective_bytes_ref_ratio"] = r
         for name, stages in pp_groups.items():

@@ -58,8 +58,18 @@ def estimate_period(events: Mapping[str, np.ndarray]) -> float:
     The per-node medians come from one sort of the group's gaps padded to a matrix (the middle
     one or two of each row, averaged as ``np.median`` does): one numpy call instead of one
     ``np.median`` per node, the slowest part of a group's alignment. A NaN gap takes the
-    per-node way, whose NaN handling it is."""
-    diffs = [v[1:] - v[:-1] for v in map(np.asarray, events.values()) if len(v) >= 3]  # np.diff, less its wrapper
+    per-node way, whose NaN handling it is. When every node has as many bursts (a steady
+    group), the matrix is their windows stacked, and its gaps one subtraction."""
+    vals = list(events.values())
+    c = len(vals[0]) if vals else 0
+    if c >= 3 and all(len(v) == c for v in vals):
+        X = np.concatenate(vals).reshape(len(vals), c)
+        G = X[:, 1:] - X[:, :-1]
+        if not np.isnan(G).any():
+            n = c - 1
+            G.partition(((n - 1) // 2, n // 2), axis=1)
+            return lower_median((G[:, (n - 1) // 2] + G[:, n // 2]) / 2)
+    diffs = [v[1:] - v[:-1] for v in map(np.asarray, vals) if len(v) >= 3]  # np.diff, less its wrapper
     if not diffs:
         return float("nan")
     n = np.array([len(d) for d in diffs])
@@ -195,22 +205,29 @@ def align_arrays(nodes: Sequence[str], starts: Sequence[np.ndarray], nbytes: Seq
     return Aligned(nodes, t, b, col, step, int(step[-1]) + 1)
 
 
-def walk_opens(t: np.ndarray, col: np.ndarray, k: int, window: float) -> np.ndarray:
+def walk_opens(t: np.ndarray, col: np.ndarray, k: int, window, breaks: np.ndarray | None = None) -> np.ndarray:
     """Where :func:`align`'s walk opens a step, over rows already in its order (time, then node
     name), all finite and no node twice at one time: ``opens[i]`` is True when row ``i`` starts a
     step. The walk after an opening depends only on the rows from there on, so a walk started
     afresh at any row where it opened continues exactly as the whole walk does (the
-    incremental aligner relies on this; :class:`~skewd.controller.align_window.GroupWindow`)."""
+    incremental aligner relies on this; :class:`~skewd.controller.align_window.GroupWindow`).
+
+    Several groups' walks at once (:mod:`skewd.controller.align_batch`): ``breaks`` marks the
+    rows where a group's rows begin (a walk starts afresh there), ``window`` is then each row's
+    group's matching window (an array), ``col`` below ``k`` within each group."""
     n = len(t)
     opens = np.empty(n, dtype=bool)
     if not n:
         return opens
     opens[0] = True
-    np.greater(t[1:] - t[:-1], window, out=opens[1:])
+    per_row = breaks is not None
+    np.greater(t[1:] - t[:-1], window[1:] if per_row else window, out=opens[1:])
+    if per_row:
+        opens |= breaks
     seg_start = np.flatnonzero(opens)
     seg_end = np.append(seg_start[1:], n)
     seg = np.cumsum(opens) - 1
-    bad = ~((t[seg_end - 1] - t[seg_start]) <= window)
+    bad = ~((t[seg_end - 1] - t[seg_start]) <= (window[seg_start] if per_row else window))
     key = np.sort(seg * k + col)
     dup = key[1:][key[1:] == key[:-1]] // k
     bad[dup] = True
@@ -218,7 +235,7 @@ def walk_opens(t: np.ndarray, col: np.ndarray, k: int, window: float) -> np.ndar
         tl, cl = t.tolist(), col.tolist()
         for s in np.flatnonzero(bad).tolist():
             a, e = int(seg_start[s]), int(seg_end[s])
-            _walk(tl[a:e], cl[a:e], window, opens, a)
+            _walk(tl[a:e], cl[a:e], float(window[a]) if per_row else window, opens, a)
     return opens
 
 
@@ -266,8 +283,10 @@ class StepRows:
     @classmethod
     def of(cls, t: np.ndarray, nbytes: np.ndarray, col: np.ndarray, step: np.ndarray, nsteps: int,
            err: np.ndarray) -> "StepRows":
-        """The rows of ``nsteps`` steps from their bursts (``step`` numbered from 0)."""
-        n = len(err)
+        """The rows of ``nsteps`` steps from their bursts (``step`` numbered from 0); ``err`` the
+        members' clock errors, or each step's ([nsteps, members]: steps of several groups of
+        one size at once, :mod:`skewd.controller.align_batch`)."""
+        n = err.shape[-1]
         present = np.zeros((nsteps, n), dtype=bool)
         present[step, col] = True
         counts = np.bincount(step, minlength=nsteps)  # live members per step
@@ -284,18 +303,23 @@ class StepRows:
             z = np.empty((0, n))
             return cls(present, is_complete, B, z, z, np.empty(0), np.zeros((0, n), dtype=bool))
         first_idx = np.argmin(T, axis=1)
-        first = T[np.arange(len(T)), first_idx]
+        rows = np.arange(len(T))
+        first = T[rows, first_idx]
         lag = T - first[:, None]
-        unc = err[None, :] + err[first_idx][:, None]
+        if err.ndim == 1:
+            unc = err[None, :] + err[first_idx][:, None]
+        else:  # each complete step's own members' errors (the same sums, element by element)
+            err = err[is_complete]
+            unc = err + err[rows, first_idx][:, None]
         excess = np.maximum(0.0, lag - unc)
         spread = T.max(axis=1) - first
         # last "by more than the clock uncertainty": separated from the runner-up by more than the
         # two clocks' combined error
         order = np.argsort(T, axis=1)
         last_idx, second_idx = order[:, -1], order[:, -2]
-        rows = np.arange(len(T))
         margin = T[rows, last_idx] - T[rows, second_idx]
-        clear_last = margin > (err[last_idx] + err[second_idx])
+        clear_last = margin > ((err[last_idx] + err[second_idx]) if err.ndim == 1
+                               else (err[rows, last_idx] + err[rows, second_idx]))
         last_clear = (last_idx[:, None] == np.arange(n)[None, :]) & clear_last[:, None]
         return cls(present, is_complete, B, lag, excess, spread, last_clear)
 
@@ -341,56 +365,92 @@ def median0(M: np.ndarray) -> np.ndarray:
     return P[h] if m % 2 else (P[h - 1] + P[h]) / 2
 
 
-def rows_metrics(live: Sequence[str], rows: StepRows, clock_error: Mapping[str, float],
-                 min_fraction: float) -> tuple[dict[str, dict[str, float]], GroupReport]:
-    """:func:`aligned_metrics` from the group's step rows: the medians and shares over the
-    window's steps."""
-    n = len(live)
-    # a step counts towards missing shares when at least ``min_fraction`` of the peers sent in
-    # it, and (from three members on) at least two, so one node's stray burst is not a step. A
-    # pair has no such second witness: its steps with one burst count, or a member that skips
-    # steps could never be seen missing (quorum 2 = both present). In a pair a stray burst of
-    # one member therefore counts against the other.
-    quorum = max(2, int(np.ceil(min_fraction * n))) if n > 2 else 1
+def quorum(n: int, min_fraction: float) -> int:
+    """Members a step needs to count towards the missing shares of a group of ``n``: at least
+    ``min_fraction`` of the peers, and (from three members on) at least two, so one node's
+    stray burst is not a step. A pair has no such second witness: its steps with one burst
+    count, or a member that skips steps could never be seen missing (quorum 2 = both present).
+    In a pair a stray burst of one member therefore counts against the other."""
+    return max(2, int(np.ceil(min_fraction * n))) if n > 2 else 1
+
+
+@dataclass
+class WindowStats:
+    """What the ctl_* values of a group's window are made of: counts over its steps and the
+    medians over its complete ones (from :class:`StepRows`, or kept across ticks by
+    :mod:`skewd.controller.align_batch`)."""
+
+    ncomplete: int
+    npartial: int  # steps with at least the quorum of members
+    present: list  # per member, the partial steps it has a burst in (ints)
+    spread: float = _NAN  # median arrival spread (complete steps)
+    lag: list = field(default_factory=list)  # per member, median lag (floats)
+    excess: list = field(default_factory=list)
+    last_share: list = field(default_factory=list)
+    bytes_median: np.ndarray | None = None  # per member, median burst bytes (complete steps with all bytes)
+
+
+def window_stats(rows: StepRows, min_fraction: float) -> WindowStats:
+    """The :class:`WindowStats` of a window's step rows."""
+    n = rows.present.shape[1]
     counts = rows.present.sum(axis=1)
-    is_partial = counts >= quorum
-    ncomplete = len(rows.lag)
+    is_partial = counts >= quorum(n, min_fraction)
     npartial = int(is_partial.sum())
-    out: dict[str, dict[str, float]] = {node: {} for node in live}
-    rep = GroupReport(group="", watermark=float("nan"), steps=ncomplete, spread_median_s=float("nan"))
-    for node in live:
-        out[node]["ctl_aligned_steps"] = float(ncomplete)
-        out[node]["ctl_clock_error_seconds"] = float(clock_error.get(node, 0.0))
-    if npartial:
-        present = rows.present[is_partial].sum(axis=0).tolist()
-        for j, node in enumerate(live):
-            miss = (npartial - present[j]) / npartial
-            out[node]["ctl_step_missing_ratio"] = miss
-            rep.missing_share[node] = miss
-    if not ncomplete:
-        return out, rep
-    rep.spread_median_s = float(median0(rows.spread))
-    lag_med = median0(rows.lag).tolist()
-    excess_med = median0(rows.excess).tolist()
-    last_share = np.mean(rows.last_clear, axis=0).tolist()
-    for j, node in enumerate(live):
-        o = out[node]
-        o["ctl_arrival_lag_seconds"] = float(lag_med[j])
-        o["ctl_arrival_lag_excess_seconds"] = float(excess_med[j])
-        o["ctl_arrival_last_share_ratio"] = float(last_share[j])
-        o["ctl_step_spread_seconds"] = rep.spread_median_s
-        rep.lag_median_s[node] = o["ctl_arrival_lag_seconds"]
-        rep.lag_excess_s[node] = o["ctl_arrival_lag_excess_seconds"]
-        rep.last_share[node] = o["ctl_arrival_last_share_ratio"]
+    st = WindowStats(len(rows.lag), npartial,
+                     rows.present[is_partial].sum(axis=0).tolist() if npartial else [])
+    if not st.ncomplete:
+        return st
+    st.spread = float(median0(rows.spread))
+    st.lag = median0(rows.lag).tolist()
+    st.excess = median0(rows.excess).tolist()
+    st.last_share = np.mean(rows.last_clear, axis=0).tolist()
     B = rows.B
     ok = ~np.isnan(B).any(axis=1)
     if ok.sum() >= 1:
-        per_node = median0(B[ok])
+        st.bytes_median = median0(B[ok])
+    return st
+
+
+def stats_metrics(live: Sequence[str], st: WindowStats, clock_error: Mapping[str, float]
+                  ) -> tuple[dict[str, dict[str, float]], GroupReport]:
+    """Per-node ctl_* values and the group's report from its window's :class:`WindowStats`."""
+    ncomplete, npartial = st.ncomplete, st.npartial
+    steps = float(ncomplete)
+    out: dict[str, dict[str, float]] = {
+        node: {"ctl_aligned_steps": steps, "ctl_clock_error_seconds": float(clock_error.get(node, 0.0))} for node in live}
+    rep = GroupReport(group="", watermark=float("nan"), steps=ncomplete, spread_median_s=float("nan"))
+    if npartial:
+        miss = [(npartial - p) / npartial for p in st.present]
+        for node, m in zip(live, miss):
+            out[node]["ctl_step_missing_ratio"] = m
+        rep.missing_share = dict(zip(live, miss))
+    if not ncomplete:
+        return out, rep
+    spread = rep.spread_median_s = st.spread
+    lag, excess, share = list(map(float, st.lag)), list(map(float, st.excess)), list(map(float, st.last_share))
+    for node, a, b, c in zip(live, lag, excess, share):
+        o = out[node]
+        o["ctl_arrival_lag_seconds"] = a
+        o["ctl_arrival_lag_excess_seconds"] = b
+        o["ctl_arrival_last_share_ratio"] = c
+        o["ctl_step_spread_seconds"] = spread
+    rep.lag_median_s = dict(zip(live, lag))
+    rep.lag_excess_s = dict(zip(live, excess))
+    rep.last_share = dict(zip(live, share))
+    per_node = st.bytes_median
+    if per_node is not None:
         med = float(np.median(per_node))
         if med > 0:
             for j, node in enumerate(live):
                 out[node]["ctl_collective_bytes_dev_ratio"] = float((per_node[j] - med) / med)
     return out, rep
+
+
+def rows_metrics(live: Sequence[str], rows: StepRows, clock_error: Mapping[str, float],
+                 min_fraction: float) -> tuple[dict[str, dict[str, float]], GroupReport]:
+    """:func:`aligned_metrics` from the group's step rows: the medians and shares over the
+    window's steps."""
+    return stats_metrics(live, window_stats(rows, min_fraction), clock_error)
 
 
 def stage_gap(prev_steps: np.ndarray, next_steps: np.ndarray) -> float:

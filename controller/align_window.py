@@ -19,6 +19,12 @@ window (it follows the estimated step period) that would walk the held bursts di
 newest) or holds a NaN start; a window that moved back; a kept count that differs from the log
 (pruned or added below the old end); ties of one node or non-finite starts among the new bursts.
 tests/controller/test_align_incremental.py holds it equal to the full alignment, bit for bit.
+
+The aligner now measures a group of two members or more in a step table across groups
+(:mod:`skewd.controller.align_batch`), which also takes bursts that start before the held
+window's end (agents report a step once it has settled); a GroupWindow still measures a group
+of one this way, aligns any group from scratch (:meth:`GroupWindow.align_full`), and keeps
+every group's key, counters and table slot.
 """
 from __future__ import annotations
 
@@ -46,6 +52,12 @@ class GroupWindow:
         self.rows: StepRows | None = None
         self.reused = 0  # ticks measured incrementally (tests look)
         self.full = 0  # ticks aligned from scratch
+        #: the group's slot in the aligner's StepTable of its size (align_batch.py), when its
+        #: window is held there instead of here; then ``key``, ``lo``, ``hi`` and ``window``
+        #: describe that window, and ``ends`` each member's burst-log position after ``hi``
+        self.slot: int | None = None
+        self.table = None
+        self.ends: list[int] = []
 
     def measure(self, live: Sequence[str], starts: Sequence[np.ndarray], nbytes: Sequence[np.ndarray],
                 window: float, err: np.ndarray, lo: float, hi: float, stamp: tuple
@@ -65,21 +77,29 @@ class GroupWindow:
             if got is not None:
                 self.reused += 1
                 return got
+        al, rows, walked = self.align_full(live, starts, nbytes, window, err)
+        if not walked:  # the reference walk's order (ties of a node, NaN): nothing to extend
+            self.key, self.rows = None, None
+            return al, rows
+        opens = np.ones(len(al.t), dtype=bool)
+        opens[1:] = al.step[1:] != al.step[:-1]
+        self._keep(key, window, lo, hi, al.t, al.nbytes, al.col, opens, al.nsteps, rows)
+        self.live = list(live)
+        return al, rows
+
+    def align_full(self, live: Sequence[str], starts: Sequence[np.ndarray], nbytes: Sequence[np.ndarray],
+                   window: float, err: np.ndarray) -> tuple[Aligned, StepRows, bool]:
+        """The window aligned from scratch, its rows, and whether its steps are the vectorised
+        walk's (what an incremental measure may extend: finite starts in walk order, no member
+        twice at one time); counted in ``full``."""
         self.full += 1
         al = align_arrays(live, starts, nbytes, window)
         rows = StepRows.of(al.t, al.nbytes, al.col, al.step, al.nsteps, err)
         t, col = al.t, al.col
         d = t[1:] - t[:-1]
-        walked = (window == window and len(t) and bool(np.isfinite(t).all()) and bool((d >= 0).all())
-                  and not bool(((d == 0) & (col[1:] == col[:-1])).any()))
-        if not walked:  # the reference walk's order (ties of a node, NaN): nothing to extend
-            self.key, self.rows = None, None
-            return al, rows
-        opens = np.ones(len(t), dtype=bool)
-        opens[1:] = al.step[1:] != al.step[:-1]
-        self._keep(key, window, lo, hi, al.t, al.nbytes, al.col, opens, al.nsteps, rows)
-        self.live = list(live)
-        return al, rows
+        walked = bool(window == window and len(t) and bool(np.isfinite(t).all()) and bool((d >= 0).all())
+                      and not bool(((d == 0) & (col[1:] == col[:-1])).any()))
+        return al, rows, walked
 
     def firsts(self, min_members: int) -> np.ndarray:
         """:meth:`Aligned.firsts` of the window's steps."""

@@ -15,7 +15,8 @@ late summary from one node never reorders another's.
 A store of many nodes' one-row blocks (the controller's: a block per summary signal and node)
 may write the blocks of a node that one cached layout fills together as one *slab*
 (``node_slabs``): one shared time axis, one value matrix whose rows are the blocks' values,
-and one write per node and flush instead of one per signal. It is the store per-block writes
+and one write per node and flush instead of one per signal (a few slabs, one per time axis,
+when a summary once left a signal out or signals appeared later than others). It is the store per-block writes
 leave; any other write to one of its blocks first gives the blocks their own arrays back.
 
 Entities get small integer ids from a registry (recycled when they age out) so that values
@@ -222,18 +223,17 @@ class _Slab:
     ``data`` matrix (a row per block: each block's ``data`` is a [1, cap] view of its row, the
     same memory layout as a row-major block's row) and one ``last_seen`` vector, so the layout's
     write is a few numpy calls whatever the number of blocks. It is exactly the store of
-    per-block writes as long as nothing else writes the blocks: every other write path (a late
-    sample, a new row, another layout, gc) first :meth:`WindowStore._detach`-es the slab, which
-    gives each block its own arrays back, shaped as they would have been."""
+    per-block writes as long as only whole-slab writes reach the blocks: a layout of the node
+    that writes every block of the slab (and maybe others) writes it too; every other write
+    path (a late sample, a new row, a layout writing some of its blocks, gc) first
+    :meth:`WindowStore._detach`-es the slab, which gives each block its own arrays back, shaped
+    as they would have been. Only blocks on one time axis can share one, so a node's blocks
+    may sit in a few slabs (:meth:`WindowStore._layout_slabs`)."""
 
-    __slots__ = ("blocks", "cols", "times", "data", "last_seen", "n", "row_caps", "width")
+    __slots__ = ("blocks", "times", "data", "last_seen", "n", "row_caps")
 
-    def __init__(self, blocks: list[Block], cols: np.ndarray, width: int) -> None:
+    def __init__(self, blocks: list[Block]) -> None:
         self.blocks = blocks
-        # batch position of each block's sample; None when they are the batch's positions in
-        # order (every signal catalogued): a collection's values are then the column as it is
-        self.cols = None if len(cols) == width and bool((cols == np.arange(width)).all()) else cols
-        self.width = width
         first = blocks[0]
         self.n = first.n
         cap = first.times.shape[0]
@@ -260,29 +260,6 @@ class _Slab:
             b.n = n
             b.slab = self
 
-    @staticmethod
-    def fits(lay: "_Layout") -> "list[Block] | None":
-        """The blocks of ``lay`` if they can form a slab: every group one sample in row 0 of a
-        row-major block of one row, no block twice or in another slab, all blocks on the same
-        time axis (same capacity, columns and times)."""
-        blocks = [g.blk for g in lay.groups if g.blk is not None]
-        if len(blocks) < SLAB_MIN_GROUPS or len({id(b) for b in blocks}) != len(blocks):
-            return None
-        first = blocks[0]
-        n, cap = first.n, first.times.shape[0]
-        for g in lay.groups:
-            b = g.blk
-            if b is None:
-                continue
-            if (g.row != 0 or b.slab is not None or b.time_major or len(b.rows) != 1 or b.n != n
-                    or b.times.shape[0] != cap):
-                return None
-        t = first.times[:n]
-        for b in blocks[1:]:
-            if b.times is not first.times and not np.array_equal(b.times[:n], t):
-                return None
-        return blocks
-
 
 @dataclass
 class _Layout:
@@ -296,14 +273,17 @@ class _Layout:
     groups: list[_Group]
     ncat: int
     block_ids: frozenset = frozenset()
-    #: the layout's blocks as one slab (WindowStore.node_slabs), once its blocks allow it
-    slab: _Slab | None = None
+    #: the slabs that write the layout's blocks (WindowStore.node_slabs), one per time axis its
+    #: blocks share (WindowStore._layout_slabs); another layout of the node may write one too
+    slabs: list = field(default_factory=list)
+    #: per slab, the batch position of each of its blocks' samples (None: the batch's positions
+    #: in order, as when every signal is catalogued and in the one slab)
+    slab_cols: list = field(default_factory=list)
+    slab_rest: list = field(default_factory=list)  # the groups written without a slab
     slab_tried: int = -1  # the store version at which the blocks last did not fit a slab
-    uncatalogued: list = field(default_factory=list)  # its groups of uncatalogued signals
 
     def __post_init__(self) -> None:
         self.block_ids = frozenset(id(g.blk) for g in self.groups if g.blk is not None)
-        self.uncatalogued = [g for g in self.groups if g.blk is None]
 
 
 class WindowStore:
@@ -469,35 +449,38 @@ class WindowStore:
         increasing = k == 1 or bool((ts[1:] > ts[:-1]).all())
         t0 = float(ts[0])
         t_last = float(ts[-1])
+        groups = lay.groups
         if self.node_slabs:
-            sl = lay.slab
-            if sl is not None and sl.blocks[0].slab is not sl:  # undone meanwhile
-                sl = lay.slab = None
-            if sl is None and lay.slab_tried != self.version:
-                blocks = _Slab.fits(lay)
-                if blocks is None:
-                    lay.slab_tried = self.version
-                else:
-                    self._slabbed = True
-                    sl = lay.slab = _Slab(blocks, np.array([g.col for g in lay.groups if g.blk is not None],
-                                                           dtype=np.int64), len(lay.sig))
-            if sl is not None:
-                if increasing and (not sl.n or t0 > sl.times[sl.n - 1]):
-                    self._slab_put(sl, ts, V)
-                    for g in lay.uncatalogued:
-                        self.dropped_uncatalogued[g.name] = self.dropped_uncatalogued.get(g.name, 0) + g.count * k
+            sls = lay.slabs
+            for sl in sls:
+                if sl.blocks[0].slab is not sl:  # undone meanwhile: the layout's slabs anew
+                    sls = lay.slabs = []
+                    break
+            if not sls and lay.slab_tried != self.version:
+                sls = self._layout_slabs(lay)
+            if sls:
+                late = not increasing
+                for sl in sls:
+                    if sl.n and t0 <= sl.times[sl.n - 1]:
+                        late = True
+                if not late:
+                    for sl, cols in zip(sls, lay.slab_cols):
+                        self._slab_put(sl, ts, V, cols)
                     if t_last > self.latest_t:
                         self.latest_t = t_last
-                    return
-                # late or repeated times: block by block
-                lay.slab = None
-                self._detach(sl)
+                    groups = lay.slab_rest  # blocks on time axes of their own (and uncatalogued)
+                    if not groups:
+                        return
+                else:  # late or repeated times: block by block
+                    lay.slabs = []
+                    for sl in sls:
+                        self._detach(sl)
         wrote = False
         slabbed = self._slabbed
         # one-sample groups read their value(s) from these: a Python float (k = 1) or a row
         # of the transposed matrix, the same float64s either way
         one = V[0].tolist() if k == 1 else V.T
-        for g in lay.groups:
+        for g in groups:
             blk = g.blk
             if blk is None:
                 self.dropped_uncatalogued[g.name] = self.dropped_uncatalogued.get(g.name, 0) + g.count * k
@@ -709,11 +692,64 @@ class WindowStore:
         blk.times, blk.data, blk.n = times, data, m
 
     # -- slabs (node_slabs) -----------------------------------------------------------------------
-    def _slab_put(self, sl: _Slab, ts: np.ndarray, V: np.ndarray) -> None:
+    def _layout_slabs(self, lay: _Layout) -> "list[_Slab]":
+        """The slabs to write ``lay``'s blocks through, remembered in ``lay``: another layout's
+        of the node that holds only blocks of ``lay`` (a node's summaries with and without a
+        signal write the blocks they share through it), and a new one per time axis (same
+        capacity, columns and times) that at least :data:`SLAB_MIN_GROUPS` of the other
+        blocks share. A summary that left a signal out puts that block on an axis of its own
+        for good (per-block writes never give it the column back), and signals that appeared
+        later than the others (an engine that came up) are on one of their own: each is
+        written alone or in a slab of its own, the rest of the node stays in a slab. Only a
+        group of one sample in row 0 of a row-major block of one row qualifies; no slab at
+        all is not tried again until the store's shape changes."""
+        cands = [g.blk for g in lay.groups
+                 if g.blk is not None and g.row == 0 and not g.blk.time_major and len(g.blk.rows) == 1]
+        ids = {id(b) for b in cands}
+        for b in cands:  # another layout's slab with blocks this one does not write: undone
+            if b.slab is not None and not all(id(x) in ids for x in b.slab.blocks):
+                self._detach(b.slab)
+        sls: list[_Slab] = []
+        axes: list[list[Block]] = []  # the free candidates by time axis, in layout order
+        for b in cands:
+            if b.slab is not None:
+                if b.slab not in sls:  # (identity: _Slab has no __eq__)
+                    sls.append(b.slab)
+                continue
+            n, cap = b.n, b.times.shape[0]
+            for ax in axes:
+                a = ax[0]
+                if a.n == n and a.times.shape[0] == cap and np.array_equal(a.times[:n], b.times[:n]):
+                    ax.append(b)
+                    break
+            else:
+                axes.append([b])
+        for ax in axes:
+            if len(ax) >= SLAB_MIN_GROUPS:
+                self._slabbed = True
+                sls.append(_Slab(ax))
+        if not sls:
+            lay.slab_tried = self.version
+            return sls
+        where = {id(b): (j, i) for j, sl in enumerate(sls) for i, b in enumerate(sl.blocks)}
+        cols = [np.empty(len(sl.blocks), dtype=np.int64) for sl in sls]
+        rest = []
+        for g in lay.groups:
+            at = where.get(id(g.blk)) if g.blk is not None else None
+            if at is None:
+                rest.append(g)
+            else:
+                cols[at[0]][at[1]] = g.col
+        width = len(lay.sig)
+        lay.slabs, lay.slab_rest = sls, rest
+        lay.slab_cols = [None if len(c) == width and bool((c == np.arange(width)).all()) else c for c in cols]
+        return sls
+
+    def _slab_put(self, sl: _Slab, ts: np.ndarray, V: np.ndarray, cols: np.ndarray | None) -> None:
         """:meth:`_put_columns` for every block of the slab at once: ``len(ts)`` new columns
-        (increasing times after the newest), room made at the same columns."""
+        (increasing times after the newest), room made at the same columns; ``V[:, cols]`` (or
+        ``V`` for ``cols`` None) holds the slab rows' values."""
         k = len(ts)
-        cols = sl.cols
         if k == 1 and sl.n < sl.times.shape[0]:  # one collection, room for it
             c0 = sl.n
             sl.times[c0] = ts[0]

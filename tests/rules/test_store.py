@@ -321,9 +321,9 @@ class SlabStore(WindowStore):
         self.node_slabs = True
         self.slab_writes = 0
 
-    def _slab_put(self, sl, ts, V) -> None:
+    def _slab_put(self, sl, ts, V, cols) -> None:
         self.slab_writes += len(ts)
-        super()._slab_put(sl, ts, V)
+        super()._slab_put(sl, ts, V, cols)
 
 
 def row_capacities(store: WindowStore) -> dict:
@@ -415,3 +415,78 @@ def test_another_layout_writing_a_slab_block_alone_undoes_the_slab(cat) -> None:
         assert snapshot(slab) == snapshot(ref)
     assert slab.slab_writes > 0
     assert slab.series("gpu_util_ratio", "n1")[0].tolist() == [1.0, 2.0, 3.0, 3.5, 4.0, 4.5, 5.0]
+
+
+#: a node's summary signals of one entity each (SINGLE without the uncatalogued one)
+SUMMARY = [s for s, e in SINGLE.items() if e == [""] and s != "not_catalogued_signal"]
+
+
+def _summary(t: float, sigs: list[str], v: float) -> SampleBatch:
+    n = len(sigs)
+    return SampleBatch(np.full(n, t), np.full(n, "n1", dtype=object), np.array([SINGLE[s][0] for s in sigs], dtype=object),
+                       np.array(sigs, dtype=object), np.arange(n) + v)
+
+
+def _slab_of(store: WindowStore, sigs: list[str]) -> set:
+    return {id(store.blocks[s]["n1"].slab) if store.blocks[s]["n1"].slab is not None else None for s in sigs}
+
+
+def test_a_summary_missing_a_signal_once_costs_the_slab_that_block_only(cat) -> None:
+    """A summary that leaves one signal out once (its source had nothing in the interval) puts
+    that signal's block on a time axis of its own for good: per-block writes never give it the
+    column back, so it can never share the others' axis. The node's other blocks still share
+    one and are written as one slab from the next summary on, through compaction and growth,
+    the store exactly the general path's all along."""
+    hole = SUMMARY[2]
+    ref, slab = GeneralPathStore(cat, horizon=5.0, initial_cap=4), SlabStore(cat, horizon=5.0, initial_cap=4)
+    for k in range(1, 61):
+        sigs = [s for s in SUMMARY if s != hole] if k == 10 else SUMMARY
+        before = slab.slab_writes
+        for s in (ref, slab):
+            s.ingest(_summary(float(k), sigs, 10.0 * k))
+        assert snapshot(slab) == snapshot(ref)
+        if k > 11:
+            assert slab.slab_writes == before + 1, k  # the collection went through a slab
+    others = [s for s in SUMMARY if s != hole]
+    assert len(_slab_of(slab, others)) == 1 and None not in _slab_of(slab, others)
+    assert _slab_of(slab, [hole]) == {None}
+    alone, shared = slab.blocks[hole]["n1"], slab.blocks[others[0]]["n1"]
+    assert alone.times[: alone.n].tolist() != shared.times[: shared.n].tolist()  # 50 summaries on
+
+
+def test_a_signal_that_comes_and_goes_shares_one_slab_between_the_layouts(cat) -> None:
+    """Summaries with and without one signal in turn (two layouts of the node, e.g. an engine
+    value absent while the engine idles): both write the blocks they have in common through the
+    same slab, made once, instead of one layout undoing it and the other making it again at
+    every summary."""
+    hole = SUMMARY[-1]
+    ref, slab = GeneralPathStore(cat, horizon=5.0, initial_cap=4), SlabStore(cat, horizon=5.0, initial_cap=4)
+    made: list = []  # every slab written through (held: ids stay unique)
+    for k in range(1, 41):
+        sigs = [s for s in SUMMARY if s != hole] if k % 2 else SUMMARY
+        before = slab.slab_writes
+        for s in (ref, slab):
+            s.ingest(_summary(float(k), sigs, 10.0 * k))
+        assert snapshot(slab) == snapshot(ref)
+        sl = slab.blocks[SUMMARY[0]]["n1"].slab
+        if sl is not None and all(sl is not m for m in made):
+            made.append(sl)
+        if k > 3:
+            assert slab.slab_writes == before + 1, k
+    assert len(made) <= 2
+
+
+def test_signals_that_appear_later_get_a_slab_of_their_own(cat) -> None:
+    """A node's summaries gain signals after a while (its engine came up): those blocks are
+    younger than the others, on a time axis of their own for good, and are written as a slab of
+    their own beside the older blocks' one - not every block alone for the rest of the node's
+    life."""
+    ref, slab = GeneralPathStore(cat, horizon=5.0, initial_cap=4), SlabStore(cat, horizon=5.0, initial_cap=4)
+    early, later = SUMMARY[:4], SUMMARY[4:] + ["vllm_kv_cache_usage_ratio", "vllm_num_requests_waiting"]
+    for k in range(1, 31):
+        sigs = early if k < 8 else early + later
+        for s in (ref, slab):
+            s.ingest(_summary(float(k), sigs, 10.0 * k))
+        assert snapshot(slab) == snapshot(ref)
+    a, b = _slab_of(slab, early), _slab_of(slab, later)
+    assert len(a) == len(b) == 1 and None not in a | b and a != b
