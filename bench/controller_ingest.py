@@ -607,6 +607,7 @@ def offline(nodes: int, rate: float, seconds: float, warm: float, profile: str |
     phases = {"warm": [0.0, 0.0, 0, 0, 0.0], "steady": [0.0, 0.0, 0, 0, 0.0]}  # ingest s, tick s, n, ticks, tick max
     prof = cProfile.Profile() if profile else None
     cpu = time.process_time
+    per_tick: list[dict] = []
 
     async def drive() -> None:
         # one coroutine awaiting the callback per summary, as nats-py's subscription task does
@@ -628,11 +629,15 @@ def offline(nodes: int, rate: float, seconds: float, warm: float, profile: str |
             ph[0] += b - a
             ph[2] += 1
             if ctl.next_eval is not None and ctl.watermark >= ctl.next_eval:
+                before = dict(parts)
                 await ctl.evaluate_due()
                 c = cpu() - b
                 ph[1] += c
                 ph[3] += 1
                 ph[4] = max(ph[4], c)
+                if ph is phases["steady"]:  # this tick's parts: which of them make a long tick
+                    per_tick.append({"t": round(t - t0, 2), "total": c * 1e3,
+                                     **{k: (v - before.get(k, 0.0)) * 1e3 for k, v in parts.items()}})
 
     loop.run_until_complete(drive())
     if prof is not None:
@@ -643,6 +648,10 @@ def offline(nodes: int, rate: float, seconds: float, warm: float, profile: str |
            "evaluations": ctl.stats.evaluations, "rejected": ctl.stats.summaries_rejected, "errors": ctl.stats.errors}
     nt = max(1, phases["steady"][3])
     out["steady_tick_parts_ms"] = {k: v / nt * 1e3 for k, v in parts.items()}
+    out["steady_tick_parts_max_ms"] = {k: max((p.get(k, 0.0) for p in per_tick), default=0.0)
+                                       for k in ("total", *parts)}
+    out["steady_flush_max_ms"] = parts.longest_flush * 1e3
+    out["steady_longest_ticks"] = sorted(per_tick, key=lambda p: -p["total"])[:3]
     for name, (ing, tk, n, nt, mx) in phases.items():
         out[name] = {"summaries": n, "ingest_us": ing / max(1, n) * 1e6, "ticks": nt,
                      "tick_mean_ms": tk / max(1, nt) * 1e3, "tick_max_ms": mx * 1e3,
@@ -657,7 +666,14 @@ def _time_tick_parts(ctl) -> dict[str, float]:
     import collections
     import functools
 
-    parts: dict[str, float] = collections.Counter()
+    class Parts(collections.Counter):
+        longest_flush = 0.0  # the longest single flush (in a tick or between ticks) since cleared
+
+        def clear(self) -> None:
+            super().clear()
+            self.longest_flush = 0.0
+
+    parts = Parts()
     cpu = time.process_time
 
     def timed(name, fn):
@@ -687,7 +703,18 @@ def _time_tick_parts(ctl) -> dict[str, float]:
     ctl.aligner.derive_steps = steps
     ctl.engine.evaluate = timed("rules", ctl.engine.evaluate)
     ctl.feed.ingest_derived = timed("ctl_ingest", ctl.feed.ingest_derived)
-    ctl.feed.flush = timed("flush", ctl.feed.flush)
+    flush = ctl.feed.flush
+
+    def timed_flush(*a, **k):
+        c = cpu()
+        try:
+            return flush(*a, **k)
+        finally:
+            d = cpu() - c
+            parts["flush"] += d
+            parts.longest_flush = max(parts.longest_flush, d)
+
+    ctl.feed.flush = timed_flush
     return parts
 
 
@@ -735,6 +762,11 @@ def main(argv: list[str] | None = None) -> int:
         tp = r["steady_tick_parts_ms"]
         print("  steady state per tick: " + ", ".join(f"{k} {v:.0f} ms" for k, v in tp.items())
               + " (flush: also between ticks, see FLUSH_ROWS)")
+        print("  steady state longest per part: " + ", ".join(
+            f"{k} {v:.0f} ms" for k, v in r["steady_tick_parts_max_ms"].items())
+              + f"; longest flush anywhere {r['steady_flush_max_ms']:.0f} ms")
+        for p in r["steady_longest_ticks"]:
+            print(f"  long tick at {p['t']:g} s: " + ", ".join(f"{k} {v:.0f}" for k, v in p.items() if k != "t"))
         print(f"  {r['nodes']} nodes, {r['encoding']} summaries, {r['rate']:g}/s of summary time, "
               f"evaluations {r['evaluations']}, "
               f"rejected {r['rejected']}, errors {r['errors']}")
