@@ -299,7 +299,8 @@ def _time_worker_parts(ctl: Any) -> dict[str, float]:
     """Wall seconds of a scaled-out controller's tick parts, summed until cleared (at each
     tick): on the tick thread the digests' intake (leader), the store flush, alignment, the
     ctl_* ingest and the rules; on the event loop the digest's publication (partition), the
-    engine's save and correlation and planning (leader)."""
+    engine's save and correlation and planning (leader): those three (``*_await``) include
+    the time they await (a KV write's round trip), which blocks nothing."""
     import collections
     import functools
 
@@ -331,9 +332,9 @@ def _time_worker_parts(ctl: Any) -> dict[str, float]:
     ctl.aligner.derive = timed("align", ctl.aligner.derive)
     ctl.feed.ingest_derived = timed("ctl_ingest", ctl.feed.ingest_derived)
     ctl.engine.evaluate = timed("rules", ctl.engine.evaluate)
-    ctl._publish_digest = timed("publish_digest", ctl._publish_digest)
-    ctl._save_engine = timed("save_engine", ctl._save_engine)
-    ctl._correlate_and_plan = timed("correlate", ctl._correlate_and_plan)
+    ctl._publish_digest = timed("publish_digest_await", ctl._publish_digest)
+    ctl._save_engine = timed("save_engine_await", ctl._save_engine)
+    ctl._correlate_and_plan = timed("correlate_await", ctl._correlate_and_plan)
     return parts
 
 
