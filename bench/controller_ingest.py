@@ -295,6 +295,49 @@ def _time_compute(ctl: Any) -> list[float]:
     ctl._compute = compute
     return cell
 
+def _time_worker_parts(ctl: Any) -> dict[str, float]:
+    """Wall seconds of a scaled-out controller's tick parts, summed until cleared (at each
+    tick): on the tick thread the digests' intake (leader), the store flush, alignment, the
+    ctl_* ingest and the rules; on the event loop the digest's publication (partition), the
+    engine's save and correlation and planning (leader): those three (``*_await``) include
+    the time they await (a KV write's round trip), which blocks nothing."""
+    import collections
+    import functools
+
+    parts: dict[str, float] = collections.Counter()
+    clock = time.perf_counter
+
+    def timed(name, fn):
+        if asyncio.iscoroutinefunction(fn):
+            @functools.wraps(fn)
+            async def arun(*a, **k):
+                c = clock()
+                try:
+                    return await fn(*a, **k)
+                finally:
+                    parts[name] += clock() - c
+            return arun
+
+        @functools.wraps(fn)
+        def run(*a, **k):
+            c = clock()
+            try:
+                return fn(*a, **k)
+            finally:
+                parts[name] += clock() - c
+        return run
+
+    ctl._take_digests = timed("take_digests", ctl._take_digests)
+    ctl.feed.flush = timed("flush", ctl.feed.flush)
+    ctl.aligner.derive = timed("align", ctl.aligner.derive)
+    ctl.feed.ingest_derived = timed("ctl_ingest", ctl.feed.ingest_derived)
+    ctl.engine.evaluate = timed("rules", ctl.engine.evaluate)
+    ctl._publish_digest = timed("publish_digest_await", ctl._publish_digest)
+    ctl._save_engine = timed("save_engine_await", ctl._save_engine)
+    ctl._correlate_and_plan = timed("correlate_await", ctl._correlate_and_plan)
+    return parts
+
+
 async def role_controller(url: str, warm: float) -> dict:
     from skewd.controller.config import load_config
     from skewd.controller.service import Controller
@@ -378,6 +421,8 @@ async def role_worker(url: str, warm: float, workers: int, partitions: int) -> d
     blocked: list[float] = []  # the longest stretch a tick kept the event loop to itself
     seen: set[int] = set()
 
+    parts_of: dict[int, list[dict]] = {}  # id(tick list) → each tick's parts (ms), with its total
+
     def instrument(ctl, into: list[float]) -> None:
         if id(ctl) in seen:
             return
@@ -386,15 +431,20 @@ async def role_worker(url: str, warm: float, workers: int, partitions: int) -> d
             _count_ingests(ctl, rec)
         orig_tick = ctl.tick
         computed = _time_compute(ctl)
+        parts = _time_worker_parts(ctl)
 
         async def tick(t: float) -> None:
             computed[0] = 0.0
+            parts.clear()
             b = Busy(orig_tick(t))
             await b
             # the tick: its steps on the event loop plus its computation on the tick thread
             # (which the loop does not wait for: that is what blocked measures)
             into.append(b.total + computed[0])
             blocked.append(b.longest)
+            parts_of.setdefault(id(into), []).append(
+                {"total": (b.total + computed[0]) * 1e3, "loop_max": b.longest * 1e3,
+                 **{k: v * 1e3 for k, v in parts.items()}})
 
         ctl.tick = tick
 
@@ -408,9 +458,11 @@ async def role_worker(url: str, warm: float, workers: int, partitions: int) -> d
     def extra() -> dict:
         ctls = list(w.controllers())
         t0, l0, b0 = mark or (0, 0, 0)  # maxima of the current phase
+        longest = {name: sorted(parts_of.get(id(lst), [])[start:], key=lambda p: -p["total"])[:3]
+                   for name, lst, start in (("partition", ticks, t0), ("leader", leader_ticks, l0))}
         return {"ticks": len(ticks), "tick_total_s": sum(ticks), "tick_max_s": max(ticks[t0:], default=0.0),
                 "leader_ticks": len(leader_ticks), "leader_tick_max_s": max(leader_ticks[l0:], default=0.0),
-                "tick_block_max_s": max(blocked[b0:], default=0.0),
+                "tick_block_max_s": max(blocked[b0:], default=0.0), "longest_ticks": longest,
                 "evaluations": sum(c.stats.evaluations for c in ctls),
                 "rejected": sum(c.stats.summaries_rejected for c in ctls), "errors": sum(c.stats.errors for c in ctls),
                 "partitions": sorted(w.partitions), "leader": w.leader is not None,
@@ -567,6 +619,10 @@ def _combine(parts: list[dict]) -> dict:
         for k in ("tick_max_s", "leader_tick_max_s", "tick_block_max_s"):
             if k in q[0]:
                 out[ph][k] = max(x.get(k, 0.0) for x in q)
+        if "longest_ticks" in q[0]:
+            out[ph]["longest_ticks"] = {name: sorted((t for x in q for t in x["longest_ticks"].get(name, [])),
+                                                     key=lambda t: -t["total"])[:3]
+                                        for name in ("partition", "leader")}
     return out
 
 
@@ -607,6 +663,7 @@ def offline(nodes: int, rate: float, seconds: float, warm: float, profile: str |
     phases = {"warm": [0.0, 0.0, 0, 0, 0.0], "steady": [0.0, 0.0, 0, 0, 0.0]}  # ingest s, tick s, n, ticks, tick max
     prof = cProfile.Profile() if profile else None
     cpu = time.process_time
+    per_tick: list[dict] = []
 
     async def drive() -> None:
         # one coroutine awaiting the callback per summary, as nats-py's subscription task does
@@ -628,11 +685,15 @@ def offline(nodes: int, rate: float, seconds: float, warm: float, profile: str |
             ph[0] += b - a
             ph[2] += 1
             if ctl.next_eval is not None and ctl.watermark >= ctl.next_eval:
+                before = dict(parts)
                 await ctl.evaluate_due()
                 c = cpu() - b
                 ph[1] += c
                 ph[3] += 1
                 ph[4] = max(ph[4], c)
+                if ph is phases["steady"]:  # this tick's parts: which of them make a long tick
+                    per_tick.append({"t": round(t - t0, 2), "total": c * 1e3,
+                                     **{k: (v - before.get(k, 0.0)) * 1e3 for k, v in parts.items()}})
 
     loop.run_until_complete(drive())
     if prof is not None:
@@ -643,6 +704,10 @@ def offline(nodes: int, rate: float, seconds: float, warm: float, profile: str |
            "evaluations": ctl.stats.evaluations, "rejected": ctl.stats.summaries_rejected, "errors": ctl.stats.errors}
     nt = max(1, phases["steady"][3])
     out["steady_tick_parts_ms"] = {k: v / nt * 1e3 for k, v in parts.items()}
+    out["steady_tick_parts_max_ms"] = {k: max((p.get(k, 0.0) for p in per_tick), default=0.0)
+                                       for k in ("total", *parts)}
+    out["steady_flush_max_ms"] = parts.longest_flush * 1e3
+    out["steady_longest_ticks"] = sorted(per_tick, key=lambda p: -p["total"])[:3]
     for name, (ing, tk, n, nt, mx) in phases.items():
         out[name] = {"summaries": n, "ingest_us": ing / max(1, n) * 1e6, "ticks": nt,
                      "tick_mean_ms": tk / max(1, nt) * 1e3, "tick_max_ms": mx * 1e3,
@@ -657,7 +722,14 @@ def _time_tick_parts(ctl) -> dict[str, float]:
     import collections
     import functools
 
-    parts: dict[str, float] = collections.Counter()
+    class Parts(collections.Counter):
+        longest_flush = 0.0  # the longest single flush (in a tick or between ticks) since cleared
+
+        def clear(self) -> None:
+            super().clear()
+            self.longest_flush = 0.0
+
+    parts = Parts()
     cpu = time.process_time
 
     def timed(name, fn):
@@ -687,7 +759,18 @@ def _time_tick_parts(ctl) -> dict[str, float]:
     ctl.aligner.derive_steps = steps
     ctl.engine.evaluate = timed("rules", ctl.engine.evaluate)
     ctl.feed.ingest_derived = timed("ctl_ingest", ctl.feed.ingest_derived)
-    ctl.feed.flush = timed("flush", ctl.feed.flush)
+    flush = ctl.feed.flush
+
+    def timed_flush(*a, **k):
+        c = cpu()
+        try:
+            return flush(*a, **k)
+        finally:
+            d = cpu() - c
+            parts["flush"] += d
+            parts.longest_flush = max(parts.longest_flush, d)
+
+    ctl.feed.flush = timed_flush
     return parts
 
 
@@ -735,6 +818,11 @@ def main(argv: list[str] | None = None) -> int:
         tp = r["steady_tick_parts_ms"]
         print("  steady state per tick: " + ", ".join(f"{k} {v:.0f} ms" for k, v in tp.items())
               + " (flush: also between ticks, see FLUSH_ROWS)")
+        print("  steady state longest per part: " + ", ".join(
+            f"{k} {v:.0f} ms" for k, v in r["steady_tick_parts_max_ms"].items())
+              + f"; longest flush anywhere {r['steady_flush_max_ms']:.0f} ms")
+        for p in r["steady_longest_ticks"]:
+            print(f"  long tick at {p['t']:g} s: " + ", ".join(f"{k} {v:.0f}" for k, v in p.items() if k != "t"))
         print(f"  {r['nodes']} nodes, {r['encoding']} summaries, {r['rate']:g}/s of summary time, "
               f"evaluations {r['evaluations']}, "
               f"rejected {r['rejected']}, errors {r['errors']}")
@@ -800,6 +888,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{p['cores']:.2f} cores{extra}")
         print(f"  {'':11}  latency at {lat['offered_rate']:,.0f}/s offered: p50 {lp['lat_p50_ms']:.1f} ms, "
               f"p99 {lp['lat_p99_ms']:.1f} ms, max {lp['lat_max_ms']:.1f} ms")
+        for run, ph in (("saturation", p), ("latency", lp)):
+            for kind, longest in ph.get("longest_ticks", {}).items():
+                for t in longest:
+                    print(f"  {'':11}  longest {kind} ticks ({run}, ms wall): "
+                          + ", ".join(f"{k} {v:.0f}" for k, v in t.items()))
 
     line("peer", raw_sat, raw_lat)
     print("  (peer: a bare nats-py subscriber counting the same summaries, json.loads excluded)")

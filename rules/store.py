@@ -212,6 +212,12 @@ def _shift(times: np.ndarray, values: np.ndarray, keep_from: int, n: int,
 #: fewest one-sample groups for which a layout's blocks are written as one slab (below it the
 #: per-block writes cost about as much as the slab's set-up)
 SLAB_MIN_GROUPS = 4
+#: a slab prepares its doubled arrays (:meth:`_Slab.prepare`) once it is this share of its
+#: capacity away from full at most; each slab at its own point within that share (a golden-ratio
+#: sequence over the slabs), so that nodes that send at one rate, which fill their slabs
+#: together, spread the cost of growing over the flushes instead of all growing in one
+SLAB_PREPARE_SHARE = 0.5
+_GOLDEN = 0.6180339887498949
 
 
 class _Slab:
@@ -230,9 +236,9 @@ class _Slab:
     as they would have been. Only blocks on one time axis can share one, so a node's blocks
     may sit in a few slabs (:meth:`WindowStore._layout_slabs`)."""
 
-    __slots__ = ("blocks", "times", "data", "last_seen", "n", "row_caps")
+    __slots__ = ("blocks", "times", "data", "last_seen", "n", "row_caps", "spread", "prepare_at", "spare")
 
-    def __init__(self, blocks: list[Block]) -> None:
+    def __init__(self, blocks: list[Block], seq: int = 0) -> None:
         self.blocks = blocks
         first = blocks[0]
         self.n = first.n
@@ -244,7 +250,30 @@ class _Slab:
         for i, b in enumerate(blocks):
             self.data[i] = b.values[0]
             self.last_seen[i] = b.last_seen[0]
+        #: where within SLAB_PREPARE_SHARE this slab prepares to grow, in [0, 1)
+        self.spread = (seq * _GOLDEN) % 1.0
+        #: the doubled (times, data) arrays made ahead of the growth, and how many of the
+        #: current columns they hold already (see prepare)
+        self.spare: tuple[np.ndarray, np.ndarray, int] | None = None
+        self._set_prepare_at()
         self._bind()
+
+    def _set_prepare_at(self) -> None:
+        cap = self.times.shape[0]
+        self.prepare_at = cap - int(cap * SLAB_PREPARE_SHARE * self.spread)
+
+    def prepare(self) -> None:
+        """Make the arrays a doubling would make (all ``inf``/NaN) and copy the columns written
+        so far into them: the costly part of a growth (fresh memory touched, a copy of the
+        whole slab), done while this slab still has room. Columns only ever get appended
+        until room is made, so at the growth only the columns written since are copied
+        (:meth:`WindowStore._slab_room`), and the result is exactly the doubling's."""
+        cap, n = self.times.shape[0], self.n
+        times = np.full(cap * 2, np.inf)
+        data = np.full((self.data.shape[0], cap * 2), _NAN)
+        times[:n] = self.times[:n]
+        data[:, :n] = self.data[:, :n]
+        self.spare = (times, data, n)
 
     def _bind(self) -> None:
         """Point every block at its views of the slab's arrays."""
@@ -321,6 +350,7 @@ class WindowStore:
         #: nodes' one-sample signals (the controller turns it on). Only speed depends on it.
         self.node_slabs = False
         self._slabbed = False  # a slab was ever made (the per-block writes then check for one)
+        self._slab_seq = 0  # slabs made (each slab's place in the spread of growths)
 
     # -- ingest ----------------------------------------------------------------------------
     def ingest(self, batch: SampleBatch) -> None:
@@ -727,7 +757,8 @@ class WindowStore:
         for ax in axes:
             if len(ax) >= SLAB_MIN_GROUPS:
                 self._slabbed = True
-                sls.append(_Slab(ax))
+                self._slab_seq += 1
+                sls.append(_Slab(ax, self._slab_seq))
         if not sls:
             lay.slab_tried = self.version
             return sls
@@ -758,6 +789,8 @@ class WindowStore:
             for b in sl.blocks:
                 b.n = n
             sl.last_seen.fill(ts[0])
+            if n >= sl.prepare_at and sl.spare is None:
+                self._slab_prepare(sl, float(ts[0]))
             return
         vals = V if cols is None else V[:, cols]
         j = 0
@@ -774,18 +807,39 @@ class WindowStore:
         for b in sl.blocks:
             b.n = n
         sl.last_seen[:] = ts[-1]
+        if n >= sl.prepare_at and sl.spare is None:
+            self._slab_prepare(sl, float(ts[-1]))
+
+    def _slab_prepare(self, sl: _Slab, t: float) -> None:
+        """Prepare the slab's growth (:meth:`_Slab.prepare`) if making room at ``t`` would double
+        it keeping every column (nothing older than the horizon yet): the growths of slabs
+        filled at one pace are then spread over the flushes (SLAB_PREPARE_SHARE)."""
+        if sl.n and sl.times[0] > t - self.horizon:
+            sl.prepare()
+        else:  # at the horizon room is made by dropping columns: no doubled arrays to prepare
+            sl.prepare_at = sl.times.shape[0] + 1
 
     def _slab_room(self, sl: _Slab, t: float) -> None:
         """:meth:`_make_room` for every block of the slab (one time axis: the same decision)."""
         keep_from, cap = _room(sl.times, sl.n, t - self.horizon)
-        if cap != sl.times.shape[0]:
-            times = np.full(cap, np.inf)
-            data = np.full((sl.data.shape[0], cap), _NAN)
-        else:
-            times, data = sl.times, sl.data
-        sl.n = _shift(sl.times, sl.data, keep_from, sl.n, times, data)
-        if times is not sl.times:
+        spare, sl.spare = sl.spare, None
+        if spare is not None and keep_from == 0 and spare[0].shape[0] == cap:
+            # the doubling, prepared: the columns written since the preparation are still to copy
+            times, data, c = spare
+            n = sl.n
+            times[c:n] = sl.times[c:n]
+            data[:, c:n] = sl.data[:, c:n]
             sl.times, sl.data = times, data
+        else:
+            if cap != sl.times.shape[0]:
+                times = np.full(cap, np.inf)
+                data = np.full((sl.data.shape[0], cap), _NAN)
+            else:
+                times, data = sl.times, sl.data
+            sl.n = _shift(sl.times, sl.data, keep_from, sl.n, times, data)
+            if times is not sl.times:
+                sl.times, sl.data = times, data
+        sl._set_prepare_at()
         sl._bind()
 
     def _detach(self, sl: _Slab) -> None:
@@ -805,6 +859,7 @@ class WindowStore:
             b.last_seen = seen
             b.n = sl.n
             b.slab = None
+        sl.spare = None
 
     # -- row births (range evaluation) -----------------------------------------------------------
     def track_births(self, tick_index: int) -> None:

@@ -490,3 +490,88 @@ def test_signals_that_appear_later_get_a_slab_of_their_own(cat) -> None:
         assert snapshot(slab) == snapshot(ref)
     a, b = _slab_of(slab, early), _slab_of(slab, later)
     assert len(a) == len(b) == 1 and None not in a | b and a != b
+
+
+def _nodes_at_one_pace(nodes: int, steps: int, per_flush: int, dt: float):
+    """Flushes of ``nodes`` nodes' collections (the SINGLE signals, one entity each), every node
+    sending at the same pace ``dt``: ``per_flush`` collections a node per flush, written as one
+    matrix (ingest_collections), as the controller's flush writes a node's summaries."""
+    names = [s for s in SINGLE if s != "not_catalogued_signal"]
+    sig = np.array(names, dtype=object)
+    ent = np.array([SINGLE[s][0] for s in sig], dtype=object)
+    node = [np.array([f"n{i}"] * len(sig), dtype=object) for i in range(nodes)]  # shared: layouts by identity
+    rng = np.random.default_rng(3)
+    for f in range(steps):
+        out = []
+        for i in range(nodes):
+            ts = 100.0 + dt * (np.arange(per_flush) + f * per_flush) + i * 1e-4
+            V = rng.random((per_flush, len(sig)))
+            out.append((sig, ent, node[i], ts, V))
+        yield out
+
+
+def _whole(store: WindowStore) -> dict:
+    """Every block's arrays to their capacity (unused columns included), slabs undone."""
+    row_capacities(store)  # detaches
+    return {(sig, node): (b.times.tolist(), np.nan_to_num(b.values, nan=-1.5).tolist())
+            for sig, per_node in store.blocks.items() for node, b in per_node.items()}
+
+
+@pytest.mark.parametrize("per_flush,dt,horizon", [(1, 1.0, 1e9), (3, 0.5, 1e9), (2, 1.0, 40.0), (5, 0.1, 7.0)])
+def test_slab_growth_prepared_ahead_is_the_doubling(cat, per_flush, dt, horizon) -> None:
+    """Slabs that fill at one pace prepare their doubled arrays each at its own point before
+    full (SLAB_PREPARE_SHARE): the store is the per-block writes' store at every flush, with
+    growths through several capacities and, with a short horizon, room made by dropping
+    columns (a preparation made before the horizon was reached is then left unused)."""
+    ref = WindowStore(cat, horizon=horizon, initial_cap=4)
+    slab = SlabStore(cat, horizon=horizon, initial_cap=4)
+    used = []
+    room = slab._slab_room
+
+    def counting_room(sl, t):
+        used.append(sl.spare is not None and sl.times.shape[0] * 2 == (sl.spare[0].shape[0]))
+        room(sl, t)
+
+    slab._slab_room = counting_room
+    for flush in _nodes_at_one_pace(12, 70, per_flush, dt):
+        for cols in flush:
+            ts, V = cols[3], cols[4]
+            for j in range(len(ts)):
+                ref.ingest(SampleBatch(np.full(len(cols[0]), ts[j]), cols[2], cols[1], cols[0], V[j]))
+            if not slab.ingest_collections(*cols):  # a new node: its layout learned on the way
+                slab.ingest_many([SampleBatch(np.full(len(cols[0]), ts[j]), cols[2], cols[1], cols[0], V[j])
+                                  for j in range(len(ts))], shared_columns=True)
+        assert snapshot(slab) == snapshot(ref)
+    assert slab.slab_writes > 0 and any(used)
+    assert _whole(slab) == _whole(ref)
+
+
+def test_slabs_at_one_pace_do_not_all_grow_in_one_flush(cat) -> None:
+    """40 nodes' slabs filling together: no flush prepares or makes more than a fifth of the
+    doublings (without the spread, every slab doubled in the flush that filled it)."""
+    slab = SlabStore(cat, horizon=1e9, initial_cap=64)
+    costly = []  # per flush: slabs that allocated doubled arrays (prepared or at the growth)
+    prepare, room = slab._slab_prepare, slab._slab_room
+    count = [0]
+
+    def counting_prepare(sl, t):
+        had = sl.spare
+        prepare(sl, t)
+        count[0] += had is None and sl.spare is not None
+
+    def counting_room(sl, t):
+        count[0] += sl.spare is None
+        room(sl, t)
+
+    slab._slab_prepare, slab._slab_room = counting_prepare, counting_room
+    for flush in _nodes_at_one_pace(40, 300, 1, 1.0):
+        count[0] = 0
+        for cols in flush:
+            if not slab.ingest_collections(*cols):  # a new node
+                slab.ingest_many([SampleBatch(np.full(len(cols[0]), cols[3][0]), cols[2], cols[1], cols[0],
+                                              cols[4][0])], shared_columns=True)
+        costly.append(count[0])
+    caps = {b.times.shape[0] for per in slab.blocks.values() for b in per.values()}
+    assert caps == {512}  # grew 64 -> 128 -> 256 -> 512
+    assert sum(costly) >= 3 * 40 - 40  # every slab prepared its growths (the first ones may not have)
+    assert max(costly) <= 8, costly
