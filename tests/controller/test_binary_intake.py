@@ -126,7 +126,7 @@ def _same_state(a: Controller, b: Controller) -> None:
     for key, tl in a.timelines.engines.items():
         other = b.timelines.engines[key]
         assert tl.source == other.source
-        assert [dataclasses.astuple(p) for p in tl.points] == [dataclasses.astuple(p) for p in other.points], key
+        assert list(tl.points) == list(other.points), key
         assert list(tl.ttft) == list(other.ttft) and list(tl.itl) == list(other.itl), key
     # the aligner: burst logs (starts and bytes, NaN included) and clocks
     assert sorted(a.aligner.bursts) == sorted(b.aligner.bursts)

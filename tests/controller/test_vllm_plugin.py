@@ -64,15 +64,15 @@ async def test_plugin_publishes_steps_and_the_controller_builds_the_engine_timel
         assert ctl.stats.phase_rejected == 0
         tl = ctl.timelines.engines["vnode/engine0"]
         assert tl.source == "plugin"
-        phases = [p.phase.value for p in tl.points]
+        phases = [p[1] for p in tl.points]  # (t, phase, kv, waiting, running)
         assert phases[0] == "prefill_heavy" and phases[-1] == "decode_heavy"
         assert len(tl.points) == 80  # every step arrived, in order
         last = tl.points[-1]
-        assert last.kv == pytest.approx(0.85) and last.waiting == 2 and last.running == 16
+        assert last[2] == pytest.approx(0.85) and last[3] == 2 and last[4] == 16
         assert sorted({v for _, v in tl.ttft}) == [0.25, 0.30]
-        ctx = ctl.timelines.context("vnode/engine0", last.t)
+        ctx = ctl.timelines.context("vnode/engine0", last[0])
         assert ctx.phase == "decode_heavy" and ctx.source == "plugin"
-        eff = ctl.timelines.effect("vnode/engine0", tl.points[0].t, last.t, 10.0)
+        eff = ctl.timelines.effect("vnode/engine0", tl.points[0][0], last[0], 10.0)
         assert eff.itl_s == pytest.approx(0.012) and eff.ttft_s in (0.25, 0.275, 0.30)
     finally:
         await ctl.stop()
