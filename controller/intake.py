@@ -27,6 +27,8 @@ from .storefeed import BURST_BYTES, BURST_STARTS
 
 log = logging.getLogger("skewd.controller")
 _NAN = float("nan")
+#: summary subjects whose verdict is remembered (a few per node; cleared when full)
+_SUBJECTS_KEPT = 1 << 16
 
 
 def _finite_sum(ts: list[float]) -> bool:
@@ -133,10 +135,16 @@ class Intake:
     def _summary_refused(self, subject: str, cluster: str, node: str, t: float) -> bool:
         """Refuse (counted, logged) a summary whose body does not belong on its subject or
         whose time is implausible."""
-        why = ingest.subject_mismatch(subject, wire.MessageKind.SUMMARY, cluster, node)
-        if why is not None:
-            self._reject("summary", ingest.SUBJECT_MISMATCH, subject, why)
-            return True
+        if self._subject_ok.get(subject) != (cluster, node):  # (the verdict depends on these only)
+            why = ingest.subject_mismatch(subject, wire.MessageKind.SUMMARY, cluster, node)
+            if why is not None:
+                self._reject("summary", ingest.SUBJECT_MISMATCH, subject, why)
+                return True
+            if len(self._subject_ok) >= _SUBJECTS_KEPT:
+                self._subject_ok.clear()  # subjects of nodes long gone
+            self._subject_ok[subject] = (cluster, node)
+        if self.cfg.max_clock_skew <= 0:
+            return False
         why = ingest.summary_clock_problem(t, self.wall(), self.cfg.max_clock_skew)
         if why is not None:
             self._reject("summary", ingest.CLOCK_SKEW, subject, why)
@@ -216,7 +224,7 @@ class Intake:
     def _observe_bursts(self, h: wire.BinarySummary) -> None:
         """The aligner's part of a binary summary, taken as :meth:`ingest_summary` takes the same
         bursts from JSON (a NaN start or byte count there is ``null``)."""
-        starts = wire.floats(h.starts) if h.starts else []
+        starts = wire.starts_of(h)
         if starts and not h.burst_bytes:
             ts = sorted(starts)
             if _finite_sum(ts):  # NaN (JSON's null) or too large: the long way

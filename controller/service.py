@@ -197,6 +197,9 @@ class Controller(Intake, Evaluation, Suggestions, SilentNodes, PartitionExchange
         #: from yet: their incidents are not (re)published until they are, and are resolved
         #: "node silent" if they stay silent (a restart must not re-announce a dead node's trouble)
         self._unconfirmed: set[str] = set()
+        #: summary subject → the (cluster, node) a body named on it that matched it: every node
+        #: sends on the same subject every interval, and the check was a tenth of a summary's cost
+        self._subject_ok: dict[str, tuple[str, str]] = {}
         self._deferred: set[str] = set()  # incident ids whose publication waits for their node
         self._silenced: dict[str, float] = {}  # finding id → controller time it was resolved for silence
         self._shared = False  # started on another instance's connection (a scaled-out worker's)

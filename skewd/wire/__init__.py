@@ -48,7 +48,7 @@ from .base import (BINARY_MAGIC, HDR_KIND, HDR_MSG_ID, HDR_SCHEMA, SUBJECT_PREFI
                    WireError)
 from .binsummary import (BINARY_PREFIX, BURST_BYTES, BURST_STARTS, MAX_LAYOUT_SAMPLES, BinarySummary, LayoutBook,
                          LayoutUnknownError, SummaryEncoder, SummaryLayout, decode_binary_summary, floats, layout_id,
-                         make_layout, pack, read_binary, read_layout, read_values, summary_of, values_of)
+                         make_layout, pack, read_binary, read_layout, read_values, starts_of, summary_of, values_of)
 from .decoding import (MATURITIES, BinarySummaryReader, decode, decode_finding, decode_health, decode_summary,
                        finding_from_dict, health_from_dict, summary_from_dict, summary_view)
 from .messages import (ClockHealth, ClockSync, CollectorHealth, Health, ReloadStatus, RulesHealth, Summary,
@@ -63,7 +63,7 @@ from .subjects import (EMPTY_TOKEN, PARTITIONED_SUMMARY, SUBJECT_TOKENS, ParsedS
 
 __all__ = [
     "BINARY_MAGIC", "BINARY_PREFIX", "BURST_BYTES", "BURST_STARTS", "MAX_LAYOUT_SAMPLES", "BinarySummary", "BinarySummaryReader", "LayoutBook",
-    "LayoutUnknownError", "SummaryEncoder", "SummaryLayout", "decode_binary_summary", "floats", "layout_id", "make_layout",
+    "LayoutUnknownError", "SummaryEncoder", "SummaryLayout", "decode_binary_summary", "floats", "layout_id", "starts_of", "make_layout",
     "pack", "read_binary", "read_layout", "read_values", "summary_of", "values_of",
     "BEST_EFFORT_KINDS", "EMPTY_TOKEN", "FINDINGS_STREAM", "HDR_KIND", "HDR_MSG_ID", "HDR_SCHEMA", "MATURITIES",
     "MAX_INT", "MAX_JSON_DEPTH", "MAX_NAME_CHARS", "MAX_PAYLOAD_BYTES", "MAX_TIME", "PARTITIONED_SUMMARY",

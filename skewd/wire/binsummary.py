@@ -204,10 +204,27 @@ def read_binary(data: bytes | bytearray | memoryview) -> BinarySummary:
     if nb and nb != ns:
         raise WireError(f"summary: field 'burst_bytes' holds {nb // 8} values for {ns // 8} starts")
     if ns:
-        _no_infinity(floats(h.starts), "starts")
+        starts = floats(h.starts)
+        _no_infinity(starts, "starts")
+        _STARTS[0] = (h.starts, starts)
         if nb:
             _no_infinity(floats(h.burst_bytes), "burst_bytes")
     return h
+
+
+#: the starts read_binary checked last, as (the field's bytes, its floats): starts_of takes them
+#: from here instead of reading the run a second time (the bytes object is held, so its
+#: identity cannot be another summary's)
+_STARTS: list[tuple[bytes, list[float]]] = [(b"", [])]
+
+
+def starts_of(h: BinarySummary) -> list[float]:
+    """The summary's burst starts as floats (checked by :func:`read_binary`): read-only, the
+    list may be the one read_binary made."""
+    raw, starts = _STARTS[0]
+    if raw is h.starts:
+        return starts
+    return floats(h.starts) if h.starts else []
 
 
 def floats(raw: bytes) -> list[float]:

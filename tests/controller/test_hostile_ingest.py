@@ -359,3 +359,25 @@ def test_a_catch_up_evaluates_at_most_ten_grid_times_per_wake_up() -> None:
         assert ctl.now == t0 + 10 and ctl.next_eval == t0 + 11
     finally:
         loop.close()
+
+
+def test_a_node_that_was_honest_on_its_subject_is_still_checked_on_every_summary() -> None:
+    """The intake remembers which (cluster, node) matched a subject, so the subject is parsed
+    once per node: a later summary on the same subject that names another node or cluster is
+    still refused, and the honest node's summaries are still taken in."""
+    import asyncio as aio
+    import dataclasses as dc
+    from types import SimpleNamespace
+
+    ctl = _offline_controller()
+    subject = wire.summary_subject("sched", "n0")
+
+    def send(s: wire.Summary) -> None:
+        aio.run(ctl._on_summary(SimpleNamespace(subject=subject, data=wire.encode(s))))
+
+    send(_summary(100.0))
+    send(dc.replace(_summary(101.0), node="n9"))
+    send(dc.replace(_summary(102.0), cluster="other"))
+    send(_summary(103.0))
+    assert ctl.stats.summaries == 2 and "n9" not in ctl.nodes
+    assert ctl.status()["rejected"] == {"summary": {"subject_mismatch": 2}}
