@@ -283,14 +283,15 @@ def _time_compute(ctl: Any) -> list[float]:
     time adds up in the returned cell: a tick through NATS is its steps on the event loop plus
     this (awaiting the thread would otherwise read as a near-zero tick)."""
     orig = ctl._compute
-    cell = [0.0]
+    cell = [0.0, 0.0]  # wall, and the tick thread's own CPU time (what it took less what it waited for the GIL)
 
     def compute(*a: Any, **k: Any) -> Any:
-        c = time.perf_counter()
+        c, u = time.perf_counter(), time.thread_time()
         try:
             return orig(*a, **k)
         finally:
             cell[0] += time.perf_counter() - c
+            cell[1] += time.thread_time() - u
 
     ctl._compute = compute
     return cell
@@ -382,19 +383,21 @@ class Busy:
     (``longest``); the tick's own work is ``total``."""
 
     def __init__(self, coro) -> None:
-        self.coro, self.total, self.longest = coro, 0.0, 0.0
+        self.coro, self.total, self.longest, self.cpu = coro, 0.0, 0.0, 0.0
 
     def __await__(self):
         it = self.coro.__await__()
         send, exc = None, None
         while True:
-            a = time.perf_counter()
+            a, u = time.perf_counter(), time.thread_time()
             try:
                 y = it.throw(exc) if exc is not None else it.send(send)
             except StopIteration as done:
                 self._add(time.perf_counter() - a)
+                self.cpu += time.thread_time() - u
                 return done.value
             self._add(time.perf_counter() - a)
+            self.cpu += time.thread_time() - u
             try:
                 send, exc = (yield y), None
             except BaseException as e:  # noqa: BLE001 - handed to the coroutine, as await would
@@ -422,6 +425,7 @@ async def role_worker(url: str, warm: float, workers: int, partitions: int) -> d
     seen: set[int] = set()
 
     parts_of: dict[int, list[dict]] = {}  # id(tick list) → each tick's parts (ms), with its total
+    cpu_of: dict[int, list[float]] = {}  # id(tick list) → each tick's CPU seconds
 
     def instrument(ctl, into: list[float]) -> None:
         if id(ctl) in seen:
@@ -434,16 +438,18 @@ async def role_worker(url: str, warm: float, workers: int, partitions: int) -> d
         parts = _time_worker_parts(ctl)
 
         async def tick(t: float) -> None:
-            computed[0] = 0.0
+            computed[:] = [0.0, 0.0]
             parts.clear()
             b = Busy(orig_tick(t))
             await b
             # the tick: its steps on the event loop plus its computation on the tick thread
-            # (which the loop does not wait for: that is what blocked measures)
+            # (which the loop does not wait for: that is what blocked measures); wall time, and
+            # the CPU time its threads spent on it (wall less the waits for the GIL and the cores)
             into.append(b.total + computed[0])
+            cpu_of.setdefault(id(into), []).append(b.cpu + computed[1])
             blocked.append(b.longest)
             parts_of.setdefault(id(into), []).append(
-                {"total": (b.total + computed[0]) * 1e3, "loop_max": b.longest * 1e3,
+                {"total": (b.total + computed[0]) * 1e3, "cpu": (b.cpu + computed[1]) * 1e3, "loop_max": b.longest * 1e3,
                  **{k: v * 1e3 for k, v in parts.items()}})
 
         ctl.tick = tick
@@ -462,6 +468,8 @@ async def role_worker(url: str, warm: float, workers: int, partitions: int) -> d
                    for name, lst, start in (("partition", ticks, t0), ("leader", leader_ticks, l0))}
         return {"ticks": len(ticks), "tick_total_s": sum(ticks), "tick_max_s": max(ticks[t0:], default=0.0),
                 "leader_ticks": len(leader_ticks), "leader_tick_max_s": max(leader_ticks[l0:], default=0.0),
+                "tick_cpu_max_s": max(cpu_of.get(id(ticks), [])[t0:], default=0.0),
+                "leader_tick_cpu_max_s": max(cpu_of.get(id(leader_ticks), [])[l0:], default=0.0),
                 "tick_block_max_s": max(blocked[b0:], default=0.0), "longest_ticks": longest,
                 "evaluations": sum(c.stats.evaluations for c in ctls),
                 "rejected": sum(c.stats.summaries_rejected for c in ctls), "errors": sum(c.stats.errors for c in ctls),
@@ -616,7 +624,7 @@ def _combine(parts: list[dict]) -> dict:
         for k in ("ticks", "tick_total_s", "evaluations", "leader_ticks", "rejected", "errors", "tp_groups"):
             if k in q[0]:
                 out[ph][k] = sum(x.get(k, 0) for x in q)
-        for k in ("tick_max_s", "leader_tick_max_s", "tick_block_max_s"):
+        for k in ("tick_max_s", "leader_tick_max_s", "tick_block_max_s", "tick_cpu_max_s", "leader_tick_cpu_max_s"):
             if k in q[0]:
                 out[ph][k] = max(x.get(k, 0.0) for x in q)
         if "longest_ticks" in q[0]:
@@ -881,7 +889,8 @@ def main(argv: list[str] | None = None) -> int:
         extra = (f"; {p['ticks']} ticks, max {p['tick_max_s'] * 1e3:.0f} ms" if "ticks" in p else "")
         if "leader_tick_max_s" in p:
             extra += (f", leader ticks max {p['leader_tick_max_s'] * 1e3:.0f} ms, longest loop block "
-                      f"{p['tick_block_max_s'] * 1e3:.0f} ms")
+                      f"{p['tick_block_max_s'] * 1e3:.0f} ms (CPU: partition ticks max "
+                      f"{p['tick_cpu_max_s'] * 1e3:.0f} ms, leader {p['leader_tick_cpu_max_s'] * 1e3:.0f} ms)")
         lp = lat["steady"]
         print(f"  {name:11}: {p['rate']:>8,.0f} summaries/s steady ({s['handled']:,} of {s['sent']:,} handled, "
               f"offered {s['offered_rate']:,.0f}/s), {p['cpu_us_per_summary']:.0f} us CPU per summary, "
@@ -891,7 +900,7 @@ def main(argv: list[str] | None = None) -> int:
         for run, ph in (("saturation", p), ("latency", lp)):
             for kind, longest in ph.get("longest_ticks", {}).items():
                 for t in longest:
-                    print(f"  {'':11}  longest {kind} ticks ({run}, ms wall): "
+                    print(f"  {'':11}  longest {kind} ticks ({run}, ms wall; cpu: the tick's CPU time): "
                           + ", ".join(f"{k} {v:.0f}" for k, v in t.items()))
 
     line("peer", raw_sat, raw_lat)

@@ -75,6 +75,9 @@ def test_controller_ingest_reports_controller_and_bare_transport() -> None:
         steady = f["skewd"][w]["saturation"]["steady"]
         assert steady["tp_groups"] == 2 and steady["cpu_us_per_summary"] > 0
     assert f["skewd"]["1"]["saturation"]["steady"]["partitions"] == [0, 1]
+    for phase in ("saturation", "latency"):  # each tick's CPU time beside its wall time (a tick's own work)
+        p = f["skewd"]["1"][phase]["steady"]
+        assert 0 <= p["tick_cpu_max_s"] <= p["tick_max_s"] and 0 <= p["leader_tick_cpu_max_s"] <= p["leader_tick_max_s"]
     assert any("goal >= 50,000 summaries/s" in line for line in lines)
     assert sum("ratio to the peer" in line for line in lines) == 2
 
