@@ -34,6 +34,9 @@ def _phase_value(phase: Phase | None) -> str | None:
     return None if phase is None else phase.value
 
 
+_PHASE_VALUES = {c: _phase_value(Phase.from_code(float(c))) for c in (0, 1, 2)}
+
+
 @dataclass
 class EngineTimeline:
     key: str
@@ -160,9 +163,12 @@ class Timelines:
         for ent, idx in plan.engines:
             v = [None if i < 0 or values[i] != values[i] else values[i] for i in idx]
             self._add_engine(node, ent, t, *v)
-        if plan.node is not None:
-            p, k, w = [None if i < 0 or values[i] != values[i] else values[i] for i in plan.node]
-            self._add_node(node, t, p, k, w)
+        if plan.node is not None:  # (the hot path: every summary of a GPU node)
+            i, j, k = plan.node
+            p = values[i] if i >= 0 else None
+            kv = values[j] if j >= 0 else None
+            w = values[k] if k >= 0 else None
+            self._add_node(node, t, None if p != p else p, None if kv != kv else kv, None if w != w else w)
 
     def _add_node(self, node: str, t: float, phase: float | None, kv: float | None, waiting: float | None) -> None:
         """The node's own reductions (for what names no engine), keyed by the node name."""
@@ -172,7 +178,9 @@ class Timelines:
         if tl is None:  # (not setdefault: that would build a timeline per summary)
             tl = self.engines[node] = EngineTimeline(node, "summary")
         pts = tl.points
-        pts.append((t, None if phase is None else _phase_value(Phase.from_code(phase)), kv, waiting, None))
+        # (Phase.from_code's value, inline: a finite code rounds to 0, 1, 2 or to no phase)
+        pts.append((t, None if phase is None or phase != phase else _PHASE_VALUES.get(int(round(phase))), kv,
+                    waiting, None))
         before = t - self.horizon
         if pts[0][0] < before or tl.ttft or tl.itl:  # (prune's own test, without the call per summary)
             tl.prune(before)

@@ -116,3 +116,48 @@ def test_topology_skipping_seen_labels_changes_nothing() -> None:
             g = TPGroup("tp1", (f"n{rng.randrange(6)}",), "")
             a.configured_tp["tp1"] = b.configured_tp["tp1"] = g
     assert a.tp_groups() == b.tp_groups() and a.conflicts
+
+
+def test_housekeeping_forgets_silent_entities_within_a_twentieth_of_the_horizon_late() -> None:
+    """The housekeeping loop (every evaluation interval) forgets a store entity silent for the
+    horizon, at most 5 % of the horizon late, and walks the store no more often than that:
+    a walk covers every node's blocks, and every second it cost a worker 3 % of its loop."""
+    from skewd.controller import service
+
+    from skewd.controller.config import load_config
+    from skewd.controller.offline import CaptureJetStream, MemoryState
+    from skewd.controller.service import Controller
+
+    cfg = load_config(None, env={}, overrides={"cluster": "c1", "warmup": "2s", "horizon": "100s",
+                                              "evaluation_interval": "20ms"})
+    ctl = Controller(cfg, wall_clock=lambda: 0.0)
+    ctl.state, ctl.js = MemoryState(cfg.cluster), CaptureJetStream()
+    walks: list[float] = []
+    orig = ctl.store.gc
+    ctl.store.gc = lambda now: (walks.append(now), orig(now))[1]
+    sig = {"summary_gpu_util_mean_ratio": {"": 0.5}}
+
+    def summary(node: str, t: float) -> wire.Summary:
+        return wire.Summary(node=node, cluster="c1", t=t, interval=1.0, signals=sig,
+                            clock_sync=wire.ClockSync(True, 0.001), agent_version="test")
+
+    async def run() -> None:
+        task = asyncio.create_task(ctl._housekeeping_loop())
+        try:
+            for k in range(130):  # n0 goes silent at T0 + 10; n1 keeps sending
+                t = T0 + k
+                ctl.ingest_summary(summary("n1", t))
+                if k <= 10:
+                    ctl.ingest_summary(summary("n0", t))
+                ctl.feed.flush()
+                ctl.now = t
+                await asyncio.sleep(0.03)  # at least one housekeeping round per summary second
+                if k == 10 + 100 + 100 * service.STORE_GC_SHARE + 1:
+                    assert "n0" not in ctl.store.blocks["summary_gpu_util_mean_ratio"], k
+        finally:
+            task.cancel()
+
+    asyncio.run(run())
+    assert "n1" in ctl.store.blocks["summary_gpu_util_mean_ratio"]
+    gaps = np.diff(walks)
+    assert len(walks) >= 20 and gaps.min() >= 100 * service.STORE_GC_SHARE, walks
