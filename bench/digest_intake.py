@@ -8,11 +8,11 @@ take every node's summary each second of the summaries' clock (the payloads of
 bench/controller_ingest.py: 22 summary signals, 20 burst starts, topology labels; nodes placed
 by their TP group as the server's partition mapping places them); after each second each
 partition publishes its digest (:meth:`_publish_digest`, into a list instead of NATS) and one
-leader Controller takes those messages as its ``_on_digest`` would, then runs its tick's
-digest intake (``_take_digests``) and the store flush that follows it, each timed (wall,
-``time.perf_counter``) and reported for the seconds after the first ``--warm`` (new nodes,
-new layouts). The digests' bytes per second are reported too (NATS max_payload is 1 MiB a
-message). What it does not include: NATS, the rules, correlation (bench/controller_ingest.py
+leader Controller takes those messages in (``_on_digest``: decoded on the event loop), then
+runs its tick's digest intake (``_take_digests``) and the store flush that follows it. Each
+of these is timed (wall, ``time.perf_counter``; the partitions' ``_publish_digest`` summed
+over them) and reported for the seconds after the first ``--warm`` (new nodes, new layouts).
+The digests' bytes per second are reported too (NATS max_payload is 1 MiB a message). What it does not include: NATS, the rules, correlation (bench/controller_ingest.py
 ``--workers`` measures those end to end).
 """
 from __future__ import annotations
@@ -63,7 +63,7 @@ def run(nodes: int, partitions: int, seconds: int, warm: int, encoding: str) -> 
     leader = _controller(ROLE_LEADER)
     tpls = templates(nodes, encoding)
     where = [wire.partition_of(wire.parse_subject(s).tokens["placement"], partitions) for s, _ in tpls]
-    arrive, take, flush, nbytes, nmsgs, biggest = [], [], [], [], [], 0
+    publish, arrive, take, flush, nbytes, nmsgs, biggest = [], [], [], [], [], [], 0
     t0 = 1.7e9
 
     async def drive() -> None:
@@ -73,10 +73,13 @@ def run(nodes: int, partitions: int, seconds: int, warm: int, encoding: str) -> 
             for tpl, k in zip(tpls, where):
                 await parts[k]._on_summary(_Msg(tpl[0], payload(tpl, t, 1.0)))
             sent = []
+            pub = 0.0
             for p in parts:
                 p.feed.flush()
                 p.nc.sent.clear()
+                y = time.perf_counter()
                 await p._publish_digest(t, {})
+                pub += time.perf_counter() - y
                 sent += p.nc.sent
             z = time.perf_counter()
             for subject, data in sent:
@@ -87,6 +90,7 @@ def run(nodes: int, partitions: int, seconds: int, warm: int, encoding: str) -> 
             leader.feed.flush()
             c = time.perf_counter()
             if sec >= warm:
+                publish.append(pub * 1e3)
                 arrive.append((a - z) * 1e3)
                 take.append((b - a) * 1e3)
                 flush.append((c - b) * 1e3)
@@ -102,7 +106,7 @@ def run(nodes: int, partitions: int, seconds: int, warm: int, encoding: str) -> 
         return {"median": round(statistics.median(xs), 2), "max": round(max(xs), 2), "mean": round(statistics.mean(xs), 2)}
 
     return {"nodes": nodes, "partitions": partitions, "encoding": encoding, "seconds_measured": len(take),
-            "on_digest_ms": stats(arrive), "take_digests_ms": stats(take), "flush_ms": stats(flush),
+            "publish_digest_ms": stats(publish), "on_digest_ms": stats(arrive), "take_digests_ms": stats(take), "flush_ms": stats(flush),
             "take_plus_flush_ms": stats([a + b for a, b in zip(take, flush)]),
             "digest_bytes_per_second": int(statistics.mean(nbytes)), "messages_per_second": statistics.mean(nmsgs),
             "largest_message_bytes": biggest}
