@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import struct
 from typing import Any, Mapping, Optional
 
 import msgspec
@@ -72,15 +73,20 @@ _ENCODER = msgspec.msgpack.Encoder()
 
 
 def json_columns(signals: Mapping[str, Mapping[str, Optional[float]]],
-                 cache: dict[tuple, wire.SummaryLayout]) -> tuple[wire.SummaryLayout, bytes]:
+                 cache: dict[tuple, tuple[wire.SummaryLayout, list, struct.Struct]]) -> tuple[wire.SummaryLayout, bytes]:
     """A JSON summary's signals as a binary summary's layout and values (null: NaN), the burst
-    keys left out; ``cache`` (shape → layout) spares making the same layout again."""
+    keys left out; ``cache`` (shape → layout, its (signal, entity) pairs and their packer)
+    spares working the same shape out again."""
     key = (tuple(signals), tuple(map(tuple, signals.values())))
-    lay = cache.get(key)
-    if lay is None:
-        lay = cache[key] = wire.make_layout(signals)
-    vals = [_NAN if (v := signals[s][e]) is None else v for s, ents in lay.signals for e in ents]
-    return lay, np.array(vals, dtype=_F8).tobytes()
+    known = cache.get(key)
+    if known is None:
+        lay = wire.make_layout(signals)
+        known = cache[key] = (lay, [(s, e) for s, ents in lay.signals for e in ents], struct.Struct(f"<{len(lay)}d"))
+    lay, pairs, packer = known
+    vals = [signals[s][e] for s, e in pairs]
+    if None in vals:
+        vals = [_NAN if v is None else v for v in vals]
+    return lay, packer.pack(*vals)
 
 
 def encode_digests(cluster: str, partition: int, t: float, rows: Mapping[str, tuple],
@@ -91,7 +97,7 @@ def encode_digests(cluster: str, partition: int, t: float, rows: Mapping[str, tu
     one's (layout, float64 bytes))."""
     nodes = list(dict.fromkeys([*rows, *derived]))
     reps = {g: dataclasses.asdict(r) for g, r in reports.items()}
-    shapes: dict[tuple, wire.SummaryLayout] = {}
+    shapes: dict[tuple, tuple] = {}
     out: list[bytes] = []
     msg = _Message(reps)
     for node in nodes:
@@ -122,7 +128,7 @@ class _Message:
         self._next: tuple | None = None
 
     def cost(self, node: str, row: tuple | None, derived: Mapping[str, float] | None,
-             shapes: dict[tuple, wire.SummaryLayout]) -> int:
+             shapes: dict[tuple, tuple]) -> int:
         size = 16 + len(node)
         cols = None
         if row is not None:
