@@ -1,7 +1,7 @@
 """Leader digest intake, offline: the part of a scaled-out leader's tick that takes the
 partitions' digests in, without NATS.
 
-    python bench/digest_intake.py [--nodes 1000] [--partitions 8] [--seconds 30] [--warm 5] [--encoding binary|json]
+    python bench/digest_intake.py [--nodes 1000] [--partitions 8] [--seconds 30] [--warm 5] [--encoding binary|json] [--json]
 
 ``--partitions`` partition Controllers (offline, as tests/controller/helpers.py drives them)
 take every node's summary each second of the summaries' clock (the payloads of
@@ -119,12 +119,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=int, default=30, help="seconds of summaries (each node one a second)")
     ap.add_argument("--warm", type=int, default=5, help="first seconds left out of the figures")
     ap.add_argument("--encoding", choices=("binary", "json"), default="binary")
+    ap.add_argument("--json", action="store_true", help="also print the figures as one JSON line")
     args = ap.parse_args(argv)
     with open("/proc/loadavg") as f:
-        load = f.read().split()[:3]
-    out = run(args.nodes, args.partitions, args.seconds, args.warm, args.encoding)
-    out["loadavg_at_start"] = " ".join(load)
-    print(json.dumps(out, indent=1))
+        load = " ".join(f.read().split()[:3])
+    r = run(args.nodes, args.partitions, args.seconds, args.warm, args.encoding)
+    r["loadavg_at_start"] = load
+
+    def ms(k: str) -> str:
+        return f"median {r[k]['median']:.1f} ms, max {r[k]['max']:.1f} ms"
+
+    print(f"leader digest intake offline: {r['nodes']} nodes ({r['encoding']} summaries) on {r['partitions']} partitions, "
+          f"{r['seconds_measured']} s measured (load average at start {load})")
+    print(f"  partitions' _publish_digest (summed): {ms('publish_digest_ms')}")
+    print(f"  leader _on_digest (event loop):       {ms('on_digest_ms')}")
+    print(f"  leader _take_digests (tick):          {ms('take_digests_ms')}")
+    print(f"  leader store flush after it (tick):   {ms('flush_ms')}")
+    print(f"  digests: {r['digest_bytes_per_second']:,} bytes a second in {r['messages_per_second']:g} messages, "
+          f"largest {r['largest_message_bytes']:,} bytes (NATS max_payload 1 MiB)")
+    if args.json:
+        print(json.dumps({"benchmark": "digest_intake", **r}))
     return 0
 
 
