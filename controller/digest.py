@@ -205,7 +205,7 @@ def decode_digest(data: bytes, known: Mapping[int, wire.SummaryLayout] | None = 
         lay = (known or {}).get(lid)
         if lay is None or lay.raw != raw:
             try:
-                lay = wire.read_layout(raw, lid)
+                lay = wire.read_layout(raw, lid, max_samples=None)  # (a JSON summary's may be larger)
             except wire.WireError as e:
                 raise ValueError(f"digest.layouts[{k}]: {e}") from None
         layouts.append(lay)

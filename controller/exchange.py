@@ -19,8 +19,8 @@ from skewd import wire
 from skewd.model import Scope, State
 
 from . import ingest
-from .layouts import IntakePlan
 from .catalogue import NAMES as CTL_SIGNALS
+from .layouts import IntakePlan
 
 log = logging.getLogger("skewd.controller")
 _F8 = np.dtype("<f8")

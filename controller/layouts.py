@@ -8,9 +8,8 @@ its :class:`IntakePlan` knows which values are window-store samples (and their s
 entity lists, which the store feed recognises once per node), where the engine timelines find
 their inputs (:func:`~skewd.controller.timeline.summary_plan`); the scaled-out leader reads the
 partitions' digests (controller/digest.py: rows of a layout as columns) with the same plans.
-:class:`IntakeLayouts` holds the layouts
-the controller has learned (:class:`skewd.wire.LayoutBook`, bounded by the nodes it admits) and
-their plans.
+:class:`IntakeLayouts` holds the layouts the controller has learned (:class:`skewd.wire.LayoutBook`,
+bounded by the nodes it admits) and their plans.
 """
 from __future__ import annotations
 

@@ -229,3 +229,21 @@ def test_an_inconsistent_digest_block_is_refused_naming_the_field(field, change,
     bad_layout.layouts[0] = (bad_layout.layouts[0][0] ^ 1, bad_layout.layouts[0][1])
     with pytest.raises(ValueError, match=r"digest.layouts\[0\]"):
         decode_digest(_ENCODER.encode(bad_layout))
+
+
+def test_a_json_summary_larger_than_a_binary_layout_may_be_still_reaches_the_leader() -> None:
+    """The agent sends a summary of more than MAX_LAYOUT_SAMPLES values as JSON (its binary
+    encoder falls back); at the partition it becomes a layout that large, which the leader
+    reads (its digest is bounded by bytes, not by the binary layout's bound)."""
+    n = wire.MAX_LAYOUT_SAMPLES + 10
+    sig = {"summary_gpu_util_mean_ratio": {f"e{k:05d}": (None if k == 3 else k / n) for k in range(n)}}
+    rows = {"n1": (100.0, 1.0, {"tp_group": "g"}, sig)}
+    msgs = encode_digests("c1", 0, 101.0, rows, {}, {})
+    assert max(len(m) for m in msgs) <= DIGEST_BYTES_PER_MESSAGE
+    leader = _leader()
+    for m in msgs:
+        asyncio.run(leader._on_digest(_Msg(wire.digest_subject("c1", 0), m)))
+    assert leader.digests_refused == 0 and "n1" in leader.nodes.heard
+    leader._take_digests()
+    (pending,) = leader.feed._pending
+    assert len(pending.values) == n - 1 and pending.entities[:4] == ["e00000", "e00001", "e00002", "e00004"]
