@@ -13,20 +13,17 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import numpy as np
+
 from skewd import wire
 from skewd.model import Scope, State
 
 from . import ingest
 from .catalogue import NAMES as CTL_SIGNALS
+from .layouts import IntakePlan
 
 log = logging.getLogger("skewd.controller")
-
-
-def digest_rows(rows: dict[str, tuple]) -> dict[str, tuple]:
-    """The nodes' latest summaries as :func:`~skewd.controller.digest.encode_digests` takes
-    them: a binary summary's row holds its (plan, values), whose signals' dict is made here,
-    once per digest, instead of once per summary."""
-    return {n: r if type(r[3]) is dict else (r[0], r[1], r[2], r[3][0].signals(r[3][1])) for n, r in rows.items()}
+_F8 = np.dtype("<f8")
 
 
 class PartitionExchange:
@@ -60,7 +57,7 @@ class PartitionExchange:
         """Hand the leader what it needs of this partition at ``t`` (controller/scaleout.py)."""
         from .digest import encode_digests
 
-        rows, self._digest_rows = digest_rows(self._digest_rows), {}
+        rows, self._digest_rows = self._digest_rows, {}
         if self._leader_ctl is None:  # the ctl_* values the cluster-wide rules read: all the leader needs of them
             self._leader_ctl = frozenset(s for r in self.engine.rules.rules if r.scope is Scope.CLUSTER
                                          for s in r.requires if s in CTL_SIGNALS)
@@ -80,18 +77,21 @@ class PartitionExchange:
             await self._tick_idle()
 
         try:
-            d = decode_digest(msg.data)
+            d, layouts = decode_digest(msg.data, self.layouts.book.layouts)
         except ValueError as e:
             self.stats.errors += 1
-            log.warning("digest on %s unreadable: %s", msg.subject, e)
+            self.digests_refused += 1
+            if self.digests_refused in (1, 100) or self.digests_refused % 10000 == 0:  # each partition, every tick
+                log.error("digest on %s refused (%d so far): %s", msg.subject, self.digests_refused, e)
             return
         if d.cluster != self.cfg.cluster:
             return
         self.digests_in += 1
-        self._digests.append(d)
-        for r in d.rows:
-            if self._heard(r.node, r.interval):
-                self._advance(r.node, r.t)
+        self._digests.append((d, layouts))
+        for b in d.blocks:
+            for node, t, interval in zip(b.nodes, b.t, b.interval):
+                if self._heard(node, interval):
+                    self._advance(node, t)
 
     async def _on_unpartitioned(self, msg: Any) -> None:
         """A summary on the unmapped subject while workers own partitions: the server lacks the
@@ -107,16 +107,9 @@ class PartitionExchange:
         from .align import GroupReport
 
         digests, self._digests = self._digests, []
-        for d in digests:
-            for r in d.rows:  # as ingest_summary takes a summary, less the bursts
-                if r.node not in self.nodes:
-                    continue  # refused at arrival (ingest.max_nodes)
-                if r.labels:
-                    self.topology.observe(r.node, r.labels)
-                self.timelines.add_summary(r.node, r.t, r.signals)
-                names, ents, values = self.feed.samples(r.node, r.signals)
-                if values:
-                    self.feed.add(r.node, r.t, names, ents, values)
+        for d, layouts in digests:
+            for b in d.blocks:  # as ingest_binary takes a summary's values, less the bursts
+                self._take_block(b, layouts[b.layout], d.labels)
             if d.derived:
                 self.feed.flush()
                 self.feed.ingest_derived(d.t, d.derived)
@@ -125,6 +118,25 @@ class PartitionExchange:
                     self._reports[g] = GroupReport(**rep)
                 except TypeError:
                     continue
+
+    def _take_block(self, b: Any, layout: wire.SummaryLayout, label_sets: list[dict[str, str]]) -> None:
+        """Leader: one digest block (rows of ``layout``) into topology, timelines and store
+        feed, each row as :meth:`~skewd.controller.intake.Intake.ingest_binary` takes a
+        summary's values; which rows lack a store sample (NaN) is found for the block at once."""
+        n = len(b.nodes)
+        values = np.frombuffer(b.values, _F8).reshape(n, len(layout))
+        plan = self.layouts.plans.get(layout.id) or IntakePlan(layout)  # (the nodes' own: keep, below)
+        samples = values if plan.sample_idx is None else values[:, plan.sample_idx]
+        complete = ~np.isnan(samples).any(axis=1)
+        rows = values.tolist()
+        for i, node in enumerate(b.nodes):
+            if node not in self.nodes:
+                continue  # refused at arrival (ingest.max_nodes)
+            k = b.labels[i]
+            if k >= 0 and label_sets[k]:
+                self.topology.observe(node, label_sets[k])
+            plan = self.layouts.keep(node, layout)
+            self._take_values(node, b.t[i], plan, rows[i], samples[i].tobytes() if complete[i] else None)
 
     def _forget_lapsed(self, fingerprint: str) -> None:
         """Leader: a partition deleted the KV record of a pending group finding its engine

@@ -206,20 +206,28 @@ class Intake:
         if h.labels:
             self.topology.observe(node, h.labels)
         self._observe_bursts(h)
-        self.timelines.add_values(node, t, plan.timeline, vals)
+        samples = None
         if complete or plan.complete(vals):
-            if plan.sample_idx is None:
-                if vals:
-                    self.feed.add_row(node, t, plan.id, plan.names, plan.entities, h.values)
-            elif plan.names:
-                self.feed.add_row(node, t, plan.id, plan.names, plan.entities, plan.sample_bytes(h.values))
-        else:  # missing values (JSON's null) are left out, as ingest_summary leaves out None
+            samples = h.values if plan.sample_idx is None else plan.sample_bytes(h.values)
+        self._take_values(node, t, plan, vals, samples)
+        if self.role == ROLE_PARTITION:  # the leader's copy: the digest carries the values as they came
+            self._digest_rows[node] = (t, h.interval, h.labels or {}, (plan.layout, h.values))
+        self._advance(node, t)
+
+    def _take_values(self, node: str, t: float, plan: IntakePlan, vals: list[float], samples: bytes | None) -> None:
+        """A summary's values read against its layout's ``plan`` into the engine timelines and
+        the store feed: ``samples``, the store samples' float64 bytes when none is NaN, go in as
+        one row; else (None) the missing ones (JSON's null) are left out, as
+        :meth:`ingest_summary` leaves out None. The binary intake and the leader's intake of
+        digests (controller/exchange.py) both take values this way."""
+        self.timelines.add_values(node, t, plan.timeline, vals)
+        if samples is not None:
+            if plan.names:
+                self.feed.add_row(node, t, plan.id, plan.names, plan.entities, samples)
+        else:
             names, ents, vs = plan.samples(vals)
             if vs:
                 self.feed.add(node, t, names, ents, vs)
-        if self.role == ROLE_PARTITION:  # the leader's copy; its dict is made with the digest
-            self._digest_rows[node] = (t, h.interval, h.labels or {}, (plan, vals))
-        self._advance(node, t)
 
     def _observe_bursts(self, h: wire.BinarySummary) -> None:
         """The aligner's part of a binary summary, taken as :meth:`ingest_summary` takes the same

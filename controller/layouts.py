@@ -6,10 +6,10 @@ A layout (:class:`skewd.wire.SummaryLayout`: the ordered (signal, entity) pairs 
 summaries) is the same summary after summary, and usually the same on every node of a cluster;
 its :class:`IntakePlan` knows which values are window-store samples (and their signal and
 entity lists, which the store feed recognises once per node), where the engine timelines find
-their inputs (:func:`~skewd.controller.timeline.summary_plan`), and how to give the values back
-as the JSON reader's dict (the partition's digest). :class:`IntakeLayouts` holds the layouts
-the controller has learned (:class:`skewd.wire.LayoutBook`, bounded by the nodes it admits) and
-their plans.
+their inputs (:func:`~skewd.controller.timeline.summary_plan`); the scaled-out leader reads the
+partitions' digests (controller/digest.py: rows of a layout as columns) with the same plans.
+:class:`IntakeLayouts` holds the layouts the controller has learned (:class:`skewd.wire.LayoutBook`,
+bounded by the nodes it admits) and their plans.
 """
 from __future__ import annotations
 
@@ -58,15 +58,6 @@ class IntakePlan:
             keep = [i for i in self.sample_idx.tolist() if values[i] == values[i]]
         names, ents = self.layout.names, self.layout.entities
         return [names[i] for i in keep], [ents[i] for i in keep], [values[i] for i in keep]
-
-    def signals(self, values: list[float]) -> dict[str, dict[str, float | None]]:
-        """The values as the JSON reader's ``signals`` (NaN as None), bursts left out."""
-        out: dict[str, dict[str, float | None]] = {}
-        i = 0
-        for name, ents in self.layout.signals:
-            out[name] = {e: (None if v != v else v) for e, v in zip(ents, values[i:i + len(ents)])}
-            i += len(ents)
-        return out
 
 
 class IntakeLayouts:

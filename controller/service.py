@@ -218,6 +218,7 @@ class Controller(Intake, Evaluation, Suggestions, SilentNodes, PartitionExchange
         self._digests: list[Any] = []
         self._reports: dict[str, Any] = {}
         self.digests_in = 0
+        self.digests_refused = 0  # leader: digests unreadable or of another schema (logged)
         self.unpartitioned = 0  # leader: summaries that reached the unmapped subject (no server mapping)
         self.misplaced: dict[str, str] = {}  # partition: node → why its summaries may split its group
         self._placed: set[str] = set()  # nodes whose placement was checked at topology version ...

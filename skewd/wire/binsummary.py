@@ -136,10 +136,12 @@ def make_layout(signals: Mapping[str, Any]) -> SummaryLayout:
     return _layout(_ENCODER.encode([[s, list(es)] for s, es in pairs]), pairs)
 
 
-def read_layout(raw: bytes, claimed_id: int) -> SummaryLayout:
+def read_layout(raw: bytes, claimed_id: int, max_samples: int | None = MAX_LAYOUT_SAMPLES) -> SummaryLayout:
     """A carried layout, checked: its hash is the summary's ``layout_id``, it is a list of
     ``[signal, [entity, ...]]`` of names, no signal or (signal, entity) twice, no burst key,
-    at most :data:`MAX_LAYOUT_SAMPLES` pairs. Every problem raises :class:`WireError`."""
+    at most ``max_samples`` pairs (None: no bound; a controller's digest, whose rows may come
+    from JSON summaries, bounds its layouts by its message size instead). Every problem raises
+    :class:`WireError`."""
     got = layout_id(raw)
     if got != claimed_id:
         raise WireError(f"summary: field 'layout' hashes to layout id {got}, but field 'layout_id' is {claimed_id}")
@@ -150,8 +152,8 @@ def read_layout(raw: bytes, claimed_id: int) -> SummaryLayout:
     except (msgspec.DecodeError, RecursionError, ValueError, OverflowError) as e:
         raise WireError(f"summary.layout: not a MessagePack layout: {e}") from None
     n = sum(len(es) for _, es in pairs)
-    if n > MAX_LAYOUT_SAMPLES:
-        raise WireError(f"summary.layout: {n} (signal, entity) pairs; at most {MAX_LAYOUT_SAMPLES} are accepted")
+    if max_samples is not None and n > max_samples:
+        raise WireError(f"summary.layout: {n} (signal, entity) pairs; at most {max_samples} are accepted")
     seen: set[str] = set()
     for s, es in pairs:
         if s in seen:

@@ -27,6 +27,14 @@ def run(script: str, *args: str) -> tuple[list[str], dict | None]:
     return lines, figures
 
 
+def test_digest_intake_times_a_leader_taking_the_partitions_digests() -> None:
+    lines, f = run("digest_intake.py", "--nodes", "40", "--partitions", "3", "--seconds", "4", "--warm", "1",
+                   "--encoding", "json", "--json")
+    assert f is not None and f["benchmark"] == "digest_intake" and f["seconds_measured"] == 3
+    assert f["take_digests_ms"]["max"] > 0 and 0 < f["largest_message_bytes"] < 1 << 20
+    assert any("leader _take_digests (tick)" in line for line in lines)
+
+
 def test_pkt_offline_times_skewd_and_both_peers_on_the_same_file() -> None:
     lines, f = run("pkt_offline.py", "--packets", "3000", "--flows", "40", "--repeat", "1",
                    "--scapy-packets", "300", "--cli", "--json")

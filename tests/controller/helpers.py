@@ -207,3 +207,24 @@ class Heartbeats:
             except (asyncio.CancelledError, Exception):  # noqa: BLE001 - the connection may be closed
                 pass
             self._task = None
+
+
+def same_store_and_timelines(a: Any, b: Any) -> None:
+    """Two controllers hold the same window store (blocks, entities in id order, times and
+    values bit for bit) and engine timelines (every engine's and node's points, TTFT, ITL)."""
+    assert sorted(a.store.blocks) == sorted(b.store.blocks)
+    for sig, per in a.store.blocks.items():
+        assert sorted(per) == sorted(b.store.blocks[sig])
+        assert list(a.store.entities(sig)) == list(b.store.entities(sig))
+        for node, blk in per.items():
+            other = b.store.blocks[sig][node]
+            assert blk.rows == other.rows, (sig, node)
+            ta, va = a.store.series(sig, node)
+            tb, vb = b.store.series(sig, node)
+            assert ta.tobytes() == tb.tobytes() and va.tobytes() == vb.tobytes(), (sig, node)
+    assert sorted(a.timelines.engines) == sorted(b.timelines.engines)
+    for key, tl in a.timelines.engines.items():
+        other = b.timelines.engines[key]
+        assert tl.source == other.source
+        assert list(tl.points) == list(other.points), key
+        assert list(tl.ttft) == list(other.ttft) and list(tl.itl) == list(other.itl), key

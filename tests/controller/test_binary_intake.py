@@ -19,7 +19,7 @@ from skewd.controller import ingest
 from skewd.controller.roles import ROLE_PARTITION
 from skewd.controller.service import Controller
 
-from .helpers import arrival_order, offline_controller
+from .helpers import arrival_order, offline_controller, same_store_and_timelines
 
 T0 = 1_700_000_000.0
 NODES = [f"n{i}" for i in range(8)]
@@ -110,24 +110,7 @@ def _bits(x: object) -> bytes:
 def _same_state(a: Controller, b: Controller) -> None:
     assert a.stats.summaries == b.stats.summaries > 0 and a.stats.errors == b.stats.errors == 0
     assert a.stats.evaluations == b.stats.evaluations > 0
-    # window store: the same blocks, entities (in id order), times and values, bit for bit
-    assert sorted(a.store.blocks) == sorted(b.store.blocks)
-    for sig, per in a.store.blocks.items():
-        assert sorted(per) == sorted(b.store.blocks[sig])
-        assert list(a.store.entities(sig)) == list(b.store.entities(sig))
-        for node, blk in per.items():
-            other = b.store.blocks[sig][node]
-            assert blk.rows == other.rows, (sig, node)
-            ta, va = a.store.series(sig, node)
-            tb, vb = b.store.series(sig, node)
-            assert ta.tobytes() == tb.tobytes() and va.tobytes() == vb.tobytes(), (sig, node)
-    # timelines: every engine's and node's points, TTFT and ITL
-    assert sorted(a.timelines.engines) == sorted(b.timelines.engines)
-    for key, tl in a.timelines.engines.items():
-        other = b.timelines.engines[key]
-        assert tl.source == other.source
-        assert list(tl.points) == list(other.points), key
-        assert list(tl.ttft) == list(other.ttft) and list(tl.itl) == list(other.itl), key
+    same_store_and_timelines(a, b)
     # the aligner: burst logs (starts and bytes, NaN included) and clocks
     assert sorted(a.aligner.bursts) == sorted(b.aligner.bursts)
     for node, log in a.aligner.bursts.items():
@@ -168,9 +151,8 @@ def test_a_controller_starting_mid_stream_learns_the_layouts_from_the_periodic_o
     assert b.status()["rejected"]["summary"] == {ingest.LAYOUT_UNKNOWN: refused}
 
 
-def test_a_partition_hands_the_leader_the_same_digest_rows_for_both_encodings() -> None:
+def test_a_partition_hands_the_leader_the_same_digest_for_both_encodings() -> None:
     from skewd.controller.digest import encode_digests
-    from skewd.controller.exchange import digest_rows
 
     msgs = [m for m in _messages(2, 6, change_at=3) if m is not None]
     a, b = offline_controller(), offline_controller()
@@ -183,10 +165,10 @@ def test_a_partition_hands_the_leader_the_same_digest_rows_for_both_encodings() 
 
     asyncio.run(feed())
 
-    ra, rb = digest_rows(a._digest_rows), digest_rows(b._digest_rows)
-    assert any(type(r[3]) is not dict for r in b._digest_rows.values())  # kept as (plan, values) until then
-    assert encode_digests("c1", 0, T0, ra, {}, {}) == encode_digests("c1", 0, T0, rb, {}, {})
-    assert len(ra) == len(NODES)
+    assert all(type(r[3]) is dict for r in a._digest_rows.values())  # JSON: made columns with the digest
+    assert all(type(r[3]) is tuple for r in b._digest_rows.values())  # binary: (layout, values) as they came
+    assert encode_digests("c1", 0, T0, a._digest_rows, {}, {}) == encode_digests("c1", 0, T0, b._digest_rows, {}, {})
+    assert len(a._digest_rows) == len(NODES)
 
 
 def test_burst_starts_whose_sum_overflows_are_taken_in_not_lost_as_errors() -> None:

@@ -17,7 +17,6 @@ import nats
 import pytest
 
 from skewd import wire
-from skewd.controller.digest import decode_digest, encode_digests
 from skewd.controller.scaleout import Worker
 
 from .helpers import CULPRIT_EVIDENCE, RULES, config, config_yaml, incidents, publish_victims, remaps, stored, wait_for
@@ -87,26 +86,6 @@ def test_partition_function_is_the_servers(mapped_server) -> None:
         await nc.close()
 
     asyncio.run(asyncio.wait_for(run(), 30))
-
-
-def test_digest_round_trip_keeps_values_and_chunks() -> None:
-    rows = {f"n{i}": (100.0 + i, 1.0, {"tp_group": "g"},
-                      {"s_a": {"": 1.0 * i}, "s_b": {"gpu0": 2.5, "gpu1": None},
-                       "collective_burst_starts": {"0": 99.5}})
-            for i in range(1200)}
-    derived = {"n1": {"ctl_aligned_steps": 20.0, "ctl_arrival_lag_seconds": float("nan")}}
-    msgs = encode_digests("c", 3, 101.0, rows, derived, {})
-    assert len(msgs) == 3  # 500 nodes a message
-    assert max(len(m) for m in msgs) < 1 << 20
-    ds = [decode_digest(m) for m in msgs]
-    back = {r.node: r for d in ds for r in d.rows}
-    assert len(back) == 1200 and back["n7"].t == 107.0 and back["n7"].labels == {"tp_group": "g"}
-    # the summary as taken in, less the bursts (the partition's aligner reads those)
-    assert back["n7"].signals == {"s_a": {"": 7.0}, "s_b": {"gpu0": 2.5, "gpu1": None}}
-    d0 = ds[0]
-    assert d0.derived == {"n1": {"ctl_aligned_steps": 20.0}} and d0.partition == 3
-    with pytest.raises(ValueError):
-        decode_digest(b"\x93\x01\x02")
 
 
 def test_two_workers_share_partitions_and_one_leader_names_the_straggler(mapped_server) -> None:
