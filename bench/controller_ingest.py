@@ -4,7 +4,9 @@
     python bench/controller_ingest.py --offline 4000 [--warm 40] [--seconds 10] [--encoding ...] [--settle 1] [--profile FILE]
 
 Three processes on this machine, as in production: ``nats-server`` (started here, JetStream in
-a temporary directory), one publisher process playing ``--nodes`` agents (each summary is what
+a temporary directory), one publisher process playing ``--nodes`` agents (at ``--publisher-nice``,
++10 by default: it stands for agents on other hosts, so it takes the CPU the consumer leaves
+rather than half of it, most of which the consumer would then shed) (each summary is what
 a real agent publishes: the 22 summary signals of a GPU node, 20 collective burst starts,
 topology labels; stamped with the wall clock when it is sent), and one consumer process.
 ``--encoding`` is the agents' ``publish.summary_encoding``: ``binary`` by default, what the
@@ -562,9 +564,10 @@ class CannotRun(Exception):
     pass
 
 
-def _child(args: list[str]) -> subprocess.Popen:
+def _child(args: list[str], nice: int = 0) -> subprocess.Popen:
     p = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *args], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=(lambda: os.nice(nice)) if nice else None)
     line = p.stdout.readline().strip()
     if line != "ready":
         p.kill()
@@ -580,7 +583,8 @@ def _finish(p: subprocess.Popen, timeout: float) -> dict:
 
 
 def measure(url: str, consumer: str, nodes: int, seconds: float, rate: float, warm: float,
-            workers: int = 0, partitions: int = 1, encoding: str = "binary", settle: float = 0.0) -> dict:
+            workers: int = 0, partitions: int = 1, encoding: str = "binary", settle: float = 0.0,
+            publisher_nice: int = 0) -> dict:
     if workers:
         conss = [_child(["--role", "worker", "--url", url, "--warmup", str(warm), "--workers", str(workers),
                          "--partitions", str(partitions)]) for _ in range(workers)]
@@ -588,7 +592,7 @@ def measure(url: str, consumer: str, nodes: int, seconds: float, rate: float, wa
         conss = [_child(["--role", consumer, "--url", url, "--warmup", str(warm)])]
     try:
         pub = _child(["--role", "publisher", "--url", url, "--nodes", str(nodes), "--seconds", str(seconds),
-                      "--rate", str(rate), "--encoding", encoding, "--settle", str(settle)])
+                      "--rate", str(rate), "--encoding", encoding, "--settle", str(settle)], nice=publisher_nice)
         try:
             p = _finish(pub, seconds + 120)
         finally:
@@ -811,6 +815,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="the simulated agents report each step this long after it started, as agents do "
                          "(agent/steps.py: max(1 s, two step periods)); 0: in the summary of its interval "
                          "(figures before 2026-11-27 18:00 UTC)")
+    ap.add_argument("--publisher-nice", type=int, default=10, metavar="N",
+                    help="the simulated agents' process runs at this nice value (they stand for other hosts: "
+                         "it uses the cores the consumer leaves instead of taking half of them and having the "
+                         "excess shed); 0: equal priority (the figures before 2026-11-27 20:30 UTC)")
     ap.add_argument("--no-gc-freeze", action="store_true",
                     help="--offline: leave CPython's collector as it is (a started controller freezes "
                          "its long-lived objects once warm: controller/gcpolicy.py)")
@@ -861,17 +869,21 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[tuple[int, dict, dict, str]] = []
     try:
         server.start()
-        raw_sat = measure(server.url, "raw", a.nodes, run, 0.0, a.warmup, encoding=a.encoding, settle=a.settle)
+        raw_sat = measure(server.url, "raw", a.nodes, run, 0.0, a.warmup, encoding=a.encoding, settle=a.settle,
+                          publisher_nice=a.publisher_nice)
         for w in counts:
             la = _loadavg()
             sat = measure(server.url, "controller", a.nodes, run, 0.0, a.warmup, workers=w, partitions=a.partitions,
-                          encoding=a.encoding, settle=a.settle)
+                          encoding=a.encoding, settle=a.settle,
+                          publisher_nice=a.publisher_nice)
             lrate = a.latency_rate or max(100.0, round(sat["steady"]["rate"] / 2, -2))
             lat = measure(server.url, "controller", a.nodes, run, lrate, a.warmup, workers=w, partitions=a.partitions,
-                          encoding=a.encoding, settle=a.settle)
+                          encoding=a.encoding, settle=a.settle,
+                          publisher_nice=a.publisher_nice)
             rows.append((w, sat, lat, la))
         lrate_peer = a.latency_rate or max(100.0, round(max(r[1]["steady"]["rate"] for r in rows) / 2, -2))
-        raw_lat = measure(server.url, "raw", a.nodes, run, lrate_peer, a.warmup, encoding=a.encoding, settle=a.settle)
+        raw_lat = measure(server.url, "raw", a.nodes, run, lrate_peer, a.warmup, encoding=a.encoding, settle=a.settle,
+                          publisher_nice=a.publisher_nice)
     except (CannotRun, RuntimeError, OSError, subprocess.TimeoutExpired) as e:
         print(f"controller ingest: could not run: {e}", file=sys.stderr)
         return 1
@@ -881,7 +893,7 @@ def main(argv: list[str] | None = None) -> int:
     load1 = _loadavg()
     print(f"controller ingest: {a.nodes} simulated agents ({a.nodes // TP} TP groups), "
           f"{raw_sat['bytes_per_msg']:.0f}-byte {a.encoding} summaries (steps reported {a.settle:g} s after they start), real nats-server ({a.partitions} partitions), "
-          f"{os.cpu_count()} cores, {run:g} s per run: each consumer's first {a.warmup:g} s warm-up, the rest "
+          f"publisher at nice +{a.publisher_nice}, {os.cpu_count()} cores, {run:g} s per run: each consumer's first {a.warmup:g} s warm-up, the rest "
           f"steady state; load average {load0} -> {load1}")
 
     def line(name: str, s: dict, lat: dict) -> None:

@@ -45,6 +45,7 @@ from skewd.natsutil import connect, connect_intake, ensure_streams
 
 from . import messages as M
 from .configtypes import ControllerConfig
+from .evaluation import TickGate
 from .roles import ROLE_LEADER, ROLE_PARTITION
 from .service import Controller
 from .state import StateStore
@@ -166,6 +167,9 @@ class Worker:
         self.state: StateStore | None = None
         self.partitions: dict[int, Controller] = {}
         self.leader: Controller | None = None
+        #: the intake's gate, shared by this worker's controllers: none takes summaries in while
+        #: one of them has a job on the (process's one) tick thread (controller/evaluation.py)
+        self.tick_gate = TickGate()
         self.leases = {k: Lease("", self.id, cfg.lease) for k in [*range(cfg.partitions), LEADER]}
         self.beats = Heartbeats(cfg.lease)
         self._task: asyncio.Task | None = None
@@ -276,6 +280,7 @@ class Worker:
                     self.takeovers += 1
                 self.leader = Controller(self.cfg, catalogue=self.catalogue, ruleset=self.ruleset, wall_clock=self.wall,
                                          role=ROLE_LEADER)
+                self.leader.tick_gate = self.tick_gate
                 await self.leader.start(shared=(self.nc, self.intake_nc, self.js, self.state))
                 log.info("worker %s leads cluster %s", self.id, self.cfg.cluster)
         elif self.leader is not None:
@@ -287,6 +292,7 @@ class Worker:
     async def _start_partition(self, k: int) -> None:
         ctl = Controller(self.cfg, catalogue=self.catalogue, ruleset=self.ruleset, wall_clock=self.wall,
                          role=ROLE_PARTITION, partition=k)
+        ctl.tick_gate = self.tick_gate
         await ctl.start(shared=(self.nc, self.intake_nc, self.js, self.state))
         self.partitions[k] = ctl
         log.info("worker %s holds partition %d", self.id, k)

@@ -57,7 +57,7 @@ from .align import Aligner
 from .configtypes import ControllerConfig
 from .correlator import Correlator
 from .culprit import coverage as culprit_coverage
-from .evaluation import Evaluation
+from .evaluation import Evaluation, TickGate
 from .exchange import PartitionExchange
 from .gcpolicy import GcPolicy
 from .intake import Intake
@@ -189,6 +189,7 @@ class Controller(Intake, Evaluation, Suggestions, SilentNodes, PartitionExchange
         self._on_thread = 0  # jobs of this controller on the tick thread (a tick, a flush): intake waits
         self._idle = asyncio.Event()  # set while no tick is on the tick thread
         self._idle.set()
+        self.tick_gate = TickGate()  # the intake's: a scaled-out worker's controllers share one
         self.started = asyncio.Event()
         self._health: dict[str, wire.Health] = {}
         self._open_keys: set[str] = set()  # incident group keys whose ids are stored in KV
@@ -320,7 +321,7 @@ class Controller(Intake, Evaluation, Suggestions, SilentNodes, PartitionExchange
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=left(0.3))
         self._tasks = []
-        if self._ticking:  # a cancelled tick's computation still runs: the snapshot waits for it
+        if self._on_thread:  # a cancelled tick's computation still runs: the snapshot waits for it
             await asyncio.wait([asyncio.ensure_future(self._idle.wait())], timeout=left(0.3))
         if self.nc is not None:
             if self.nc.is_connected:
