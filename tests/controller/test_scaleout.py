@@ -121,6 +121,9 @@ def test_two_workers_share_partitions_and_one_leader_names_the_straggler(mapped_
             assert leader.digests_in > 0 and leader.unpartitioned == 0
             # every node's summaries reached exactly one partition: the one of its group
             for w in workers:
+                # a worker's controllers share its intake gate (none takes summaries in while one ticks)
+                assert all(c.tick_gate is w.tick_gate for c in [*w.partitions.values(), w.leader] if c is not None)
+                assert workers[0].tick_gate is not workers[1].tick_gate
                 for k, ctl in w.partitions.items():
                     for g, nodes in GROUPS.items():
                         mine = wire.partition_of(g, PARTITIONS) == k

@@ -83,6 +83,45 @@ def test_the_loop_runs_and_intake_waits_while_a_tick_computes() -> None:
     asyncio.run(main())
 
 
+def test_a_workers_controllers_share_the_intake_gate_and_a_lone_controller_has_its_own() -> None:
+    """A scaled-out worker's partitions share one gate: while one computes a tick, another's
+    summaries wait too (the tick thread then has the interpreter to itself); a controller of
+    its own gate takes its summaries in meanwhile."""
+    from skewd.controller.evaluation import TickGate
+
+    async def main() -> None:
+        ticking, shared, alone = _controller(thread=True), _controller(thread=True), _controller(thread=True)
+        shared.tick_gate = ticking.tick_gate = TickGate()
+        await _feed(ticking, 5)
+        release = threading.Event()
+        derive = ticking.aligner.derive
+
+        def held_derive(*a, **k):
+            if not release.wait(10.0):
+                raise AssertionError("not released")
+            return derive(*a, **k)
+
+        ticking.aligner.derive = held_derive
+        for n in ("n0", "n1", "n2", "n3"):
+            await ticking._on_summary(_Msg(_summary(n, 5, T0 + 6, 0.01)))
+        tick = asyncio.create_task(ticking.evaluate_due())
+        for _ in range(5000):
+            if ticking._on_thread:
+                break
+            await asyncio.sleep(0.001)
+        assert ticking._on_thread and shared._ticking and not alone._ticking
+        waits = asyncio.create_task(shared._on_summary(_Msg(_summary("n0", 0, T0 + 1, 0.01))))
+        await alone._on_summary(_Msg(_summary("n0", 0, T0 + 1, 0.01)))
+        await asyncio.sleep(0.05)
+        assert alone.stats.summaries == 1 and not waits.done() and shared.stats.summaries == 0
+        release.set()
+        await asyncio.wait_for(tick, 10)
+        await asyncio.wait_for(waits, 10)
+        assert shared.stats.summaries == 1 and not shared._ticking
+
+    asyncio.run(main())
+
+
 def test_a_threaded_tick_gives_what_an_inline_tick_gives(monkeypatch) -> None:
     """Also with store flushes between ticks (a small FLUSH_ROWS), which a started controller
     runs on the tick thread and an inline one inside StoreFeed.add."""
