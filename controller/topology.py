@@ -30,7 +30,7 @@ class Topology:
     node labels to the rule engine's store, and the correlator asks it a node's group."""
 
     cluster: str
-    configured_tp: dict[str, TPGroup] = field(default_factory=dict)
+    configured_tp: dict[str, TPGroup] = field(default_factory=dict)  # changed through configure_tp only
     configured_pp: dict[str, PPGroup] = field(default_factory=dict)
     models: dict[str, ModelSpec] = field(default_factory=dict)
     learned: dict[str, _Learned] = field(default_factory=dict)
@@ -44,6 +44,9 @@ class Topology:
     #: node → (its configured group, the labels it last sent): every summary carries the same
     #: labels, and with the same configured group they change nothing
     _seen: dict = field(default_factory=dict, repr=False, compare=False)
+    #: node → its configured group's name, for configured_tp as :meth:`configure_tp` last left it
+    #: (None: to be made): observe() asks it per summary, and a scan of the groups was O(groups)
+    _cfg_index: dict | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_config(cls, cfg: ControllerConfig) -> "Topology":
@@ -85,11 +88,23 @@ class Topology:
         if self.reported.pop(node, None) is not None or had:
             self.version += 1
 
+    def configure_tp(self, name: str, group: TPGroup | None) -> None:
+        """Set (None: remove) a configured TP group: how configured_tp changes after construction."""
+        if group is None:
+            self.configured_tp.pop(name, None)
+        else:
+            self.configured_tp[name] = group
+        self._cfg_index = None
+
     def _configured_group_of(self, node: str) -> str:
-        for g in self.configured_tp.values():
-            if node in g.nodes:
-                return g.name
-        return ""
+        idx = self._cfg_index
+        if idx is None:
+            idx = {}
+            for g in self.configured_tp.values():
+                for n in g.nodes:
+                    idx.setdefault(n, g.name)  # the first group listing a node, as a scan finds it
+            self._cfg_index = idx
+        return idx.get(node, "")
 
     # -- queries ---------------------------------------------------------------------------------
     def tp_groups(self) -> dict[str, TPGroup]:

@@ -113,8 +113,13 @@ def test_topology_skipping_seen_labels_changes_nothing() -> None:
         assert a.observe(node, labels) == _reference_observe(b, node, labels)
         assert (a.learned, a.conflicts, a.version) == (b.learned, b.conflicts, b.version)
         if rng.random() < 0.01:  # the configured groups change: seen labels are weighed again
-            g = TPGroup("tp1", (f"n{rng.randrange(6)}",), "")
-            a.configured_tp["tp1"] = b.configured_tp["tp1"] = g
+            name = rng.choice(["tp1", "tp3"])
+            g = None if rng.random() < 0.3 else TPGroup(name, (f"n{rng.randrange(6)}", "n1"), "")
+            a.configure_tp(name, g)
+            b.configure_tp(name, g)
+        for n in (f"n{i}" for i in range(6)):  # the node → configured group index, against a scan
+            scan = next((g.name for g in a.configured_tp.values() if n in g.nodes), "")
+            assert a._configured_group_of(n) == scan, n
     assert a.tp_groups() == b.tp_groups() and a.conflicts
 
 
