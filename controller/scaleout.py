@@ -41,7 +41,7 @@ import msgspec
 from nats import errors as nats_errors
 
 from skewd import wire
-from skewd.natsutil import connect, connect_intake, ensure_streams
+from skewd.natsutil import connect, connect_intake, ensure_streams, hold_reads
 
 from . import messages as M
 from .configtypes import ControllerConfig
@@ -186,6 +186,7 @@ class Worker:
         await ensure_streams(self.js, [wire.REMAPS_STREAM, M.INCIDENTS_STREAM], update=True)
         self.state = await StateStore.open(self.js, cfg.bucket, cfg.cluster, cfg.state_max_age, nc=self.nc)
         self.intake_nc = await connect_intake(cfg.nats, error_cb=self._on_intake_error)
+        hold_reads(self.intake_nc, self.tick_gate)  # none read while one of its controllers' ticks computes
         for k, lease in self.leases.items():
             lease.key = self.state.key("lease", f"p{k}" if k != LEADER else LEADER)
         await self._beat()

@@ -45,7 +45,7 @@ from nats import errors as nats_errors
 from skewd import wire
 from skewd.catalogue import full_catalogue
 from skewd.model import GROUP_SCOPES, Catalogue, Scope, State
-from skewd.natsutil import connect, connect_intake, ensure_streams
+from skewd.natsutil import connect, connect_intake, ensure_streams, hold_reads
 from skewd.rules.cli import PACKS
 from skewd.rules.engine import Engine, RuleSet
 from skewd.rules.reload import RuleManager
@@ -246,6 +246,7 @@ class Controller(Intake, Evaluation, Suggestions, SilentNodes, PartitionExchange
             await ensure_streams(self.js, [wire.REMAPS_STREAM, M.INCIDENTS_STREAM], update=True)
             self.state = await StateStore.open(self.js, cfg.bucket, cfg.cluster, cfg.state_max_age, nc=self.nc)
             self.intake_nc = await connect_intake(cfg.nats, error_cb=self._on_intake_error)
+            hold_reads(self.intake_nc, self.tick_gate)  # none read while a tick computes
         await self._restore()
         sub = self.nc.subscribe
 
