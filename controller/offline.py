@@ -203,6 +203,7 @@ class MemoryState:
         self.published: set[str] = set()  # incident ids stored as published (no longer held)
         self.held_from: dict[str, float] = {}  # incident id → hold start stored with it
         self.writes = 0
+        self.engine_saved: dict[str, float] = {}  # snapshot name → time of its latest put_engine
 
     async def load(self) -> dict:
         return {}
@@ -223,8 +224,10 @@ class MemoryState:
     async def delete_incident_id(self, group_key: str) -> None:
         self.incidents.pop(group_key, None)
 
-    async def put_engine(self, engine: Any, t: float) -> None:
-        pass
+    async def put_engine(self, engine: Any, t: float, name: str | None = None) -> None:
+        """As StateStore.put_engine (a scaled-out partition names its snapshot): the time of
+        the latest snapshot under each name ("" for the controller's own) is kept."""
+        self.engine_saved[name or ""] = t
 
     async def create_remap(self, key: str, record: dict) -> bool:
         if key in self.remaps:

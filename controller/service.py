@@ -409,11 +409,7 @@ class Controller(Intake, Evaluation, Suggestions, SilentNodes, PartitionExchange
 
     async def _save_engine(self, t: float) -> None:
         assert self.state is not None
-        key = self._engine_key()
-        if key is None:  # (the lab harness's in-memory state takes two arguments)
-            await self.state.put_engine(self.engine, t)
-        else:
-            await self.state.put_engine(self.engine, t, key)
+        await self.state.put_engine(self.engine, t, self._engine_key())
 
     async def _restore(self) -> None:
         assert self.state is not None

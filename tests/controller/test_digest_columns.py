@@ -41,16 +41,9 @@ class _Sink:
         self.sent.append((subject, data))
 
 
-class _PartitionState(MemoryState):
-    """The in-memory KV state, as a partition writes it (its engine snapshot under its own key)."""
-
-    async def put_engine(self, engine, t, key=None) -> None:  # type: ignore[override]
-        await super().put_engine(engine, t)
-
-
 def _partition(k: int) -> Controller:
     p = offline_controller()
-    p.role, p.partition, p.nc, p.state = ROLE_PARTITION, k, _Sink(), _PartitionState("c1")
+    p.role, p.partition, p.nc, p.state = ROLE_PARTITION, k, _Sink(), MemoryState("c1")
     p._leader_ctl = frozenset(CTL_SIGNALS)  # every ctl_* value travels (the test rules are no cluster-wide ones)
     return p
 
@@ -128,6 +121,8 @@ def _run(seed: int, max_nodes: int | None = None) -> dict[str, Controller]:
     asyncio.run(drive())
     for name, parts in runs.items():
         assert all(p.stats.errors == 0 and p.stats.summaries_rejected == 0 for p in parts), name
+        # warm partitions saved their alert states, each under its own name (as in KV: engine.p<k>)
+        assert all(set(p.state.engine_saved) == {f"p{p.partition}"} for p in parts), name
     return leaders
 
 
