@@ -93,9 +93,10 @@ class PartitionExchange:
                 if self._heard(node, interval):
                     self._advance(node, t)
 
-    async def _on_unpartitioned(self, msg: Any) -> None:
+    async def _on_unpartitioned(self, msg: Any, held: list | None = None, share: int = 0) -> None:
         """A summary on the unmapped subject while workers own partitions: the server lacks the
-        partition mapping, so no worker receives it (said once a minute in the log)."""
+        partition mapping, so no worker receives it (said once a minute in the log). ``held`` and
+        ``share`` as for :meth:`_on_summary` (subscribed alike); a count never sheds."""
         self.unpartitioned += 1
         if self.unpartitioned in (1, 100) or self.unpartitioned % 60000 == 0:
             log.error("%d summaries arrived unpartitioned (e.g. on %s): the NATS server has no partition mapping "

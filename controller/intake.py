@@ -81,7 +81,12 @@ class Intake:
         """Whether ``sub`` (a nats-py subscription) is one of this controller's."""
         return any(s is sub for s in self._subs)
 
-    async def _on_summary(self, msg: Any) -> None:
+    async def _on_summary(self, msg: Any, held: list | None = None, share: int = 0) -> None:
+        """A summary from NATS. ``held``: the subscription that delivered it (service.py), whose
+        client-side backlog over ``share`` bytes makes this summary - the oldest - shed."""
+        if held is not None and held[0].pending_bytes > share:
+            self.summary_dropped(msg.subject)
+            return
         if self._ticking:  # its state is on the tick thread (evaluation.py)
             await self._tick_idle()
         data = msg.data

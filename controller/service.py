@@ -33,6 +33,7 @@ suggestions.py, silence.py (silent nodes) and exchange.py (scale-out digests).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import time
@@ -260,16 +261,11 @@ class Controller(Intake, Evaluation, Suggestions, SilentNodes, PartitionExchange
         subs_per_controller = len(wire.summary_filters(cfg.cluster)) if self.role == ROLE_ALL else 1
         share = max(16 << 10, cfg.summary_backlog_bytes // (max(1, cfg.partitions) * subs_per_controller))
 
-        async def sub_summaries(subject: str, cb: Callable[[Any], Any]) -> Any:
+        async def sub_summaries(subject: str, cb: Callable[..., Any]) -> Any:
+            # the callback sheds (``held``: the subscription, once made; ``share``: its bound)
+            # itself: a wrapping coroutine cost every summary a frame more
             held: list[Any] = []
-
-            async def shed_or_take(msg: Any) -> None:
-                if held[0].pending_bytes > share:
-                    self.summary_dropped(msg.subject)
-                    return
-                await cb(msg)
-
-            held.append(await self.intake_nc.subscribe(subject, cb=shed_or_take))
+            held.append(await self.intake_nc.subscribe(subject, cb=functools.partial(cb, held=held, share=share)))
             return held[0]
         loops: list[tuple[str, Callable[[], Any]]] = [("eval", self._eval_loop), ("housekeeping", self._housekeeping_loop)]
         if self.role == ROLE_PARTITION:
