@@ -288,12 +288,12 @@ def _time_compute(ctl: Any) -> list[float]:
     cell = [0.0, 0.0]  # wall, and the tick thread's own CPU time (what it took less what it waited for the GIL)
 
     def compute(*a: Any, **k: Any) -> Any:
-        c, u = time.perf_counter(), time.thread_time()
+        c, u = time.perf_counter(), time.thread_time()  # (the CPU reading nested in the wall one)
         try:
             return orig(*a, **k)
         finally:
-            cell[0] += time.perf_counter() - c
             cell[1] += time.thread_time() - u
+            cell[0] += time.perf_counter() - c
 
     ctl._compute = compute
     return cell
@@ -395,11 +395,11 @@ class Busy:
             try:
                 y = it.throw(exc) if exc is not None else it.send(send)
             except StopIteration as done:
+                self.cpu += time.thread_time() - u  # (nested in the wall reading)
                 self._add(time.perf_counter() - a)
-                self.cpu += time.thread_time() - u
                 return done.value
-            self._add(time.perf_counter() - a)
             self.cpu += time.thread_time() - u
+            self._add(time.perf_counter() - a)
             try:
                 send, exc = (yield y), None
             except BaseException as e:  # noqa: BLE001 - handed to the coroutine, as await would
