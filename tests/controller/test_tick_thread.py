@@ -47,29 +47,37 @@ async def _feed(ctl: Controller, seconds: int) -> None:
         await ctl.evaluate_due()
 
 
+async def _held_tick(ctl: Controller, gate: threading.Event, seen: dict) -> asyncio.Task:
+    """A warm controller's next tick, started and on the tick thread, its computation held there
+    until ``gate`` is set (``seen["thread"]``: the thread it runs on)."""
+    await _feed(ctl, 5)
+    derive = ctl.aligner.derive
+
+    def held_derive(*a, **k):  # the tick's computation waits for the event loop to speak
+        seen["thread"] = threading.current_thread().name
+        if not gate.wait(10.0):
+            raise AssertionError("the event loop did not run while the tick computed")
+        return derive(*a, **k)
+
+    ctl.aligner.derive = held_derive
+    for n in ("n0", "n1", "n2", "n3"):
+        await ctl._on_summary(_Msg(_summary(n, 5, T0 + 6, 0.01)))
+    tick = asyncio.create_task(ctl.evaluate_due())
+    for _ in range(5000):
+        if ctl._on_thread:
+            break
+        await asyncio.sleep(0.001)
+    assert ctl._on_thread
+    return tick
+
+
 def test_the_loop_runs_and_intake_waits_while_a_tick_computes() -> None:
     async def main() -> None:
         ctl = _controller(thread=True)
-        await _feed(ctl, 5)
         gate = threading.Event()
-        derive = ctl.aligner.derive
         seen: dict[str, object] = {}
-
-        def held_derive(*a, **k):  # the tick's computation waits for the event loop to speak
-            seen["thread"] = threading.current_thread().name
-            if not gate.wait(10.0):
-                raise AssertionError("the event loop did not run while the tick computed")
-            return derive(*a, **k)
-
-        ctl.aligner.derive = held_derive
-        before = ctl.stats.summaries
-        for n in ("n0", "n1", "n2", "n3"):
-            await ctl._on_summary(_Msg(_summary(n, 5, T0 + 6, 0.01)))
-        tick = asyncio.create_task(ctl.evaluate_due())
-        for _ in range(5000):
-            if ctl._ticking:
-                break
-            await asyncio.sleep(0.001)
+        tick = await _held_tick(ctl, gate, seen)
+        before = ctl.stats.summaries - 4  # (the tick's own four summaries are in)
         assert ctl._ticking
         late = asyncio.create_task(ctl._on_summary(_Msg(_summary("n0", 6, T0 + 7, 0.01))))
         await asyncio.sleep(0.05)
@@ -92,24 +100,9 @@ def test_a_workers_controllers_share_the_intake_gate_and_a_lone_controller_has_i
     async def main() -> None:
         ticking, shared, alone = _controller(thread=True), _controller(thread=True), _controller(thread=True)
         shared.tick_gate = ticking.tick_gate = TickGate()
-        await _feed(ticking, 5)
         release = threading.Event()
-        derive = ticking.aligner.derive
-
-        def held_derive(*a, **k):
-            if not release.wait(10.0):
-                raise AssertionError("not released")
-            return derive(*a, **k)
-
-        ticking.aligner.derive = held_derive
-        for n in ("n0", "n1", "n2", "n3"):
-            await ticking._on_summary(_Msg(_summary(n, 5, T0 + 6, 0.01)))
-        tick = asyncio.create_task(ticking.evaluate_due())
-        for _ in range(5000):
-            if ticking._on_thread:
-                break
-            await asyncio.sleep(0.001)
-        assert ticking._on_thread and shared._ticking and not alone._ticking
+        tick = await _held_tick(ticking, release, {})
+        assert shared._ticking and not alone._ticking
         waits = asyncio.create_task(shared._on_summary(_Msg(_summary("n0", 0, T0 + 1, 0.01))))
         await alone._on_summary(_Msg(_summary("n0", 0, T0 + 1, 0.01)))
         await asyncio.sleep(0.05)
