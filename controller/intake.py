@@ -29,6 +29,9 @@ log = logging.getLogger("skewd.controller")
 _NAN = float("nan")
 #: summary subjects whose verdict is remembered (a few per node; cleared when full)
 _SUBJECTS_KEPT = 1 << 16
+#: directly delivered summaries taken in one go before the event loop's other work has its turn
+#: (a few milliseconds of it; nats-py reads 32 KB, ~110 binary summaries, a turn)
+TAKE_BATCH = 256
 
 
 def _finite_sum(ts: list[float]) -> bool:
@@ -96,6 +99,37 @@ class Intake:
             self._take_json(msg.subject, data)
         if self.feed.defer_flush and self.feed.due:  # FLUSH_ROWS between ticks: off the event loop too
             await self._off_loop(self.feed.flush)
+
+    async def _take_summaries(self) -> None:
+        """The intake loop of directly delivered summaries (service.py, natsutil.direct_delivery):
+        oldest first, as :meth:`_on_summary` takes them from the subscription's callback, the
+        same checks and the same shedding - a summary with more than the controller's share of
+        ``ingest.summary_backlog_bytes`` waiting behind it is dropped and counted. Up to
+        :data:`TAKE_BATCH` at a time, then the event loop's other work (the reads that fill
+        the backlog) gets its turn."""
+        b = self._backlog
+        items = b.items
+        while True:
+            if not items:
+                b.ready.clear()
+                await b.ready.wait()
+                continue
+            if self._ticking:  # its state is on the tick thread (evaluation.py)
+                await self._tick_idle()
+            share = self._summary_share
+            for _ in range(min(TAKE_BATCH, len(items))):  # nothing else runs meanwhile: no tick starts
+                subject, data = items.popleft()
+                b.bytes -= len(data)
+                subj = subject.decode()
+                if b.bytes > share:
+                    self.summary_dropped(subj)
+                elif data[:3] == wire.BINARY_MAGIC:
+                    self._take_binary(subj, data)
+                else:
+                    self._take_json(subj, data)
+            if self.feed.defer_flush and self.feed.due:  # as _on_summary
+                await self._off_loop(self.feed.flush)
+            await asyncio.sleep(0)
 
     def _take_json(self, subject: str, data: bytes) -> None:
         try:

@@ -46,7 +46,7 @@ from nats import errors as nats_errors
 from skewd import wire
 from skewd.catalogue import full_catalogue
 from skewd.model import GROUP_SCOPES, Catalogue, Scope, State
-from skewd.natsutil import connect, connect_intake, ensure_streams, hold_reads
+from skewd.natsutil import Backlog, connect, connect_intake, direct_delivery, ensure_streams, hold_reads
 from skewd.rules.cli import PACKS
 from skewd.rules.engine import Engine, RuleSet
 from skewd.rules.reload import RuleManager
@@ -178,6 +178,10 @@ class Controller(Intake, Evaluation, Suggestions, SilentNodes, PartitionExchange
         self._wall_at_now = 0.0
         self._labels_version = -1
         self._subs: list[Any] = []
+        #: summaries delivered and not yet taken in (natsutil.direct_delivery), at most
+        #: _summary_share bytes of them taken (the oldest beyond are shed)
+        self._backlog = Backlog()
+        self._summary_share = 0
         self._tasks: list[asyncio.Task] = []
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()
@@ -261,13 +265,23 @@ class Controller(Intake, Evaluation, Suggestions, SilentNodes, PartitionExchange
         subs_per_controller = len(wire.summary_filters(cfg.cluster)) if self.role == ROLE_ALL else 1
         share = max(16 << 10, cfg.summary_backlog_bytes // (max(1, cfg.partitions) * subs_per_controller))
 
+        # summaries reach _take_summaries through the intake connection's direct delivery
+        # (natsutil.direct_delivery: no Msg, queue or coroutine per summary), the subscription's
+        # callback only when that is not available (or for a message it does not route)
+        direct = direct_delivery(self.intake_nc)
+        self._summary_share = share * subs_per_controller
+
         async def sub_summaries(subject: str, cb: Callable[..., Any]) -> Any:
             # the callback sheds (``held``: the subscription, once made; ``share``: its bound)
             # itself: a wrapping coroutine cost every summary a frame more
             held: list[Any] = []
             held.append(await self.intake_nc.subscribe(subject, cb=functools.partial(cb, held=held, share=share)))
+            if direct is not None and cb == self._on_summary:
+                direct.route(held[0], self._backlog)
             return held[0]
         loops: list[tuple[str, Callable[[], Any]]] = [("eval", self._eval_loop), ("housekeeping", self._housekeeping_loop)]
+        if direct is not None and self.role != ROLE_LEADER:
+            loops.append(("intake", self._take_summaries))
         if self.role == ROLE_PARTITION:
             for subject in wire.summary_filters(cfg.cluster, self.partition):
                 self._subs.append(await sub_summaries(subject, cb=self._on_summary))
@@ -324,7 +338,10 @@ class Controller(Intake, Evaluation, Suggestions, SilentNodes, PartitionExchange
             if self.nc.is_connected:
                 try:
                     async def goodbye() -> None:
+                        direct = direct_delivery(self.intake_nc) if self.intake_nc is not None else None
                         for sub in self._subs:
+                            if direct is not None:
+                                direct.unroute(sub)
                             await sub.unsubscribe()
                         if self.state is not None and self.next_eval is not None and self.save_on_stop:
                             await self._save_engine(self.now)

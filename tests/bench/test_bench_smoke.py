@@ -35,6 +35,14 @@ def test_digest_intake_times_a_leader_taking_the_partitions_digests() -> None:
     assert any("leader _take_digests (tick)" in line for line in lines)
 
 
+def test_intake_dispatch_times_nats_py_and_direct_delivery_on_the_same_frames() -> None:
+    lines, f = run("intake_dispatch.py", "--messages", "3000", "--repeat", "1", "--headers", "--json")
+    assert f is not None and f["benchmark"] == "intake_dispatch" and f["headers"] is True
+    assert set(f["us_per_message"]) == {"nats-py", "direct", "parse only"}
+    assert all(v > 0 for v in f["us_per_message"].values())
+    assert any("x nats-py" in line for line in lines)
+
+
 def test_pkt_offline_times_skewd_and_both_peers_on_the_same_file() -> None:
     lines, f = run("pkt_offline.py", "--packets", "3000", "--flows", "40", "--repeat", "1",
                    "--scapy-packets", "300", "--cli", "--json")
