@@ -46,7 +46,7 @@ from nats import errors as nats_errors
 from skewd import wire
 from skewd.catalogue import full_catalogue
 from skewd.model import GROUP_SCOPES, Catalogue, Scope, State
-from skewd.natsutil import Backlog, connect, connect_intake, direct_delivery, ensure_streams, hold_reads
+from skewd.natsutil import Backlog, DirectDelivery, connect, connect_intake, direct_delivery, ensure_streams, hold_reads
 from skewd.rules.cli import PACKS
 from skewd.rules.engine import Engine, RuleSet
 from skewd.rules.reload import RuleManager
@@ -182,6 +182,7 @@ class Controller(Intake, Evaluation, Suggestions, SilentNodes, PartitionExchange
         #: _summary_share bytes of them taken (the oldest beyond are shed)
         self._backlog = Backlog()
         self._summary_share = 0
+        self._direct: DirectDelivery | None = None  # the intake connection's, once started
         self._tasks: list[asyncio.Task] = []
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()
@@ -268,7 +269,7 @@ class Controller(Intake, Evaluation, Suggestions, SilentNodes, PartitionExchange
         # summaries reach _take_summaries through the intake connection's direct delivery
         # (natsutil.direct_delivery: no Msg, queue or coroutine per summary), the subscription's
         # callback only when that is not available (or for a message it does not route)
-        direct = direct_delivery(self.intake_nc)
+        direct = self._direct = direct_delivery(self.intake_nc)
         self._summary_share = share * subs_per_controller
 
         async def sub_summaries(subject: str, cb: Callable[..., Any]) -> Any:
@@ -325,6 +326,9 @@ class Controller(Intake, Evaluation, Suggestions, SilentNodes, PartitionExchange
         def left(share: float = 1.0) -> float:
             return max(0.05, (deadline - loop.time()) * share)
 
+        if self._direct is not None:  # nobody takes them in any more (a shared connection stays open)
+            for sub in self._subs:
+                self._direct.unroute(sub)
         for t in self._tasks:
             t.cancel()
         # nats-py's fetch can swallow a cancellation (asyncio.wait_for race on 3.10/3.11): the
@@ -338,10 +342,7 @@ class Controller(Intake, Evaluation, Suggestions, SilentNodes, PartitionExchange
             if self.nc.is_connected:
                 try:
                     async def goodbye() -> None:
-                        direct = direct_delivery(self.intake_nc) if self.intake_nc is not None else None
                         for sub in self._subs:
-                            if direct is not None:
-                                direct.unroute(sub)
                             await sub.unsubscribe()
                         if self.state is not None and self.next_eval is not None and self.save_on_stop:
                             await self._save_engine(self.now)

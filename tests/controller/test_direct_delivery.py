@@ -115,3 +115,6 @@ async def test_a_controller_takes_in_the_same_summaries_directly_or_through_call
     finally:
         await pub.close()
         await ctl.stop()
+    if direct:  # a stopped controller takes nothing in: nothing is routed to it any more (a
+        # scaled-out worker's connection outlives the partitions it gives up)
+        assert ctl._direct is not None and ctl._direct._routes == {}
