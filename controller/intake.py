@@ -120,7 +120,7 @@ class Intake:
             for _ in range(min(TAKE_BATCH, len(items))):  # nothing else runs meanwhile: no tick starts
                 subject, data = items.popleft()
                 b.bytes -= len(data)
-                subj = subject.decode()
+                subj = subject.decode(errors="replace")  # (not UTF-8: refused by the subject check)
                 if b.bytes > share:
                     self.summary_dropped(subj)
                 elif data[:3] == wire.BINARY_MAGIC:

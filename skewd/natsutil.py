@@ -491,9 +491,14 @@ class DirectDelivery:
     def __init__(self, routes: dict[int, Backlog]) -> None:
         self._routes = routes
 
-    def route(self, sub: Any, backlog: Backlog) -> None:
-        """Hand ``sub``'s messages (a subscription of this connection) to ``backlog`` from now on."""
-        self._routes[sub._id] = backlog
+    def route(self, sub: Any, backlog: Backlog) -> bool:
+        """Hand ``sub``'s messages (a subscription of this connection) to ``backlog`` from now
+        on; False (its callback keeps them) for a subscription without nats-py's id."""
+        sid = getattr(sub, "_id", None)
+        if not isinstance(sid, int):
+            return False
+        self._routes[sid] = backlog
+        return True
 
     def unroute(self, sub: Any) -> None:
         self._routes.pop(getattr(sub, "_id", None), None)
@@ -505,10 +510,10 @@ def direct_delivery(nc: Any) -> DirectDelivery | None:
     nats-py's per-message path: header parsing, a ``Msg`` object, the subscription's asyncio
     queue and a coroutine call per message: 4.7 µs a summary with the agents' headers against
     1.9 µs, parse included (2.6 against 1.5 without headers; bench/intake_dispatch.py). For a
-    controller's summary intake (:func:`connect_intake`),
-    where summaries are the load and their headers say nothing the body does not (its kind and
-    schema: skewd/wire). Every other subscription, and a routed one whose subscription is gone,
-    goes nats-py's way; the connection's ``stats`` count routed messages as nats-py would.
+    controller's summary intake (:func:`connect_intake`), where summaries are the load and their
+    headers say nothing the body does not (its kind and schema: skewd/wire). Every other
+    subscription, and a routed one whose subscription is gone, goes nats-py's way; the
+    connection's ``stats`` count routed messages as nats-py would.
 
     nats-py has no public hook: this wraps the client's ``_process_msg`` coroutine, which its
     protocol parser calls per message, read defensively. Returns None (nothing routed, the

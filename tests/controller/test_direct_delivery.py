@@ -40,7 +40,7 @@ async def test_a_routed_subscription_fills_its_backlog_in_order_and_others_keep_
         assert tap is not None and direct_delivery(nc) is tap  # once per connection
         b = Backlog()
         sub = await nc.subscribe("skewd.v1.summary.direct.>", cb=on_routed)
-        tap.route(sub, b)
+        assert tap.route(sub, b)
         await nc.subscribe("skewd.v1.health.direct.>", cb=on_other)
         await nc.flush()
         # a server just started has dropped a first burst now and then, callbacks or not: start
@@ -88,6 +88,16 @@ def test_a_client_without_the_expected_internals_gets_no_direct_delivery() -> No
 
     assert direct_delivery(Other()) is None
     assert direct_delivery(object()) is None
+
+
+async def test_a_subscription_without_nats_pys_id_keeps_its_callback(nats_server) -> None:
+    nc = await nats.connect(nats_server.url)
+    try:
+        tap = direct_delivery(nc)
+        assert tap is not None and tap.route(object(), Backlog()) is False
+        assert tap._routes == {}
+    finally:
+        await nc.close()
 
 
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "callbacks"])
