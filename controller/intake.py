@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from typing import Any
 
 from skewd import wire
@@ -30,8 +31,11 @@ _NAN = float("nan")
 #: summary subjects whose verdict is remembered (a few per node; cleared when full)
 _SUBJECTS_KEPT = 1 << 16
 #: directly delivered summaries taken in one go before the event loop's other work has its turn
-#: (a few milliseconds of it; nats-py reads 32 KB, ~110 binary summaries, a turn)
+#: (nats-py reads 32 KB, ~110 binary summaries, a turn), and the most time that may take: the
+#: reads must keep up so the backlog holds the newest summaries and sheds the oldest (a slice of
+#: 256 slow summaries, 2 ms each, let the server queue 0.5 s of them behind the backlog)
 TAKE_BATCH = 256
+TAKE_SLICE_S = 0.005
 
 
 def _finite_sum(ts: list[float]) -> bool:
@@ -105,8 +109,8 @@ class Intake:
         oldest first, as :meth:`_on_summary` takes them from the subscription's callback, the
         same checks and the same shedding - a summary with more than the controller's share of
         ``ingest.summary_backlog_bytes`` waiting behind it is dropped and counted. Up to
-        :data:`TAKE_BATCH` at a time, then the event loop's other work (the reads that fill
-        the backlog) gets its turn."""
+        :data:`TAKE_BATCH` at a time and for :data:`TAKE_SLICE_S` at most, then the event
+        loop's other work (the reads that fill the backlog) gets its turn."""
         b = self._backlog
         items = b.items
         while True:
@@ -117,7 +121,10 @@ class Intake:
             if self._ticking:  # its state is on the tick thread (evaluation.py)
                 await self._tick_idle()
             share = self._summary_share
-            for _ in range(min(TAKE_BATCH, len(items))):  # nothing else runs meanwhile: no tick starts
+            until = time.perf_counter() + TAKE_SLICE_S
+            for i in range(min(TAKE_BATCH, len(items))):  # nothing else runs meanwhile: no tick starts
+                if i & 7 == 7 and time.perf_counter() > until:
+                    break
                 subject, data = items.popleft()
                 b.bytes -= len(data)
                 subj = subject.decode(errors="replace")  # (not UTF-8: refused by the subject check)
