@@ -96,11 +96,7 @@ class Intake:
             return
         if self._ticking:  # its state is on the tick thread (evaluation.py)
             await self._tick_idle()
-        data = msg.data
-        if data[:3] == wire.BINARY_MAGIC:  # no JSON starts so (skewd/wire/binsummary.py)
-            self._take_binary(msg.subject, data)
-        else:
-            self._take_json(msg.subject, data)
+        self._take_summary(msg.subject, msg.data)
         if self.feed.defer_flush and self.feed.due:  # FLUSH_ROWS between ticks: off the event loop too
             await self._off_loop(self.feed.flush)
 
@@ -130,13 +126,18 @@ class Intake:
                 subj = subject.decode(errors="replace")  # (not UTF-8: refused by the subject check)
                 if b.bytes > share:
                     self.summary_dropped(subj)
-                elif data[:3] == wire.BINARY_MAGIC:
-                    self._take_binary(subj, data)
                 else:
-                    self._take_json(subj, data)
+                    self._take_summary(subj, data)
             if self.feed.defer_flush and self.feed.due:  # as _on_summary
                 await self._off_loop(self.feed.flush)
             await asyncio.sleep(0)
+
+    def _take_summary(self, subject: str, data: bytes) -> None:
+        """One summary's body, binary or JSON, however it was delivered."""
+        if data[:3] == wire.BINARY_MAGIC:  # no JSON starts so (skewd/wire/binsummary.py)
+            self._take_binary(subject, data)
+        else:
+            self._take_json(subject, data)
 
     def _take_json(self, subject: str, data: bytes) -> None:
         try:
