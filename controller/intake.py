@@ -36,6 +36,9 @@ _SUBJECTS_KEPT = 1 << 16
 #: 256 slow summaries, 2 ms each, let the server queue 0.5 s of them behind the backlog)
 TAKE_BATCH = 256
 TAKE_SLICE_S = 0.005
+#: the most time a turn of the intake gives to the store's queued slab growths (WindowStore's
+#: defer_prepare: made between ticks instead of in the tick's flush); at least one a turn
+PREPARE_SLICE_S = 0.002
 
 
 def _finite_sum(ts: list[float]) -> bool:
@@ -97,6 +100,8 @@ class Intake:
         if self._ticking:  # its state is on the tick thread (evaluation.py)
             await self._tick_idle()
         self._take_summary(msg.subject, msg.data)
+        if self.store.slabs_to_prepare:  # slab growths queued by the last flush (made between ticks)
+            self.store.prepare_slabs(PREPARE_SLICE_S)
         if self.feed.defer_flush and self.feed.due:  # FLUSH_ROWS between ticks: off the event loop too
             await self._off_loop(self.feed.flush)
 
@@ -128,6 +133,8 @@ class Intake:
                     self.summary_dropped(subj)
                 else:
                     self._take_summary(subj, data)
+            if self.store.slabs_to_prepare:  # as _on_summary
+                self.store.prepare_slabs(PREPARE_SLICE_S)
             if self.feed.defer_flush and self.feed.due:  # as _on_summary
                 await self._off_loop(self.feed.flush)
             await asyncio.sleep(0)

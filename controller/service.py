@@ -242,6 +242,9 @@ class Controller(Intake, Evaluation, Suggestions, SilentNodes, PartitionExchange
         self.tick_in_thread = True
         self.gc_policy.enabled = True
         self.feed.defer_flush = True  # flushed on the tick thread (intake.py)
+        # the flush's slab growths are prepared between ticks by the summary intake (intake.py);
+        # the leader takes no summaries in: its growths stay in its flush
+        self.store.defer_prepare = self.role != ROLE_LEADER
         if shared is not None:
             self.nc, self.intake_nc, self.js, self.state = shared
             self._shared = True

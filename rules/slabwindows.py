@@ -9,7 +9,7 @@ and two views, ~0.8 us) and then stacked the blocks' windows for one reduction
 group rules' ~36 ms a tick at 1,000 nodes. Every signal of one slab shares its columns, so
 :class:`SlabWindows` finds a slab's columns once per tick and window (however many signals of it
 the rules read) and takes a block's window as one row slice of the slab's matrix; the rows of
-equal width are stacked with one call.
+equal width are stacked with one call (in cache-sized pieces when they are many and wide).
 
 The values are the very ones ``Block.window`` gives (the same bisection over the same times,
 the same cells), and a stacked kernel's value is taken only for a window without a missing
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from operator import is_
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -129,19 +129,8 @@ class SlabWindows:
         out = np.empty(p.total)
         starts = p.starts
         alone = list(p.alone)
-        ks = np.fromiter(map(len, views), dtype=np.int64, count=len(views))
-        if not len(ks):
-            buckets = []
-        elif ks.min() == ks.max():  # the common case: every window as wide
-            buckets = [(np.arange(len(views)), np.concatenate(views).reshape(len(views), int(ks[0])))]
-        else:  # windows of several widths (a node's summary late or missing)
-            by_k: dict[int, list[int]] = {}
-            for j, k in enumerate(ks.tolist()):
-                by_k.setdefault(k, []).append(j)
-            buckets = [(np.array(js), np.concatenate([views[j] for j in js]).reshape(len(js), k))
-                       for k, js in by_k.items()]
         pos, dest_all = p.pos, p.dest
-        for js, M in buckets:
+        for js, M in _pieces(views):  # (M is reused: each piece is used up before the next)
             if not M.shape[1]:
                 alone += pos[js].tolist()
                 continue
@@ -160,6 +149,44 @@ class SlabWindows:
                 r = rows[i]
                 out[starts[i]] = np.asarray(kernel(sl.times[lo:hi], V[r: r + 1]), dtype=float)[0]
         return out
+
+
+#: the stacked windows are reduced in pieces of at most this many bytes, copied into one buffer
+#: that stays in the core's cache: one window matrix of a signal can be megabytes (125 nodes x
+#: 1 min at 70 summaries/s: 4 MB), and a fresh matrix per window function wrote all of it to new
+#: memory and read it back, which on a core shared with NATS and other workers made stacking the
+#: largest part of the group rules (bench/controller_ingest.py; docs/benchmarks.md)
+STACK_PIECE_BYTES = 1 << 18
+
+
+def _pieces(views: list[np.ndarray]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The windows ``views`` (1-D rows) stacked by width: (their positions, the matrix of
+    their rows), at most :data:`STACK_PIECE_BYTES` a matrix when a width's windows need more.
+    Such pieces share one buffer, so a piece is valid until the next is asked for. A dense
+    reduction is per row, so its values are the same whatever rows are stacked together."""
+    n = len(views)
+    if not n:
+        return
+    ks = np.fromiter(map(len, views), dtype=np.int64, count=n)
+    if ks.min() == ks.max():  # the common case: every window as wide
+        groups = [(np.arange(n), int(ks[0]))]
+    else:  # windows of several widths (a node's summary late or missing)
+        by_k: dict[int, list[int]] = {}
+        for j, k in enumerate(ks.tolist()):
+            by_k.setdefault(k, []).append(j)
+        groups = [(np.array(js), k) for k, js in by_k.items()]
+    buf = None
+    for js, k in groups:
+        rows_of = views if len(groups) == 1 else [views[j] for j in js.tolist()]
+        rows = max(1, STACK_PIECE_BYTES // (8 * k)) if k else len(js)
+        if rows >= len(js):
+            yield js, np.concatenate(rows_of).reshape(len(js), k)
+            continue
+        if buf is None or buf.shape[0] < rows * k:
+            buf = np.empty(rows * k)
+        for a in range(0, len(js), rows):
+            m = min(rows, len(js) - a)
+            yield js[a: a + m], np.concatenate(rows_of[a: a + m], out=buf[: m * k]).reshape(m, k)
 
 
 def quantile_dense(kernel: Callable) -> Callable:

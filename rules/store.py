@@ -26,6 +26,7 @@ Nothing here reads the clock: callers pass ``now``.
 """
 from __future__ import annotations
 
+import time
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
@@ -269,10 +270,12 @@ class _Slab:
         until room is made, so at the growth only the columns written since are copied
         (:meth:`WindowStore._slab_room`), and the result is exactly the doubling's."""
         cap, n = self.times.shape[0], self.n
-        times = np.full(cap * 2, np.inf)
-        data = np.full((self.data.shape[0], cap * 2), _NAN)
+        times = np.empty(cap * 2)  # (each cell written once: a slab can be megabytes)
+        data = np.empty((self.data.shape[0], cap * 2))
         times[:n] = self.times[:n]
+        times[n:] = np.inf
         data[:, :n] = self.data[:, :n]
+        data[:, n:] = _NAN
         self.spare = (times, data, n)
 
     def _bind(self) -> None:
@@ -351,6 +354,13 @@ class WindowStore:
         self.node_slabs = False
         self._slabbed = False  # a slab was ever made (the per-block writes then check for one)
         self._slab_seq = 0  # slabs made (each slab's place in the spread of growths)
+        #: leave the preparation of a slab's growth to :meth:`prepare_slabs` instead of making it
+        #: in the write that reached the slab's point: the controller, whose writes are its tick's
+        #: flush, makes them between ticks (controller/intake.py). A preparation allocates and
+        #: copies the slab (megabytes for a node that sends often), and under load it was over half
+        #: of a tick's flush. Only speed depends on it: a slab grows the same, prepared or not.
+        self.defer_prepare = False
+        self._to_prepare: list[tuple[_Slab, int, float]] = []  # (slab, its capacity then, time)
 
     # -- ingest ----------------------------------------------------------------------------
     def ingest(self, batch: SampleBatch) -> None:
@@ -813,11 +823,40 @@ class WindowStore:
     def _slab_prepare(self, sl: _Slab, t: float) -> None:
         """Prepare the slab's growth (:meth:`_Slab.prepare`) if making room at ``t`` would double
         it keeping every column (nothing older than the horizon yet): the growths of slabs
-        filled at one pace are then spread over the flushes (SLAB_PREPARE_SHARE)."""
+        filled at one pace are then spread over the flushes (SLAB_PREPARE_SHARE). With
+        :attr:`defer_prepare`, queued for :meth:`prepare_slabs` instead."""
+        if self.defer_prepare:
+            self._to_prepare.append((sl, sl.times.shape[0], t))
+            sl.prepare_at = sl.times.shape[0] + 1  # queued once (the growth sets it again)
+            return
         if sl.n and sl.times[0] > t - self.horizon:
             sl.prepare()
         else:  # at the horizon room is made by dropping columns: no doubled arrays to prepare
             sl.prepare_at = sl.times.shape[0] + 1
+
+    @property
+    def slabs_to_prepare(self) -> int:
+        """Slab growths queued for :meth:`prepare_slabs` (:attr:`defer_prepare`)."""
+        return len(self._to_prepare)
+
+    def prepare_slabs(self, budget_s: float = 0.0) -> int:
+        """Make the queued preparations of slab growths (:attr:`defer_prepare`), oldest first,
+        until ``budget_s`` seconds have passed (at least one; 0: all). A slab that grew or was
+        undone meanwhile is passed over. Returns how many are left."""
+        q = self._to_prepare
+        clock = time.perf_counter
+        until = clock() + budget_s
+        done = 0
+        while done < len(q):
+            sl, cap, t = q[done]
+            done += 1
+            if sl.spare is None and sl.times.shape[0] == cap and any(b.slab is sl for b in sl.blocks) \
+                    and sl.n and sl.times[0] > t - self.horizon:
+                sl.prepare()
+            if budget_s and clock() >= until:
+                break
+        del q[:done]
+        return len(q)
 
     def _slab_room(self, sl: _Slab, t: float) -> None:
         """:meth:`_make_room` for every block of the slab (one time axis: the same decision)."""
@@ -831,9 +870,9 @@ class WindowStore:
             data[:, c:n] = sl.data[:, c:n]
             sl.times, sl.data = times, data
         else:
-            if cap != sl.times.shape[0]:
-                times = np.full(cap, np.inf)
-                data = np.full((sl.data.shape[0], cap), _NAN)
+            if cap != sl.times.shape[0]:  # (_shift writes every cell)
+                times = np.empty(cap)
+                data = np.empty((sl.data.shape[0], cap))
             else:
                 times, data = sl.times, sl.data
             sl.n = _shift(sl.times, sl.data, keep_from, sl.n, times, data)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from skewd.model import BatchBuilder, Catalogue, signal
-from skewd.rules import functions, windows
+from skewd.rules import functions, slabwindows, windows
 from skewd.rules.engine import Engine
 from skewd.rules.loader import load_rules
 from skewd.rules.slabwindows import SlabWindows
@@ -81,8 +81,13 @@ def fill(seed: int, ticks: int = 30, late: bool = True) -> WindowStore:
 
 
 
+@pytest.mark.parametrize("piece", [None, 96], ids=["pieces-as-shipped", "pieces-of-a-few-rows"])
 @pytest.mark.parametrize("seed", range(30))
-def test_slab_windows_are_the_per_block_values_bit_for_bit(seed):
+def test_slab_windows_are_the_per_block_values_bit_for_bit(seed, piece, monkeypatch):
+    """Also with the stacked windows reduced a few rows at a time through the one reused buffer
+    (what a wide window of many nodes takes: slabwindows.STACK_PIECE_BYTES)."""
+    if piece is not None:
+        monkeypatch.setattr(slabwindows, "STACK_PIECE_BYTES", piece)
     store = fill(seed)
     slabbed = sum(b.slab is not None for per in store.blocks.values() for b in per.values())
     assert slabbed >= len(NODE_SIGNALS)  # at least some nodes' summary blocks sit in slabs

@@ -517,14 +517,20 @@ def _whole(store: WindowStore) -> dict:
             for sig, per_node in store.blocks.items() for node, b in per_node.items()}
 
 
+@pytest.mark.parametrize("deferred", [None, 1, 7], ids=["in-the-write", "deferred-drained-each-flush",
+                                                     "deferred-drained-every-7th-flush"])
 @pytest.mark.parametrize("per_flush,dt,horizon", [(1, 1.0, 1e9), (3, 0.5, 1e9), (2, 1.0, 40.0), (5, 0.1, 7.0)])
-def test_slab_growth_prepared_ahead_is_the_doubling(cat, per_flush, dt, horizon) -> None:
+def test_slab_growth_prepared_ahead_is_the_doubling(cat, per_flush, dt, horizon, deferred) -> None:
     """Slabs that fill at one pace prepare their doubled arrays each at its own point before
     full (SLAB_PREPARE_SHARE): the store is the per-block writes' store at every flush, with
     growths through several capacities and, with a short horizon, room made by dropping
-    columns (a preparation made before the horizon was reached is then left unused)."""
+    columns (a preparation made before the horizon was reached is then left unused). Also
+    when the preparations are queued (``defer_prepare``, as the controller's store does) and
+    made between flushes, or so seldom that slabs grow before theirs is made (it is then
+    passed over)."""
     ref = WindowStore(cat, horizon=horizon, initial_cap=4)
     slab = SlabStore(cat, horizon=horizon, initial_cap=4)
+    slab.defer_prepare = deferred is not None
     used = []
     room = slab._slab_room
 
@@ -533,6 +539,7 @@ def test_slab_growth_prepared_ahead_is_the_doubling(cat, per_flush, dt, horizon)
         room(sl, t)
 
     slab._slab_room = counting_room
+    flushes = 0
     for flush in _nodes_at_one_pace(12, 70, per_flush, dt):
         for cols in flush:
             ts, V = cols[3], cols[4]
@@ -542,7 +549,14 @@ def test_slab_growth_prepared_ahead_is_the_doubling(cat, per_flush, dt, horizon)
                 slab.ingest_many([SampleBatch(np.full(len(cols[0]), ts[j]), cols[2], cols[1], cols[0], V[j])
                                   for j in range(len(ts))], shared_columns=True)
         assert snapshot(slab) == snapshot(ref)
+        flushes += 1
+        if deferred is not None and flushes % deferred == 0:
+            assert slab.prepare_slabs() == 0  # no budget: every queued one
+        elif deferred is None:
+            assert slab.slabs_to_prepare == 0
     assert slab.slab_writes > 0 and any(used)
+    if deferred == 7:
+        assert not all(used)  # some slabs grew before their queued preparation was made
     assert _whole(slab) == _whole(ref)
 
 
