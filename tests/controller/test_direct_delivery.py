@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 
 import nats
+import numpy as np
 import pytest
 
 from skewd import wire
@@ -16,8 +17,8 @@ from skewd.controller import service
 from skewd.controller.service import Controller
 from skewd.natsutil import Backlog, direct_delivery
 
-from .helpers import config, wait_for
-from .test_binary_intake import _messages
+from .helpers import config, offline_controller, wait_for
+from .test_binary_intake import _Msg, _messages
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -129,3 +130,55 @@ async def test_a_controller_takes_in_every_summary_directly_or_through_callbacks
     if direct:  # a stopped controller takes nothing in: nothing is routed to it any more (a
         # scaled-out worker's connection outlives the partitions it gives up)
         assert ctl._direct is not None and ctl._direct._routes == {}
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "callbacks"])
+async def test_a_started_controller_prepares_slab_growth_between_ticks_and_stores_the_same(nats_server, monkeypatch,
+                                                                                          direct) -> None:
+    """A started controller's store queues its slabs' growth preparations (defer_prepare) and
+    the summary intake makes them between ticks, however the summaries are delivered: slabs grow
+    into prepared arrays, and the store holds the very values of a controller driven by hand
+    (which prepares in the write) fed the same summaries."""
+    if not direct:
+        monkeypatch.setattr(service, "direct_delivery", lambda nc: None)
+    msgs = _messages(seed=5, seconds=90, change_at=45)  # 90 columns a node; None: a second ends
+    ctl = Controller(config(nats_server.url, "c1", ingest={"max_clock_skew": "0s"}))
+    ref = offline_controller()
+    grew: list[bool] = []  # per slab growth: into arrays prepared ahead
+    room = ctl.store._slab_room
+
+    def counting_room(sl, t):
+        grew.append(sl.spare is not None)
+        room(sl, t)
+
+    ctl.store._slab_room = counting_room
+    await asyncio.wait_for(ctl.start(), 30)
+    assert ctl.store.defer_prepare and not ref.store.defer_prepare
+    pub = await nats.connect(nats_server.url)
+    sent = 0
+    try:
+        for m in msgs:  # a second at a time, taken in before the next: the controller ticks each second
+            if m is None:
+                await pub.flush()
+                await wait_for(lambda: asyncio.sleep(0, ctl.stats.summaries + ctl.stats.summaries_rejected >= sent),
+                               20, "the second's summaries taken in")
+                continue
+            await pub.publish(m[0], m[2])
+            await ref._on_summary(_Msg(m[0], m[2]))
+            sent += 1
+        assert ctl.stats.summaries == ref.stats.summaries == sent - ref.stats.summaries_rejected
+        assert ctl.stats.evaluations > 45
+    finally:
+        await pub.close()
+        await ctl.stop()
+    assert grew and any(grew)  # the intake made queued preparations (nothing else does, live)
+    ctl.feed.flush()
+    ref.feed.flush()
+
+    def summary_values(store) -> dict:
+        return {(sig, node): (b.window(-np.inf, np.inf)[0].tolist(), np.nan_to_num(b.window(-np.inf, np.inf)[1],
+                                                                                     nan=-1.5).tolist())
+                for sig, per_node in store.blocks.items() if not sig.startswith("ctl_")
+                for node, b in per_node.items()}
+
+    assert summary_values(ctl.store) == summary_values(ref.store)
