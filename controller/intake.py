@@ -100,8 +100,8 @@ class Intake:
         if self._ticking:  # its state is on the tick thread (evaluation.py)
             await self._tick_idle()
         self._take_summary(msg.subject, msg.data)
-        if self.store.slabs_to_prepare:  # slab growths queued by the last flush (made between ticks)
-            self.store.prepare_slabs(PREPARE_SLICE_S)
+        if self.store.preparations_queued:  # slab growths queued by the last flush (made between ticks)
+            self._prepare_slabs()
         if self.feed.defer_flush and self.feed.due:  # FLUSH_ROWS between ticks: off the event loop too
             await self._off_loop(self.feed.flush)
 
@@ -133,11 +133,19 @@ class Intake:
                     self.summary_dropped(subj)
                 else:
                     self._take_summary(subj, data)
-            if self.store.slabs_to_prepare:  # as _on_summary
-                self.store.prepare_slabs(PREPARE_SLICE_S)
+            if self.store.preparations_queued:  # as _on_summary
+                self._prepare_slabs()
             if self.feed.defer_flush and self.feed.due:  # as _on_summary
                 await self._off_loop(self.feed.flush)
             await asyncio.sleep(0)
+
+    def _prepare_slabs(self) -> None:
+        """Make the store's queued slab growth preparations (WindowStore.defer_prepare), for
+        :data:`PREPARE_SLICE_S` at most (at least one; a large slab may run past it): called
+        by the intake between ticks, with no tick on the tick thread."""
+        until = time.perf_counter() + PREPARE_SLICE_S
+        while self.store.prepare_next() and time.perf_counter() < until:
+            pass
 
     def _take_summary(self, subject: str, data: bytes) -> None:
         """One summary's body, binary or JSON, however it was delivered."""

@@ -120,7 +120,7 @@ class SlabWindows:
         """``kernel`` over every block's window, in block row order (what
         :func:`~skewd.rules.windows._stacked` gives): ``dense`` (a per-row reduction equal to the
         kernel's value for a window without NaN) over the slab windows of equal width stacked
-        into one matrix; a window with a NaN value, an empty one and a block outside a slab take
+        into one matrix (or, when they are many and wide, a few: :func:`_pieces`); a window with a NaN value, an empty one and a block outside a slab take
         the kernel alone. None: no slab."""
         p = self.plan(store, sig)
         if p is None:
@@ -160,10 +160,11 @@ STACK_PIECE_BYTES = 1 << 18
 
 
 def _pieces(views: list[np.ndarray]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """The windows ``views`` (1-D rows) stacked by width: (their positions, the matrix of
-    their rows), at most :data:`STACK_PIECE_BYTES` a matrix when a width's windows need more.
-    Such pieces share one buffer, so a piece is valid until the next is asked for. A dense
-    reduction is per row, so its values are the same whatever rows are stacked together."""
+    """The windows ``views`` (1-D float64 rows) stacked by width: (their positions, the
+    matrix of their rows). When a width's windows take more than :data:`STACK_PIECE_BYTES`,
+    in pieces of as many rows as fit (at least one) that share one buffer, made for this call:
+    a piece is valid until the next is asked for. A dense reduction is per row, so its values
+    are the same whatever rows are stacked together."""
     n = len(views)
     if not n:
         return
@@ -178,7 +179,7 @@ def _pieces(views: list[np.ndarray]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     buf = None
     for js, k in groups:
         rows_of = views if len(groups) == 1 else [views[j] for j in js.tolist()]
-        rows = max(1, STACK_PIECE_BYTES // (8 * k)) if k else len(js)
+        rows = max(1, STACK_PIECE_BYTES // (views[0].itemsize * k)) if k else len(js)
         if rows >= len(js):
             yield js, np.concatenate(rows_of).reshape(len(js), k)
             continue

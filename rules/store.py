@@ -26,7 +26,6 @@ Nothing here reads the clock: callers pass ``now``.
 """
 from __future__ import annotations
 
-import time
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
@@ -354,13 +353,13 @@ class WindowStore:
         self.node_slabs = False
         self._slabbed = False  # a slab was ever made (the per-block writes then check for one)
         self._slab_seq = 0  # slabs made (each slab's place in the spread of growths)
-        #: leave the preparation of a slab's growth to :meth:`prepare_slabs` instead of making it
+        #: leave the preparation of a slab's growth to :meth:`prepare_next` instead of making it
         #: in the write that reached the slab's point: the controller, whose writes are its tick's
         #: flush, makes them between ticks (controller/intake.py). A preparation allocates and
         #: copies the slab (megabytes for a node that sends often), and under load it was over half
         #: of a tick's flush. Only speed depends on it: a slab grows the same, prepared or not.
         self.defer_prepare = False
-        self._to_prepare: list[tuple[_Slab, int, float]] = []  # (slab, its capacity then, time)
+        self._to_prepare: list[tuple[_Slab, int]] = []  # (slab, its capacity when queued)
 
     # -- ingest ----------------------------------------------------------------------------
     def ingest(self, batch: SampleBatch) -> None:
@@ -824,38 +823,33 @@ class WindowStore:
         """Prepare the slab's growth (:meth:`_Slab.prepare`) if making room at ``t`` would double
         it keeping every column (nothing older than the horizon yet): the growths of slabs
         filled at one pace are then spread over the flushes (SLAB_PREPARE_SHARE). With
-        :attr:`defer_prepare`, queued for :meth:`prepare_slabs` instead."""
-        if self.defer_prepare:
-            self._to_prepare.append((sl, sl.times.shape[0], t))
-            sl.prepare_at = sl.times.shape[0] + 1  # queued once (the growth sets it again)
-            return
-        if sl.n and sl.times[0] > t - self.horizon:
-            sl.prepare()
-        else:  # at the horizon room is made by dropping columns: no doubled arrays to prepare
+        :attr:`defer_prepare`, queued for :meth:`prepare_next` instead."""
+        if not (sl.n and sl.times[0] > t - self.horizon):
+            # at the horizon room is made by dropping columns: no doubled arrays to prepare
             sl.prepare_at = sl.times.shape[0] + 1
+        elif self.defer_prepare:
+            self._to_prepare.append((sl, sl.times.shape[0]))
+            sl.prepare_at = sl.times.shape[0] + 1  # queued once (making room sets it again)
+        else:
+            sl.prepare()
 
     @property
-    def slabs_to_prepare(self) -> int:
-        """Slab growths queued for :meth:`prepare_slabs` (:attr:`defer_prepare`)."""
+    def preparations_queued(self) -> int:
+        """Slab growth preparations queued for :meth:`prepare_next` (:attr:`defer_prepare`)."""
         return len(self._to_prepare)
 
-    def prepare_slabs(self, budget_s: float = 0.0) -> int:
-        """Make the queued preparations of slab growths (:attr:`defer_prepare`), oldest first,
-        until ``budget_s`` seconds have passed (at least one; 0: all). A slab that grew or was
-        undone meanwhile is passed over. Returns how many are left."""
+    def prepare_next(self) -> int:
+        """Make the oldest queued preparation of a slab's growth (:attr:`defer_prepare`): passed
+        over when the slab grew or was undone since, or has reached the horizon (its newest
+        column is the time of its latest write, the time the write checked). Returns how many
+        are left; the caller decides how many to make at a time (the store reads no clock)."""
         q = self._to_prepare
-        clock = time.perf_counter
-        until = clock() + budget_s
-        done = 0
-        while done < len(q):
-            sl, cap, t = q[done]
-            done += 1
-            if sl.spare is None and sl.times.shape[0] == cap and any(b.slab is sl for b in sl.blocks) \
-                    and sl.n and sl.times[0] > t - self.horizon:
-                sl.prepare()
-            if budget_s and clock() >= until:
-                break
-        del q[:done]
+        if not q:
+            return 0
+        sl, cap = q.pop(0)
+        if sl.spare is None and sl.times.shape[0] == cap and sl.blocks[0].slab is sl and sl.n \
+                and sl.times[0] > sl.times[sl.n - 1] - self.horizon:
+            sl.prepare()
         return len(q)
 
     def _slab_room(self, sl: _Slab, t: float) -> None:

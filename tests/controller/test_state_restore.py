@@ -91,8 +91,9 @@ async def test_keys_a_watch_missed_are_found_from_the_server_s_key_list(nats_ser
         saved = await st.load()
         assert len(saved["finding"]) == FINDINGS - DELETED and len(saved["remap"]) == REMAPS
         assert len(saved["incident"]) == INCIDENTS
-        assert st.load_report["missed_by_watch"] == 300 and st.load_report["watch_passes"] == 2
-        assert st.load_report["read_singly"] == 0  # the second watch pass brought them
+        # (the race may strike a later pass too on a busy host: CI saw 3 passes once)
+        assert st.load_report["missed_by_watch"] == 300 and st.load_report["watch_passes"] >= 2
+        assert st.load_report["read_singly"] == 0  # a later watch pass brought them
         # without a second pass (the watch keeps missing them) they are read one by one
         _EarlyMarker.passes = 0
         import skewd.controller.state as state_mod
