@@ -144,8 +144,9 @@ class Intake:
         :data:`PREPARE_SLICE_S` at most (at least one; a large slab may run past it): called
         by the intake between ticks, with no tick on the tick thread."""
         until = time.perf_counter() + PREPARE_SLICE_S
-        while self.store.prepare_next() and time.perf_counter() < until:
-            pass
+        left = self.store.prepare_next()
+        while left and time.perf_counter() < until:
+            left = self.store.prepare_next()
 
     def _take_summary(self, subject: str, data: bytes) -> None:
         """One summary's body, binary or JSON, however it was delivered."""

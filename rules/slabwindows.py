@@ -120,8 +120,9 @@ class SlabWindows:
         """``kernel`` over every block's window, in block row order (what
         :func:`~skewd.rules.windows._stacked` gives): ``dense`` (a per-row reduction equal to the
         kernel's value for a window without NaN) over the slab windows of equal width stacked
-        into one matrix (or, when they are many and wide, a few: :func:`_pieces`); a window with a NaN value, an empty one and a block outside a slab take
-        the kernel alone. None: no slab."""
+        into one matrix (or, when they are many and wide, a few: :func:`_pieces`); a window
+        with a NaN value, an empty one and a block outside a slab take the kernel alone. None:
+        no slab."""
         p = self.plan(store, sig)
         if p is None:
             return None
