@@ -51,10 +51,11 @@ LAYOUT_BUDGET_PER_SAMPLE = 4  # store layout-cache budget per sample of the layo
 NOT_SAMPLES = frozenset({BURST_STARTS, BURST_BYTES}) | frozenset(CTL_SIGNALS) | ENGINE_KEYS
 
 
-def _matrix(run: list["_Pending"]) -> np.ndarray:
+def _matrix(run: list["_Pending"], all_bytes: bool) -> np.ndarray:
     """The values of consecutive summaries of one layout, a row each: float64 rows' bytes
-    joined and read as they are, Python floats converted once."""
-    if all(type(p.values) is bytes for p in run):
+    joined and read as they are (``all_bytes``: each is such a row), Python floats converted
+    once."""
+    if all_bytes:
         return np.frombuffer(b"".join([p.values for p in run]), _F8).reshape(len(run), -1)  # type: ignore[misc]
     return np.array([_row(p.values) for p in run], dtype=np.float64)
 
@@ -106,7 +107,12 @@ class StoreFeed:
         # a node's summary signals are one-row blocks written together: one slab write per
         # node and flush instead of one per signal (the flush's largest cost)
         store.node_slabs = True
-        self._pending: list[_Pending] = []  # summary samples not yet in the store
+        #: summary samples not yet in the store, per node in arrival order: a flush writes a
+        #: node's at a time (the general path's one batch, node after node, gives new entities
+        #: the ids that batch in arrival order gives them: tests/controller/test_ingest_flush.py)
+        self._pending: dict[str, list[_Pending]] = {}
+        self._unsorted: set[str] = set()  # nodes with a pending summary older than one before it
+        self._unknown = 0  # pending summaries without a known layout (the flush's general path)
         self._pending_rows = 0
         self._pending_lists = 0  # ... of them held as lists of Python floats (see FLUSH_ARRAY_ROWS)
         self._pending_new = 0  # ... of them from summaries whose layout the store does not know yet
@@ -189,7 +195,14 @@ class StoreFeed:
             names, ents = lay.names, lay.entities
         else:
             self._pending_new += n
-        self._pending.append(_Pending(node, t, names, ents, row, lay))  # (_queue, inline: the hot path)
+            self._unknown += 1
+        # (_queue, inline: the hot path)
+        ps = self._pending.get(node)
+        if ps is None:
+            ps = self._pending[node] = []
+        elif t < ps[-1].t:
+            self._unsorted.add(node)
+        ps.append(_Pending(node, t, names, ents, row, lay))
         self._pending_rows += n
         if not self.defer_flush and self.due:
             self.flush()
@@ -202,10 +215,16 @@ class StoreFeed:
         return None
 
     def _queue(self, p: _Pending) -> None:
-        self._pending.append(p)
+        ps = self._pending.get(p.node)
+        if ps is None:
+            ps = self._pending[p.node] = []
+        elif p.t < ps[-1].t:
+            self._unsorted.add(p.node)
+        ps.append(p)
         self._pending_rows += len(p.values)
         if p.layout is None:
             self._pending_new += len(p.values)
+            self._unknown += 1
         if not self.defer_flush and self.due:
             self.flush()
 
@@ -226,25 +245,24 @@ class StoreFeed:
         new entities get their ids in the same order as always."""
         if not self._pending:
             return
-        pend, self._pending, self._pending_rows, self._pending_new = self._pending, [], 0, 0
-        self._pending_lists = 0
+        pend, self._pending, self._pending_rows, self._pending_new = self._pending, {}, 0, 0
+        all_bytes, self._pending_lists = not self._pending_lists, 0  # (add_row's rows only)
+        unsorted, self._unsorted = self._unsorted, set()
+        new, self._unknown = self._unknown, 0
         store = self.store
         # a known layout means the store holds a row for each of its catalogued samples: only a
         # gc that forgets entities, or a catalogue that grows, can make that untrue (new rows
         # and blocks elsewhere leave it true)
         same_shape = self._store_gcs == self._layouts_gcs and len(store.catalogue) == self._ncat
-        if same_shape and all(p.layout is not None for p in pend):
-            by_node: dict[str, list[_Pending]] = {}
-            for p in pend:
-                by_node.setdefault(p.node, []).append(p)
+        if same_shape and not new:
             # a layout's column arrays are made once and never modified: the store may know
             # them by identity; its layout cache is sized to hold every node's (see below).
             # A node's consecutive summaries of one layout go in as one matrix (the store's
             # ingest_collections: what ingest_many does with consecutive batches of a layout,
             # without a SampleBatch and a layout check per summary); a run whose layout the
             # store no longer caches takes ingest_many, which learns it again
-            for ps in by_node.values():
-                if len(ps) > 1 and any(a.t > b.t for a, b in zip(ps, ps[1:])):
+            for node, ps in pend.items():
+                if node in unsorted:
                     ps = sorted(ps, key=lambda p: p.t)  # stable: a repeated time keeps arrival order
                 i = 0
                 while i < len(ps):
@@ -254,7 +272,7 @@ class StoreFeed:
                         j += 1
                     run = ps[i:j]
                     ts = np.array([p.t for p in run])
-                    V = _matrix(run)
+                    V = _matrix(run, all_bytes)
                     if not store.ingest_collections(lay.signal_col, lay.entity_col, lay.node_col, ts, V):
                         store.ingest_many([SampleBatch(np.full(V.shape[1], p.t), lay.node_col, lay.entity_col,
                                                        lay.signal_col, V[k]) for k, p in enumerate(run)],
@@ -262,6 +280,7 @@ class StoreFeed:
                     i = j
             self.fast_flushes += 1
         else:
+            pend = [p for ps in pend.values() for p in ps]
             store.ingest(SampleBatch.from_rows(
                 [(p.t, p.node, e, n, v) for p in pend for n, e, v in zip(p.names, p.entities, _row(p.values))]))
             if not same_shape:

@@ -240,5 +240,5 @@ def test_a_json_summary_larger_than_a_binary_layout_may_be_still_reaches_the_lea
         asyncio.run(leader._on_digest(_Msg(wire.digest_subject("c1", 0), m)))
     assert leader.digests_refused == 0 and "n1" in leader.nodes.heard
     leader._take_digests()
-    (pending,) = leader.feed._pending
+    ((pending,),) = leader.feed._pending.values()
     assert len(pending.values) == n - 1 and pending.entities[:4] == ["e00000", "e00001", "e00002", "e00004"]
