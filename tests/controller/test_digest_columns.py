@@ -242,3 +242,17 @@ def test_a_json_summary_larger_than_a_binary_layout_may_be_still_reaches_the_lea
     leader._take_digests()
     ((pending,),) = leader.feed._pending.values()
     assert len(pending.values) == n - 1 and pending.entities[:4] == ["e00000", "e00001", "e00002", "e00004"]
+
+
+def test_a_digest_carries_alignment_reports_as_asdict_would_without_sharing_their_dicts() -> None:
+    import dataclasses
+
+    from skewd.controller.align_steps import GroupReport
+    from skewd.controller.digest import _report_dict
+
+    rep = GroupReport("tp0", 101.0, 7, 0.004, {"n1": 0.01, "n2": 0.0}, {"n1": 0.009}, {"n1": 0.7}, {"n2": 0.1},
+                      0.05, "")
+    d = _report_dict(rep)
+    assert d == dataclasses.asdict(rep) and GroupReport(**d) == rep
+    d["lag_median_s"]["n1"] = 9.0  # the digest's copy, not the report's
+    assert rep.lag_median_s["n1"] == 0.01
