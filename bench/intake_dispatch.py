@@ -8,8 +8,10 @@ what agents send, with their kind and schema headers) frames of 284-byte binary 
 32 KB reads, as its read loop hands them over. *nats-py*: a subscription with a callback that
 only counts (the parser, header parsing, a ``Msg``, the subscription's queue and task, a
 coroutine call per message); *direct*: the same subscription routed to a Backlog that the
-consumer drains in a loop; *parse only*: the parser with a ``_process_msg`` that does nothing,
-the floor under both. CPU time per message (process time), best of ``--repeat`` runs.
+consumer drains in a loop, its frames cut out of the connection's parser buffer by skewd's own
+framing ahead of nats-py's parser; *parse only*: nats-py's parser with a ``_process_msg`` that does
+nothing, the floor under nats-py's way (the direct path goes under it: it does not run that
+parser for routed frames). CPU time per message (process time), best of ``--repeat`` runs.
 """
 from __future__ import annotations
 
