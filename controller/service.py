@@ -46,7 +46,8 @@ from nats import errors as nats_errors
 from skewd import wire
 from skewd.catalogue import full_catalogue
 from skewd.model import GROUP_SCOPES, Catalogue, Scope, State
-from skewd.natsutil import Backlog, DirectDelivery, connect, connect_intake, direct_delivery, ensure_streams, hold_reads
+from skewd.natsutil import (Backlog, DirectDelivery, connect, connect_intake, direct_delivery, ensure_streams,
+                            flush_subscribed, hold_reads)
 from skewd.rules.cli import PACKS
 from skewd.rules.engine import Engine, RuleSet
 from skewd.rules.reload import RuleManager
@@ -303,8 +304,8 @@ class Controller(Intake, Evaluation, Suggestions, SilentNodes, PartitionExchange
             await self._recover_planned()
             loops += [("findings", self._findings_loop), ("kvwatch", self._kv_watch_loop)]
         self._tasks = [asyncio.create_task(self._supervised(name, fn), name=f"skewd-ctl-{name}") for name, fn in loops]
-        await self.nc.flush()
-        await self.intake_nc.flush()
+        await flush_subscribed(self.nc)  # started: the server has every subscription
+        await flush_subscribed(self.intake_nc)
         for rid, how in culprit_coverage(self.engine.rules.rules, cfg.culprit_pathologies,
                                          cfg.culprit_evidence).items():
             if how.startswith("PROBLEM"):

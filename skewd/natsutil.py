@@ -425,6 +425,18 @@ async def connect(cfg: NatsConfig, *, initial_timeout: float | None = 10.0, fail
     raise NatsUnavailableError(f"{detail} (gave up after {initial_timeout:g}s)")
 
 
+async def flush_subscribed(nc: Any, timeout: float = 10.0) -> None:
+    """Return once the server has every subscription ``nc`` made before the call (and
+    everything else it sent). One ``flush()`` does not promise that with nats-py 2.16: it
+    writes its PING straight to the socket while a new subscription's SUB still waits in the
+    client's pending buffer for its flusher task, so the PONG can come back before the server
+    has read the SUB, and messages published meanwhile match nothing (a test's first summaries
+    went missing one run in ~30). By the first PONG the flusher has written the SUB, and the
+    second PING follows it."""
+    await nc.flush(timeout)
+    await nc.flush(timeout)
+
+
 async def connect_intake(cfg: NatsConfig, *, error_cb: Callback | None = None) -> Any:
     """A second connection for a controller's summary intake, beside the control connection
     (KV state and leases, JetStream, findings, replies).
@@ -440,12 +452,27 @@ async def connect_intake(cfg: NatsConfig, *, error_cb: Callback | None = None) -
     return await connect(replace(cfg, name=name) if name else cfg, initial_timeout=30.0, error_cb=error_cb)
 
 
-def hold_reads(nc: Any, gate: Any, max_hold: float = 0.5) -> bool:
+#: after a read of less than :data:`GATHER_BELOW` bytes, a controller's intake connection waits
+#: this long before it reads again (:func:`hold_reads`): what arrives meanwhile waits in the
+#: kernel's socket buffer and comes in one read. Every read wakes the intake, and a wake-up
+#: costs far more than its few summaries' share of one: at 16,000 summaries/s one worker read
+#: 614 times a second, ~9 KB each; 10 ms a read cut a saturated worker's CPU per summary 16.8
+#: -> 14.4 µs (59.1k -> 68.5k summaries/s), and 4 workers on 2 cores went 59k -> 64k
+#: (docs/benchmarks.md). A summary waits 10 ms at most for it; a full read (a backlog) never waits
+GATHER_S = 0.010
+#: half of nats-py's read size (``DEFAULT_BUFFER_SIZE``, 32 KB): a read this long means more
+#: was waiting, and the next read follows at once
+GATHER_BELOW = 16 * 1024
+
+
+def hold_reads(nc: Any, gate: Any, max_hold: float = 0.5, gather: float = GATHER_S) -> bool:
     """Make ``nc``'s read loop wait, before it parses what it read next, while ``gate.busy``
     (``gate.idle``: an asyncio.Event set when it is not), at most ``max_hold`` seconds a time.
     Meanwhile nothing more is read: asyncio's stream stops reading at its buffer's limit, the
     kernel's socket buffer fills and the server queues for us (its ``max_pending`` is 64 MB:
-    seconds of summaries, against ``max_hold``).
+    seconds of summaries, against ``max_hold``). After parsing a read shorter than
+    :data:`GATHER_BELOW` bytes, it waits ``gather`` seconds before the next (see
+    :data:`GATHER_S`; 0: never).
 
     For a controller's intake connection (:func:`connect_intake`) and its tick gate
     (controller/evaluation.py): while a tick computes on the tick thread, the event loop would
@@ -466,7 +493,10 @@ def hold_reads(nc: Any, gate: Any, max_hold: float = 0.5) -> bool:
                 await asyncio.wait_for(gate.idle.wait(), max_hold)
             except asyncio.TimeoutError:
                 pass
-        return await held_parse.inner(data)
+        out = await held_parse.inner(data)
+        if gather > 0 and len(data) < GATHER_BELOW:
+            await asyncio.sleep(gather)
+        return out
 
     held_parse.inner = parse  # (direct_delivery puts its parser here, under the hold)
     ps.parse = held_parse

@@ -177,3 +177,30 @@ def test_the_read_hold_stays_in_front_of_the_framing() -> None:
 
     asyncio.run(run())
     assert list(b.items) == [(b"a.b", b"ok")] and held[0] >= 0.04  # waited for the gate first
+
+
+def test_after_a_short_read_the_next_waits_and_after_a_full_one_it_does_not() -> None:
+    """The intake gathers: a read of a few summaries is followed by a pause (what arrives
+    meanwhile comes in one read), a read of a backlog is not."""
+    from skewd.natsutil import GATHER_BELOW
+
+    class Gate:
+        busy = False
+        idle = asyncio.Event()
+
+    nc = Client()
+    assert hold_reads(nc, Gate, gather=0.08)
+    frame = b"MSG a.b 99 3\r\nabc\r\n"  # (no such subscription: nats-py counts and drops it)
+    full = frame * (GATHER_BELOW // len(frame) + 1)
+
+    async def took(data: bytes) -> float:
+        t = asyncio.get_running_loop().time()
+        await nc._ps.parse(data)
+        return asyncio.get_running_loop().time() - t
+
+    async def run() -> tuple[float, float]:
+        return await took(frame), await took(full)
+
+    short, long = asyncio.run(run())
+    assert short >= 0.07 and long < 0.05
+    assert nc.stats["in_msgs"] == 1 + full.count(b"MSG")  # both parsed

@@ -10,7 +10,7 @@ import time
 import nats
 
 from skewd.controller.evaluation import TickGate
-from skewd.natsutil import hold_reads
+from skewd.natsutil import flush_subscribed, hold_reads
 
 
 async def _collect(url: str, gate: TickGate, max_hold: float) -> tuple:
@@ -24,7 +24,7 @@ async def _collect(url: str, gate: TickGate, max_hold: float) -> tuple:
     try:
         assert hold_reads(intake, gate, max_hold)
         await intake.subscribe("skewd.v1.summary.held.>", cb=cb)
-        await intake.flush()
+        await flush_subscribed(intake)  # (one flush() left the SUB behind now and then)
         gate.close()
         closed_at = time.monotonic()
         for i in range(2000):
