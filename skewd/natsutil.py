@@ -454,7 +454,7 @@ async def connect_intake(cfg: NatsConfig, *, error_cb: Callback | None = None) -
 
 #: after a read of less than :data:`GATHER_BELOW` bytes, a controller's intake connection waits
 #: this long before it reads again (:func:`hold_reads`): what arrives meanwhile waits in the
-#: kernel's socket buffer and comes in one read. Every read wakes the intake, and a wake-up
+#: connection's stream buffer (past its limit, in the kernel's) and comes in one read. Every read wakes the intake, and a wake-up
 #: costs far more than its few summaries' share of one: at 16,000 summaries/s one worker read
 #: 614 times a second, ~9 KB each; 10 ms a read cut a saturated worker's CPU per summary 16.8
 #: -> 14.4 µs (59.1k -> 68.5k summaries/s), and 4 workers on 2 cores went 59k -> 64k
