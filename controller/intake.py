@@ -233,11 +233,11 @@ class Intake:
         starts = s.signals.get(BURST_STARTS)
         nbytes = s.signals.get(BURST_BYTES)
         observed = False
-        if starts and not nbytes and None not in starts.values():
-            # the common shape: starts without bytes, as the agent sends them. Sorted as the
-            # tuples below would be (a NaN start, which JSON cannot carry, goes the long way)
-            ts = sorted(map(float, starts.values()))
-            if _finite_sum(ts):
+        if not nbytes and (not starts or None not in starts.values()):
+            # the common shapes: starts without bytes, as the agent sends them, or none. Sorted
+            # as the tuples below would be (a NaN start, which JSON cannot carry, goes the long way)
+            ts = sorted(map(float, starts.values())) if starts else []
+            if not ts or _finite_sum(ts):
                 self.aligner.observe_starts(s.node, s.t, s.clock_sync.synced, s.clock_sync.max_error_s, ts)
                 observed = True
         if not observed:
@@ -296,9 +296,9 @@ class Intake:
         """The aligner's part of a binary summary, taken as :meth:`ingest_summary` takes the same
         bursts from JSON (a NaN start or byte count there is ``null``)."""
         starts = wire.starts_of(h)
-        if starts and not h.burst_bytes:
-            ts = sorted(starts)
-            if _finite_sum(ts):  # NaN (JSON's null) or too large: the long way
+        if not h.burst_bytes:  # (never without starts: read_binary)
+            ts = sorted(starts) if starts else starts
+            if not ts or _finite_sum(ts):  # NaN (JSON's null) or too large: the long way
                 self.aligner.observe_starts(h.node, h.t, h.synced, h.max_error_s, ts)
                 return
         nbytes = wire.floats(h.burst_bytes) if h.burst_bytes else None

@@ -14,6 +14,14 @@ from typing import Mapping
 from .configtypes import ControllerConfig, ModelSpec, PPGroup, TPGroup
 
 
+def _label_int(v: object) -> int | None:
+    """A rank or stage label as an int (None: absent or not a number)."""
+    try:
+        return int(str(v))
+    except (TypeError, ValueError):
+        return None
+
+
 @dataclass
 class _Learned:
     tp_group: str = ""
@@ -55,12 +63,6 @@ class Topology:
     # -- learning from agents --------------------------------------------------------------------
     def observe(self, node: str, labels: Mapping[str, str]) -> bool:
         """Record what an agent says about itself; True when the topology changed."""
-        def _int(v: object) -> int | None:
-            try:
-                return int(str(v))
-            except (TypeError, ValueError):
-                return None
-
         cfg_group = self._configured_group_of(node)
         seen = self._seen.get(node)
         if seen is not None and seen[0] == cfg_group and seen[1] == labels:
@@ -69,8 +71,8 @@ class Topology:
         if self.reported.get(node) != labels:
             self.reported[node] = dict(labels)
             self.version += 1  # the rule engine's peer groups (peers_by) follow every label
-        new = _Learned(str(labels.get("tp_group", "")), _int(labels.get("tp_rank")), str(labels.get("pp_group", "")),
-                       _int(labels.get("pp_stage")), str(labels.get("model", "")))
+        new = _Learned(str(labels.get("tp_group", "")), _label_int(labels.get("tp_rank")),
+                       str(labels.get("pp_group", "")), _label_int(labels.get("pp_stage")), str(labels.get("model", "")))
         if cfg_group and new.tp_group and new.tp_group != cfg_group:
             self.conflicts[node] = (f"agent on {node} says tp_group {new.tp_group!r}, the controller config says "
                                     f"{cfg_group!r}: the config wins; fix one of them")

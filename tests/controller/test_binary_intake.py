@@ -49,8 +49,13 @@ def _summary(rng: random.Random, i: int, n: int, change_at: int) -> wire.Summary
     starts: dict = {str(k): t - 1 + k * 0.05 + 0.0003 + lag + rng.uniform(-2e-4, 2e-4) for k in range(20)}
     if node == "n5" and rng.random() < 0.3:
         starts["3"] = None  # a start without a value
-    sig["collective_burst_starts"] = starts
-    if node in ("n6", "n7"):
+    if node == "n2" and i % 3 == 1:  # (not drawn from rng: the arrival order stays the seed's)
+        starts = {}  # an interval without collective traffic: no starts at all
+    elif node == "n4" and i % 4 == 2:
+        starts = {"0": None}  # nor here (JSON's null: no start)
+    if starts:
+        sig["collective_burst_starts"] = starts
+    if node in ("n6", "n7") and starts:
         sig["collective_burst_bytes"] = {k: None if rng.random() < 0.2 else 64e6 for k in starts}
     g = "tp0" if n < 4 else "tp1"
     return wire.Summary(node=node, cluster="c1", t=t, interval=1.0, signals=sig,
