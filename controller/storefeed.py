@@ -270,6 +270,14 @@ class StoreFeed:
                     j = i + 1
                     while j < len(ps) and ps[j].layout is lay:
                         j += 1
+                    if j == i + 1:  # one summary of the layout (a node at the agents' 1 s, a digest row)
+                        p = ps[i]
+                        row = np.asarray(_row(p.values), dtype=np.float64)
+                        if not store.ingest_collection(lay.signal_col, lay.entity_col, lay.node_col, p.t, row):
+                            store.ingest_many([SampleBatch(np.full(len(row), p.t), lay.node_col, lay.entity_col,
+                                                           lay.signal_col, row)], shared_columns=True)
+                        i = j
+                        continue
                     run = ps[i:j]
                     ts = np.array([p.t for p in run])
                     V = _matrix(run, all_bytes)

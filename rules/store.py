@@ -451,6 +451,34 @@ class WindowStore:
         self.samples_ingested += len(ts) * n
         return True
 
+    def ingest_collection(self, signal: np.ndarray, entity: np.ndarray, node: np.ndarray, t: float,
+                          values: np.ndarray) -> bool:
+        """:meth:`ingest_collections` of one collection, ``values`` at ``t``: the controller's
+        flush of a node that sent one summary since the last (every node at the agents' 1 s
+        interval, every node of the leader's digests). A slabbed layout's new column is written
+        without the matrix, time-array and order checks a run of collections needs; anything
+        else (a new, late or repeated time, a full slab, blocks outside the slab) is
+        :meth:`ingest_collections`'s, so the store ends up the same."""
+        n = len(signal)
+        hit = self._shared.get(id(signal))
+        if (n and self.node_slabs and hit is not None and hit[0] is signal and hit[1] is entity and hit[2] is node
+                and hit[3].ncat == len(self.catalogue)):
+            lay = hit[3]
+            sls = lay.slabs
+            if sls and not lay.slab_rest:
+                for sl in sls:
+                    k = sl.n
+                    if sl.blocks[0].slab is not sl or k == sl.times.shape[0] or (k and t <= sl.times[k - 1]):
+                        break
+                else:
+                    for sl, cols in zip(sls, lay.slab_cols):
+                        self._slab_put_one(sl, t, values if cols is None else values[cols])
+                    if t > self.latest_t:
+                        self.latest_t = t
+                    self.samples_ingested += n
+                    return True
+        return self.ingest_collections(signal, entity, node, np.array([t]), values[None, :])
+
     def _known_layout(self, batch: SampleBatch, shared: bool = False) -> "_Layout | None":
         """The cached layout of a one-node, one-timestamp batch, if it is still valid."""
         sig, ent, node = batch.signal, batch.entity, batch.node
@@ -791,15 +819,7 @@ class WindowStore:
         ``V`` for ``cols`` None) holds the slab rows' values."""
         k = len(ts)
         if k == 1 and sl.n < sl.times.shape[0]:  # one collection, room for it
-            c0 = sl.n
-            sl.times[c0] = ts[0]
-            sl.data[:, c0] = V[0] if cols is None else V[0, cols]
-            sl.n = n = c0 + 1
-            for b in sl.blocks:
-                b.n = n
-            sl.last_seen.fill(ts[0])
-            if n >= sl.prepare_at and sl.spare is None:
-                self._slab_prepare(sl, float(ts[0]))
+            self._slab_put_one(sl, float(ts[0]), V[0] if cols is None else V[0, cols])
             return
         vals = V if cols is None else V[:, cols]
         j = 0
@@ -818,6 +838,19 @@ class WindowStore:
         sl.last_seen[:] = ts[-1]
         if n >= sl.prepare_at and sl.spare is None:
             self._slab_prepare(sl, float(ts[-1]))
+
+    def _slab_put_one(self, sl: _Slab, t: float, column: np.ndarray) -> None:
+        """:meth:`_slab_put` of one collection at ``t`` (after the newest), the slab rows'
+        values ``column``, into a slab with room for it."""
+        c0 = sl.n
+        sl.times[c0] = t
+        sl.data[:, c0] = column
+        sl.n = n = c0 + 1
+        for b in sl.blocks:
+            b.n = n
+        sl.last_seen.fill(t)
+        if n >= sl.prepare_at and sl.spare is None:
+            self._slab_prepare(sl, t)
 
     def _slab_prepare(self, sl: _Slab, t: float) -> None:
         """Prepare the slab's growth (:meth:`_Slab.prepare`) if making room at ``t`` would double
