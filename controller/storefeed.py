@@ -322,12 +322,11 @@ class StoreFeed:
         if not per_node:
             return
         if known:
-            ts = np.array([t])
             for _, _, vs, lay in per_node:  # as the summaries' flush: one collection per node
-                V = np.array([vs], dtype=np.float64)
-                if not store.ingest_collections(lay.signal_col, lay.entity_col, lay.node_col, ts, V):
+                row = np.array(vs, dtype=np.float64)
+                if not store.ingest_collection(lay.signal_col, lay.entity_col, lay.node_col, t, row):
                     store.ingest_many([SampleBatch(np.full(len(vs), t), lay.node_col, lay.entity_col,
-                                                   lay.signal_col, V[0])], shared_columns=True)
+                                                   lay.signal_col, row)], shared_columns=True)
             return
         store.ingest(SampleBatch.from_rows([(t, node, "", n, v) for node, names, vs, _ in per_node
                                             for n, v in zip(names, vs)]))
