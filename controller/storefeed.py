@@ -272,10 +272,8 @@ class StoreFeed:
                         j += 1
                     if j == i + 1:  # one summary of the layout (a node at the agents' 1 s, a digest row)
                         p = ps[i]
-                        row = np.asarray(_row(p.values), dtype=np.float64)
-                        if not store.ingest_collection(lay.signal_col, lay.entity_col, lay.node_col, p.t, row):
-                            store.ingest_many([SampleBatch(np.full(len(row), p.t), lay.node_col, lay.entity_col,
-                                                           lay.signal_col, row)], shared_columns=True)
+                        store.ingest_collection(lay.signal_col, lay.entity_col, lay.node_col, p.t,
+                                                np.asarray(_row(p.values), dtype=np.float64))
                         i = j
                         continue
                     run = ps[i:j]
@@ -323,10 +321,7 @@ class StoreFeed:
             return
         if known:
             for _, _, vs, lay in per_node:  # as the summaries' flush: one collection per node
-                row = np.array(vs, dtype=np.float64)
-                if not store.ingest_collection(lay.signal_col, lay.entity_col, lay.node_col, t, row):
-                    store.ingest_many([SampleBatch(np.full(len(vs), t), lay.node_col, lay.entity_col,
-                                                   lay.signal_col, row)], shared_columns=True)
+                store.ingest_collection(lay.signal_col, lay.entity_col, lay.node_col, t, np.array(vs, dtype=np.float64))
             return
         store.ingest(SampleBatch.from_rows([(t, node, "", n, v) for node, names, vs, _ in per_node
                                             for n, v in zip(names, vs)]))

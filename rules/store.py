@@ -452,13 +452,15 @@ class WindowStore:
         return True
 
     def ingest_collection(self, signal: np.ndarray, entity: np.ndarray, node: np.ndarray, t: float,
-                          values: np.ndarray) -> bool:
-        """:meth:`ingest_collections` of one collection, ``values`` at ``t``: the controller's
-        flush of a node that sent one summary since the last (every node at the agents' 1 s
-        interval, every node of the leader's digests). A slabbed layout's new column is written
-        without the matrix, time-array and order checks a run of collections needs; anything
-        else (a new, late or repeated time, a full slab, blocks outside the slab) is
-        :meth:`ingest_collections`'s, so the store ends up the same."""
+                          values: np.ndarray) -> None:
+        """One collection, ``values`` at ``t`` (column arrays as for :meth:`ingest_collections`),
+        exactly as one :meth:`ingest` of it: the controller's write of a node that sent one
+        summary since the last flush (every node at the agents' 1 s interval), of a leader's
+        digest row and of a node's ctl_* values. A slabbed layout's new column is written
+        without the time array, one-row matrix and order checks a run of collections needs;
+        anything else (a late or repeated time, a full or undone slab, blocks outside the slab)
+        goes through :meth:`ingest_collections`, and a layout it does not cache through
+        :meth:`ingest_many`, which learns it."""
         n = len(signal)
         hit = self._shared.get(id(signal))
         if (n and self.node_slabs and hit is not None and hit[0] is signal and hit[1] is entity and hit[2] is node
@@ -476,8 +478,9 @@ class WindowStore:
                     if t > self.latest_t:
                         self.latest_t = t
                     self.samples_ingested += n
-                    return True
-        return self.ingest_collections(signal, entity, node, np.array([t]), values[None, :])
+                    return
+        if not self.ingest_collections(signal, entity, node, np.array([t]), values[None, :]):
+            self.ingest_many([SampleBatch(np.full(n, t), node, entity, signal, values)], shared_columns=True)
 
     def _known_layout(self, batch: SampleBatch, shared: bool = False) -> "_Layout | None":
         """The cached layout of a one-node, one-timestamp batch, if it is still valid."""
