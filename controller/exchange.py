@@ -3,10 +3,11 @@
 With ``controller.partitions`` set, each partition's Controller evaluates the TP-group rules of
 its nodes and, at each tick, publishes a digest (:mod:`skewd.controller.digest`: the nodes'
 latest samples, the ``ctl_*`` values the cluster-wide rules read, the groups' alignment reports);
-the leader takes the digests in at its next tick instead of summaries. This module holds both
-ends of that exchange on the Controller, and the checks that say when a deployment splits a
-group over partitions (a node's placement token, summaries on the unmapped subject). The worker
-process that holds partitions and the leader lease is :mod:`skewd.controller.scaleout`.
+the leader takes the digests in instead of summaries, as they arrive (live; at its next tick
+otherwise). This module holds both ends of that exchange on the Controller, and the checks that
+say when a deployment splits a group over partitions (a node's placement token, summaries on the
+unmapped subject). The worker process that holds partitions and the leader lease is
+:mod:`skewd.controller.scaleout`.
 """
 from __future__ import annotations
 
@@ -92,6 +93,16 @@ class PartitionExchange:
             for node, t, interval in zip(b.nodes, b.t, b.interval):
                 if self._heard(node, interval):
                     self._advance(node, t)
+        if self.tick_in_thread:
+            # taken in now, on the tick thread, not at the next tick: the partitions' digests of
+            # one evaluation arrive one after the other, and taking them all in at the tick (with
+            # the store writes of every node) made the leader's tick the longest of a worker's
+            # (bench/controller_ingest.py). The tick then takes only what came in meanwhile.
+            await self._off_loop(self._take_digests_and_flush)
+
+    def _take_digests_and_flush(self) -> None:
+        self._take_digests()
+        self.feed.flush()
 
     async def _on_unpartitioned(self, msg: Any, held: list | None = None, share: int = 0) -> None:
         """A summary on the unmapped subject while workers own partitions: the server lacks the

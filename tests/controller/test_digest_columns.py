@@ -4,7 +4,8 @@ digests (schema 1) left: the same summaries - JSON, binary, or a mix of both; va
 goes, a signal is added mid-stream) - go through partitions to a leader, and its window store,
 engine timelines, topology and group reports equal those of a reference leader that took each
 partition's rows the schema-1 way (topology, ``timelines.add_summary``, ``feed.samples`` and
-``feed.add`` of the JSON summary's dicts)."""
+``feed.add`` of the JSON summary's dicts). A started leader takes each digest in as it arrives,
+on the tick thread, instead of at its next tick: the same state again."""
 from __future__ import annotations
 
 import asyncio
@@ -82,7 +83,12 @@ def _run(seed: int, max_nodes: int | None = None) -> dict[str, Controller]:
     schema-1 way. ``max_nodes``: the leaders' ingest.max_nodes."""
     msgs = _messages(seed, 40, change_at=20)
     runs = {name: [_partition(0), _partition(1)] for name in ("json", "binary", "mixed")}
-    leaders = {name: _leader(max_nodes) for name in (*runs, "reference")}
+    leaders = {name: _leader(max_nodes) for name in (*runs, "reference", "on_arrival")}
+    # "on_arrival": the binary partitions' digests, taken in as they arrive, on the tick thread,
+    # as a started leader takes them (not at its next tick)
+    arriving = leaders["on_arrival"]
+    arriving.tick_in_thread = True
+    fed = {"json": ("json", "reference"), "binary": ("binary", "on_arrival"), "mixed": ("mixed",)}
     rows: dict[str, tuple] = {}  # the JSON partitions' rows of this round (the reference's)
     _take_as_schema_1(leaders["reference"], rows)
     for p in runs["json"]:
@@ -101,12 +107,14 @@ def _run(seed: int, max_nodes: int | None = None) -> dict[str, Controller]:
                     for p in parts:
                         await p.evaluate_due()
                         for subject, data in p.nc.sent:
-                            for leader in ([leaders[name], leaders["reference"]] if name == "json" else [leaders[name]]):
+                            for leader in (leaders[k] for k in fed[name]):
                                 await leader._on_digest(_Msg(subject, data))
+                            assert not arriving._digests and not arriving.feed._pending  # in its store already
                         p.nc.sent.clear()
                 for leader in leaders.values():
-                    leader._take_digests()
-                    leader.feed.flush()
+                    if leader is not arriving:
+                        leader._take_digests()
+                        leader.feed.flush()
                 rows.clear()
                 continue
             subject, js, bn = m
@@ -133,7 +141,7 @@ def test_columnar_digests_leave_the_leader_the_state_per_dict_digests_leave() ->
         assert ref.digests_in > 0 and set(ref.nodes.heard) == set(NODES)
         assert ref.store.blocks and any(tl.ttft for tl in ref.timelines.engines.values())
         assert any(k.startswith("ctl_") for k in ref.store.blocks)  # the partitions' derived values came too
-        for name in ("json", "binary", "mixed"):
+        for name in ("json", "binary", "mixed", "on_arrival"):
             ctl = leaders[name]
             assert ctl.stats.errors == 0 and ctl.digests_in == ref.digests_in, name
             same_store_and_timelines(ref, ctl)
@@ -152,7 +160,7 @@ def test_rows_of_nodes_the_leader_refused_are_left_out_alike() -> None:
     # (the partitions' derived ctl_* values go in for every node, as they always did)
     summarised = {n for sig, per in ref.store.blocks.items() if not sig.startswith("ctl_") for n in per}
     assert len(ref.nodes.heard) == 5 and summarised == set(ref.nodes.heard)
-    for name in ("json", "binary", "mixed"):
+    for name in ("json", "binary", "mixed", "on_arrival"):
         same_store_and_timelines(ref, leaders[name])
         assert leaders[name].topology.reported == ref.topology.reported
         assert set(leaders[name].layouts.book._nodes) <= set(ref.nodes.heard)  # no layout kept for them
