@@ -235,7 +235,12 @@ class Recorder:
     def result(self, extra=None) -> dict:
         import numpy as np
 
+        # the run ends here: the CPU and the counters are read before the latencies are summed
+        # up. That takes the interpreter for a while (millions of latencies), so a tick that is
+        # still running meanwhile waits for it: read after, a 1-worker tick of 17 ms of CPU
+        # counted as 164 ms (docs/benchmarks.md, run H)
         cpu_end = _cpu()
+        now_extra = extra() if extra is not None else None
         out: dict = {}
         for name, ph in self.ph.items():
             lat = np.array(ph["lat"]) if ph["lat"] else np.array([np.nan])
@@ -247,8 +252,8 @@ class Recorder:
                          "lat_p99_ms": float(np.percentile(lat, 99) * 1e3), "lat_max_ms": float(np.max(lat) * 1e3),
                          "cpu_s": cpu, "cpu_us_per_summary": cpu / ph["n"] * 1e6 if ph["n"] else 0.0,
                          "cores": cpu / wall if wall > 0 else 0.0}
-        if extra is not None:  # counters: the warm phase up to the steady phase's first summary, then the rest
-            now_extra, snap = extra(), self.ph["steady"]["extra0"]
+        if now_extra is not None:  # counters: the warm phase up to the steady phase's first summary, then the rest
+            snap = self.ph["steady"]["extra0"]
             out["warm"].update(snap if snap is not None else now_extra)
             out["steady"].update({k: (v - snap[k] if snap is not None and k in ("ticks", "tick_total_s", "evaluations", "leader_ticks")
                                       else v) for k, v in now_extra.items()})
