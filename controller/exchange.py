@@ -98,7 +98,11 @@ class PartitionExchange:
             # one evaluation arrive one after the other, and taking them all in at the tick (with
             # the store writes of every node) made the leader's tick the longest of a worker's
             # (bench/controller_ingest.py). The tick then takes only what came in meanwhile.
-            await self._off_loop(self._take_digests_and_flush)
+            try:
+                await self._off_loop(self._take_digests_and_flush)
+            except Exception:  # noqa: BLE001 - a callback must not die on one digest; counted and shown
+                self.stats.errors += 1
+                log.exception("digest on %s not taken in", msg.subject)
 
     def _take_digests_and_flush(self) -> None:
         self._take_digests()

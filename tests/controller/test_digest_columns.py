@@ -264,3 +264,24 @@ def test_a_digest_carries_alignment_reports_as_asdict_would_without_sharing_thei
     assert d == dataclasses.asdict(rep) and GroupReport(**d) == rep
     d["lag_median_s"]["n1"] = 9.0  # the digest's copy, not the report's
     assert rep.lag_median_s["n1"] == 0.01
+
+
+def test_a_digest_a_started_leader_cannot_take_in_is_counted_and_the_next_is_taken(caplog) -> None:
+    lay = wire.make_layout({"summary_gpu_util_mean_ratio": ["0"]})
+    rows = {"n1": (100.0, 1.0, {"tp_group": "g"}, (lay, np.float64(0.5).tobytes()))}
+    (msg,) = encode_digests("c1", 0, 101.0, rows, {}, {})
+    leader = _leader()
+    leader.tick_in_thread = True
+    take_block = leader._take_block
+
+    def broken(*a) -> None:
+        raise RuntimeError("store full")
+
+    leader._take_block = broken  # type: ignore[method-assign]
+    with caplog.at_level(logging.ERROR, logger="skewd.controller"):
+        asyncio.run(leader._on_digest(_Msg(wire.digest_subject("c1", 0), msg)))
+    assert leader.stats.errors == 1 and "digest on skewd.v1.digest.c1.0 not taken in" in caplog.text
+    leader._take_block = take_block  # type: ignore[method-assign]
+    asyncio.run(leader._on_digest(_Msg(wire.digest_subject("c1", 0), msg)))
+    assert leader.stats.errors == 1 and not leader._digests
+    assert "n1" in leader.store.blocks["summary_gpu_util_mean_ratio"]  # in the store before any tick
