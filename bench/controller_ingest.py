@@ -4,7 +4,8 @@
     python bench/controller_ingest.py --offline 4000 [--warm 40] [--seconds 10] [--encoding ...] [--settle 1] [--profile FILE]
 
 Three processes on this machine, as in production: ``nats-server`` (started here, JetStream in
-a temporary directory), one publisher process playing ``--nodes`` agents (at ``--publisher-nice``,
+a temporary directory), one publisher process playing ``--nodes`` agents (``--publishers N``
+spreads them over N processes; at ``--publisher-nice``,
 +10 by default: it stands for agents on other hosts, so it takes the CPU the consumer leaves
 rather than half of it, most of which the consumer would then shed) (each summary is what
 a real agent publishes: the 22 summary signals of a GPU node, 20 collective burst starts,
@@ -153,10 +154,11 @@ def _cpu() -> float:
 
 
 async def role_publisher(url: str, nodes: int, seconds: float, rate: float, encoding: str = "json",
-                         settle: float = 0.0) -> dict:
+                         settle: float = 0.0, part: int = 0, parts: int = 1) -> dict:
     import nats
 
-    tpls = templates(nodes, encoding)
+    tpls = templates(nodes, encoding)[part::parts]  # this process's share of the agents
+    nodes = len(tpls)
     nc = await nats.connect(url, pending_size=64 * 1024 * 1024)
     print("ready", flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # go
@@ -365,7 +367,7 @@ async def role_controller(url: str, warm: float) -> dict:
     def extra() -> dict:
         return {"ticks": len(ticks), "tick_total_s": sum(ticks), "tick_max_s": max(ticks[(mark or [0])[0]:], default=0.0),
                 "evaluations": ctl.stats.evaluations, "rejected": ctl.stats.summaries_rejected,
-                "tp_groups": len(ctl.topology.tp_groups()), "errors": ctl.stats.errors}
+                "tp_groups": len(ctl.topology.tp_groups()), "errors": ctl.stats.errors, "nodes": len(ctl.aligner.clocks)}
 
     rec = Recorder(warm, on_steady=steady_start)
     _count_ingests(ctl, rec)
@@ -481,6 +483,7 @@ async def role_worker(url: str, warm: float, workers: int, partitions: int) -> d
                 "evaluations": sum(c.stats.evaluations for c in ctls),
                 "rejected": sum(c.stats.summaries_rejected for c in ctls), "errors": sum(c.stats.errors for c in ctls),
                 "partitions": sorted(w.partitions), "leader": w.leader is not None,
+                "nodes": sum(len(c.aligner.clocks) for c in w.partitions.values()),  # heard
                 "tp_groups": sum(len({g.name for n in c.aligner.clocks if (g := c.topology.group_of(n))})
                                  for c in w.partitions.values())}
 
@@ -589,20 +592,29 @@ def _finish(p: subprocess.Popen, timeout: float) -> dict:
 
 def measure(url: str, consumer: str, nodes: int, seconds: float, rate: float, warm: float,
             workers: int = 0, partitions: int = 1, encoding: str = "binary", settle: float = 0.0,
-            publisher_nice: int = 0) -> dict:
+            publisher_nice: int = 0, publishers: int = 1) -> dict:
     if workers:
         conss = [_child(["--role", "worker", "--url", url, "--warmup", str(warm), "--workers", str(workers),
                          "--partitions", str(partitions)]) for _ in range(workers)]
     else:
         conss = [_child(["--role", consumer, "--url", url, "--warmup", str(warm)])]
+    pubs: list[subprocess.Popen] = []
     try:
-        pub = _child(["--role", "publisher", "--url", url, "--nodes", str(nodes), "--seconds", str(seconds),
-                      "--rate", str(rate), "--encoding", encoding, "--settle", str(settle)], nice=publisher_nice)
+        for j in range(publishers):
+            pubs.append(_child(["--role", "publisher", "--url", url, "--nodes", str(nodes), "--seconds", str(seconds),
+                                "--rate", str(rate / publishers), "--encoding", encoding, "--settle", str(settle),
+                                "--publisher-part", f"{j}/{publishers}"], nice=publisher_nice))
         try:
-            p = _finish(pub, seconds + 120)
+            for pub in pubs:  # all start together
+                pub.stdin.write("go\n")
+                pub.stdin.flush()
+            done = [_finish(pub, seconds + 120) for pub in pubs]
         finally:
-            if pub.poll() is None:
-                pub.kill()
+            for pub in pubs:
+                if pub.poll() is None:
+                    pub.kill()
+        p = {"sent": sum(d["sent"] for d in done), "seconds": max(d["seconds"] for d in done),
+             "bytes": sum(d["bytes"] for d in done)}
         time.sleep(2.0)  # what is still in flight arrives; a backlog beyond that is not counted
         parts = [_finish(c, 60) for c in conss]
     finally:
@@ -630,7 +642,7 @@ def _combine(parts: list[dict]) -> dict:
                    "cpu_us_per_summary": cpu / n * 1e6 if n else 0.0, "cores": sum(x["cores"] for x in q),
                    "lat_p50_ms": max(x["lat_p50_ms"] for x in q), "lat_p99_ms": max(x["lat_p99_ms"] for x in q),
                    "lat_max_ms": max(x["lat_max_ms"] for x in q)}
-        for k in ("ticks", "tick_total_s", "evaluations", "leader_ticks", "rejected", "errors", "tp_groups"):
+        for k in ("ticks", "tick_total_s", "evaluations", "leader_ticks", "rejected", "errors", "tp_groups", "nodes"):
             if k in q[0]:
                 out[ph][k] = sum(x.get(k, 0) for x in q)
         for k in ("tick_max_s", "leader_tick_max_s", "tick_block_max_s", "tick_cpu_max_s", "leader_tick_cpu_max_s"):
@@ -824,6 +836,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="the simulated agents' process runs at this nice value (they stand for other hosts: "
                          "it uses the cores the consumer leaves instead of taking half of them and having the "
                          "excess shed); 0: equal priority (the figures before 2026-11-27 20:30 UTC)")
+    ap.add_argument("--publishers", type=int, default=1, metavar="N",
+                    help="the simulated agents spread over N publisher processes (node i in process i %% N), "
+                         "each at --publisher-nice: one process is a single thread, and with 2 on 2 cores the "
+                         "peer handled 22 %% more (docs/benchmarks.md, 2026-11-28 15:30)")
+    ap.add_argument("--publisher-part", default="0/1", help=argparse.SUPPRESS)
     ap.add_argument("--no-gc-freeze", action="store_true",
                     help="--offline: leave CPython's collector as it is (a started controller freezes "
                          "its long-lived objects once warm: controller/gcpolicy.py)")
@@ -852,7 +869,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.role:
         if a.role == "publisher":
-            r = asyncio.run(role_publisher(a.url, a.nodes, a.seconds, a.rate, a.encoding, a.settle))
+            j, n = (int(x) for x in a.publisher_part.split("/"))
+            r = asyncio.run(role_publisher(a.url, a.nodes, a.seconds, a.rate, a.encoding, a.settle, j, n))
         elif a.role == "controller":
             r = asyncio.run(role_controller(a.url, a.warmup))
         elif a.role == "worker":
@@ -875,20 +893,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server.start()
         raw_sat = measure(server.url, "raw", a.nodes, run, 0.0, a.warmup, encoding=a.encoding, settle=a.settle,
-                          publisher_nice=a.publisher_nice)
+                          publisher_nice=a.publisher_nice, publishers=a.publishers)
         for w in counts:
             la = _loadavg()
             sat = measure(server.url, "controller", a.nodes, run, 0.0, a.warmup, workers=w, partitions=a.partitions,
                           encoding=a.encoding, settle=a.settle,
-                          publisher_nice=a.publisher_nice)
+                          publisher_nice=a.publisher_nice, publishers=a.publishers)
             lrate = a.latency_rate or max(100.0, round(sat["steady"]["rate"] / 2, -2))
             lat = measure(server.url, "controller", a.nodes, run, lrate, a.warmup, workers=w, partitions=a.partitions,
                           encoding=a.encoding, settle=a.settle,
-                          publisher_nice=a.publisher_nice)
+                          publisher_nice=a.publisher_nice, publishers=a.publishers)
             rows.append((w, sat, lat, la))
         lrate_peer = a.latency_rate or max(100.0, round(max(r[1]["steady"]["rate"] for r in rows) / 2, -2))
         raw_lat = measure(server.url, "raw", a.nodes, run, lrate_peer, a.warmup, encoding=a.encoding, settle=a.settle,
-                          publisher_nice=a.publisher_nice)
+                          publisher_nice=a.publisher_nice, publishers=a.publishers)
     except (CannotRun, RuntimeError, OSError, subprocess.TimeoutExpired) as e:
         print(f"controller ingest: could not run: {e}", file=sys.stderr)
         return 1
@@ -898,7 +916,7 @@ def main(argv: list[str] | None = None) -> int:
     load1 = _loadavg()
     print(f"controller ingest: {a.nodes} simulated agents ({a.nodes // TP} TP groups), "
           f"{raw_sat['bytes_per_msg']:.0f}-byte {a.encoding} summaries (steps reported {a.settle:g} s after they start), real nats-server ({a.partitions} partitions), "
-          f"publisher at nice +{a.publisher_nice}, {os.cpu_count()} cores, {run:g} s per run: each consumer's first {a.warmup:g} s warm-up, the rest "
+          f"{a.publishers} publisher process{'es' if a.publishers > 1 else ''} at nice +{a.publisher_nice}, {os.cpu_count()} cores, {run:g} s per run: each consumer's first {a.warmup:g} s warm-up, the rest "
           f"steady state; load average {load0} -> {load1}")
 
     def line(name: str, s: dict, lat: dict) -> None:
@@ -930,7 +948,7 @@ def main(argv: list[str] | None = None) -> int:
     print("  goal >= 50,000 summaries/s, ratio >= 0.5, p99 <= 250 ms at half that rate, no tick over 100 ms")
     if a.json:
         print(json.dumps({"benchmark": "controller_ingest", "load": [load0, load1], "partitions": a.partitions,
-                          "encoding": a.encoding, "settle_s": a.settle,
+                          "publishers": a.publishers, "encoding": a.encoding, "settle_s": a.settle,
                           "peer": raw_sat, "peer_latency": raw_lat,
                           "skewd": {str(w): {"saturation": sat, "latency": lat, "load": la} for w, sat, lat, la in rows}}))
     return 0

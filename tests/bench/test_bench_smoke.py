@@ -100,6 +100,18 @@ def test_controller_ingest_reports_controller_and_bare_transport() -> None:
     assert sum("ratio to the peer" in line for line in lines) == 2
 
 
+def test_controller_ingest_spreads_the_agents_over_several_publishers() -> None:
+    """``--publishers 2``: the agents split between two processes, and the consumers hear every
+    one of them."""
+    lines, f = run("controller_ingest.py", "--seconds", "1", "--warmup", "2", "--nodes", "16", "--latency-rate", "200",
+                   "--workers", "1", "--partitions", "2", "--publishers", "2", "--json")
+    assert f is not None and f["publishers"] == 2
+    assert any("2 publisher processes" in line for line in lines)
+    sat = f["skewd"]["1"]["saturation"]
+    assert 0 < sat["handled"] <= sat["sent"] and sat["steady"]["nodes"] == 16
+    assert 0 < f["peer"]["handled"] <= f["peer"]["sent"]
+
+
 @pytest.mark.parametrize("encoding", ["json", "binary"])
 def test_controller_ingest_offline_takes_in_every_summary_of_either_encoding(encoding: str) -> None:
     lines, f = run("controller_ingest.py", "--offline", "200", "--warm", "10", "--seconds", "3", "--nodes", "16",
