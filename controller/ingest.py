@@ -61,9 +61,11 @@ class Rejections:
         self.per_minute = per_minute
         self._window: dict[tuple[str, str], list[float]] = {}  # (kind, reason) → [window start, logged, held back]
 
-    def reject(self, kind: str, reason: str, subject: str, detail: str) -> None:
+    def reject(self, kind: str, reason: str, subject: str, detail: str, n: int = 1) -> None:
+        """Count ``n`` messages rejected for one reason (the first on ``subject``), and log a
+        line for them unless this minute's lines for the reason are used up."""
         per = self.counts.setdefault(kind, {})
-        per[reason] = per.get(reason, 0) + 1
+        per[reason] = per.get(reason, 0) + n
         now = self.clock()
         w = self._window.setdefault((kind, reason), [now, 0, 0])
         level = logging.INFO if reason in EXPECTED_REASONS else logging.WARNING
@@ -74,9 +76,14 @@ class Rejections:
             w[:] = [now, 0, 0]
         if w[1] < self.per_minute:
             w[1] += 1
-            self.log.log(level, "%s rejected (%s) on %s: %s", kind, reason, subject, detail[:300])
+            if n == 1:
+                self.log.log(level, "%s rejected (%s) on %s: %s", kind, reason, subject, detail[:300])
+            else:
+                self.log.log(level, "%d %s messages rejected (%s), the first on %s: %s", n, kind, reason, subject,
+                             detail[:300])
+            w[2] += n - 1  # (counted in the minute's "more ... rejected" line)
         else:
-            w[2] += 1
+            w[2] += n
 
     def total(self, kind: str | None = None) -> int:
         kinds = [kind] if kind is not None else list(self.counts)

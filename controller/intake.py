@@ -56,11 +56,12 @@ class Intake:
     A part of :class:`~skewd.controller.service.Controller`, which declares every field in
     its ``__init__``; this class adds behaviour only."""
 
-    def _reject(self, kind: str, reason: str, subject: str, detail: str) -> None:
-        """Count (status and the per-kind counter) and log one rejected message."""
-        self.rejections.reject(kind, reason, subject, detail)
+    def _reject(self, kind: str, reason: str, subject: str, detail: str, n: int = 1) -> None:
+        """Count (status and the per-kind counter) and log ``n`` rejected messages (the first
+        on ``subject``)."""
+        self.rejections.reject(kind, reason, subject, detail, n)
         if kind == "summary":
-            self.stats.summaries_rejected += 1
+            self.stats.summaries_rejected += n
         elif kind == "finding":
             self.stats.findings_rejected += 1
         elif kind == "phase":
@@ -76,16 +77,17 @@ class Intake:
         self._unconfirmed.discard(node)
         return True
 
-    def summary_dropped(self, subject: str) -> None:
-        """A summary on ``subject`` was dropped unread: the intake's backlog of summaries received
-        and not yet taken in was over ``ingest.summary_backlog_bytes`` (service.py sheds the
-        oldest; nats-py's own limit, should it ever be reached, drops the newest). The intake is
+    def summary_dropped(self, subject: str, n: int = 1) -> None:
+        """A summary on ``subject`` (and ``n - 1`` more after it) was dropped unread: the
+        intake's backlog of summaries received and not yet taken in was over
+        ``ingest.summary_backlog_bytes`` (service.py sheds the oldest; nats-py's own limit,
+        should it ever be reached, drops the newest). The intake is
         behind its input; bounding the backlog keeps it seconds behind instead of minutes, and its
         memory bounded, and the node's next interval replaces what was dropped."""
         self._reject("summary", ingest.BACKLOG_FULL, subject,
                      f"{self.cfg.summary_backlog_bytes} bytes of summaries wait to be taken in "
                      "(ingest.summary_backlog_bytes): this controller cannot keep up with its summaries; "
-                     "add workers (scaleout.partitions, docs/controller.md) or give it more CPU")
+                     "add workers (scaleout.partitions, docs/controller.md) or give it more CPU", n)
 
     def subscribes(self, sub: Any) -> bool:
         """Whether ``sub`` (a nats-py subscription) is one of this controller's."""
@@ -121,23 +123,43 @@ class Intake:
                 continue
             if self._ticking:  # its state is on the tick thread (evaluation.py)
                 await self._tick_idle()
-            share = self._summary_share
+            if b.bytes > self._summary_share:
+                self._shed(b)
             until = time.perf_counter() + TAKE_SLICE_S
-            for i in range(min(TAKE_BATCH, len(items))):  # nothing else runs meanwhile: no tick starts
+            # nothing else runs meanwhile (no tick starts, no read adds to the backlog), so none of
+            # these has more than the share behind it
+            for i in range(min(TAKE_BATCH, len(items))):
                 if i & 7 == 7 and time.perf_counter() > until:
                     break
                 subject, data = items.popleft()
                 b.bytes -= len(data)
-                subj = subject.decode(errors="replace")  # (not UTF-8: refused by the subject check)
-                if b.bytes > share:
-                    self.summary_dropped(subj)
-                else:
-                    self._take_summary(subj, data)
+                # (not UTF-8: refused by the subject check)
+                self._take_summary(subject.decode(errors="replace"), data)
             if self.store.preparations_queued:  # as _on_summary
                 self._prepare_slabs()
             if self.feed.defer_flush and self.feed.due:  # as _on_summary
                 await self._off_loop(self.feed.flush)
             await asyncio.sleep(0)
+
+    def _shed(self, b: Any) -> None:
+        """Drop (counted, :meth:`summary_dropped`) the oldest summaries of the direct-delivery
+        backlog ``b`` while one has more than the controller's share of
+        ``ingest.summary_backlog_bytes`` behind it, all at once: counted together and logged in
+        one line, since an intake that sheds has no CPU to spare (one by one, the count and the
+        log's rate limit cost ~0.6 µs a summary, a few per cent of a saturated worker)."""
+        items, share = b.items, self._summary_share
+        first, n = None, 0
+        while items:
+            size = len(items[0][1])
+            if b.bytes - size <= share:
+                break
+            subject = items.popleft()[0]
+            b.bytes -= size
+            if first is None:
+                first = subject
+            n += 1
+        if first is not None:
+            self.summary_dropped(first.decode(errors="replace"), n)
 
     def _prepare_slabs(self) -> None:
         """Make the store's queued slab growth preparations (WindowStore.defer_prepare), for

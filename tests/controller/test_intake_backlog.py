@@ -83,3 +83,40 @@ def test_an_overloaded_intake_drops_and_counts_instead_of_falling_minutes_behind
             await ctl.stop()
 
     asyncio.run(asyncio.wait_for(run(), 150))
+
+
+def test_the_oldest_summaries_beyond_the_share_are_shed_at_once_and_logged_in_one_line(caplog) -> None:
+    """The intake loop (no server: its backlog filled as direct delivery fills it) drops the
+    oldest summaries while more than its share of the backlog waits behind one, takes in the
+    rest, counts every dropped one and logs them in one line naming how many."""
+    cluster = "backlog"
+    g = ScriptedGroup(nodes=("n0", "n1", "n2", "n3"), cluster=cluster, t0=float(int(time.time())), seed=7)
+    msgs = [(wire.summary_subject(cluster, n, "tp0").encode(), g.summary(i, n)) for i in range(40) for n in g.nodes]
+    share = sum(len(d) for _, d in msgs[-49:])  # at most this much behind: the newest 50 are taken
+
+    async def run() -> tuple[int, list[str]]:
+        ctl = Controller(config("nats://127.0.0.1:1", cluster, ingest={"max_clock_skew": "0s"}))
+        ctl._summary_share = share
+        taken: list[str] = []
+        orig = ctl._take_summary
+        ctl._take_summary = lambda subject, data: (taken.append(subject), orig(subject, data))  # type: ignore[method-assign]
+        b = ctl._backlog
+        for s, d in msgs:
+            b.items.append((s, d))
+            b.bytes += len(d)
+        task = asyncio.create_task(ctl._take_summaries())
+        await wait_for(lambda: asyncio.sleep(0, not b.items), 10, "the backlog taken")
+        task.cancel()
+        assert b.bytes == 0
+        return ctl, taken
+
+    with caplog.at_level("INFO", logger="skewd.controller"):
+        ctl, taken = asyncio.run(run())
+    dropped = ctl.rejections.counts["summary"]["backlog_full"]
+    assert dropped == len(msgs) - 50 and ctl.stats.summaries_rejected == dropped
+    assert taken == [s.decode() for s, _ in msgs[-50:]] and ctl.stats.summaries == 50  # the newest, in order
+    lines = [r.getMessage() for r in caplog.records if "backlog_full" in r.getMessage()]
+    first = wire.summary_subject(cluster, "n0", "tp0")
+    assert lines == [f"{dropped} summary messages rejected (backlog_full), the first on {first}: "
+                     + lines[0].split(": ", 1)[1]], lines
+    assert "ingest.summary_backlog_bytes" in lines[0]
