@@ -4,8 +4,8 @@
     python bench/controller_ingest.py --offline 4000 [--warm 40] [--seconds 10] [--encoding ...] [--settle 1] [--profile FILE]
 
 Three processes on this machine, as in production: ``nats-server`` (started here, JetStream in
-a temporary directory), one publisher process playing ``--nodes`` agents (``--publishers N``
-spreads them over N processes; at ``--publisher-nice``,
+a temporary directory), publisher processes playing ``--nodes`` agents (``--publishers``, 2
+by default: one process is one thread, and it held back the peer; at ``--publisher-nice``,
 +10 by default: it stands for agents on other hosts, so it takes the CPU the consumer leaves
 rather than half of it, most of which the consumer would then shed) (each summary is what
 a real agent publishes: the 22 summary signals of a GPU node, 20 collective burst starts,
@@ -836,10 +836,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="the simulated agents' process runs at this nice value (they stand for other hosts: "
                          "it uses the cores the consumer leaves instead of taking half of them and having the "
                          "excess shed); 0: equal priority (the figures before 2026-11-27 20:30 UTC)")
-    ap.add_argument("--publishers", type=int, default=1, metavar="N",
+    ap.add_argument("--publishers", type=int, default=2, metavar="N",
                     help="the simulated agents spread over N publisher processes (node i in process i %% N), "
-                         "each at --publisher-nice: one process is a single thread, and with 2 on 2 cores the "
-                         "peer handled 22 %% more (docs/benchmarks.md, 2026-11-28 15:30)")
+                         "each at --publisher-nice; 1: the figures before 2026-11-28 16:40 UTC, when one "
+                         "process (one thread) held back the peer and the scaled-out workers: with 2 the "
+                         "peer handled 22-32 %% more (docs/benchmarks.md)")
     ap.add_argument("--publisher-part", default="0/1", help=argparse.SUPPRESS)
     ap.add_argument("--no-gc-freeze", action="store_true",
                     help="--offline: leave CPython's collector as it is (a started controller freezes "
