@@ -3,13 +3,13 @@
     python bench/controller_ingest.py [--warmup 40] [--seconds 20] [--nodes 1000] [--encoding binary|json] [--settle 1] [--json]
     python bench/controller_ingest.py --offline 4000 [--warm 40] [--seconds 10] [--encoding ...] [--settle 1] [--profile FILE]
 
-Three processes on this machine, as in production: ``nats-server`` (started here, JetStream in
+The processes on this machine, as in production: ``nats-server`` (started here, JetStream in
 a temporary directory), publisher processes playing ``--nodes`` agents (``--publishers``, 2
 by default: one process is one thread, and it held back the peer; at ``--publisher-nice``,
 +10 by default: it stands for agents on other hosts, so it takes the CPU the consumer leaves
 rather than half of it, most of which the consumer would then shed) (each summary is what
 a real agent publishes: the 22 summary signals of a GPU node, 20 collective burst starts,
-topology labels; stamped with the wall clock when it is sent), and one consumer process.
+topology labels; stamped with the wall clock when it is sent), and the consumer process(es).
 ``--encoding`` is the agents' ``publish.summary_encoding``: ``binary`` by default, what the
 agents of a large cluster send (the shipped agent's default is ``json``, which every controller
 version reads; docs/wire.md recommends ``binary`` for large clusters and deploy/kubernetes sets
