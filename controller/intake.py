@@ -194,9 +194,26 @@ class Intake:
 
     def _take_binary(self, subject: str, data: bytes) -> None:
         """A binary summary (docs/wire.md, *Binary summaries*): the same checks as a JSON one,
-        and its layout must be known (carried, or learned from an earlier summary)."""
+        and its layout must be known (carried, or learned from an earlier summary).
+
+        A node's summaries are alike: the same subject, cluster and layout interval after
+        interval. Once one has passed every check, the node's next ones that match it on those
+        (its lane, kept until the node is forgotten) skip the checks whose verdict they decide:
+        the subject's, the layout's lookup and keeping, the node budget's (the node is live).
+        Their own fields are still checked (:func:`skewd.wire.read_binary`,
+        :func:`~skewd.wire.read_values`), and so is their clock; the state they leave is the
+        same (tests/controller/test_intake_lanes.py)."""
         try:
             h = wire.read_binary(data)
+            lane = self._lanes.get(h.node)
+            if lane is not None and lane[0] == subject and lane[1] == h.cluster:
+                plan = lane[2]
+                if h.layout_id == plan.id and (not h.layout or h.layout == plan.layout.raw) and h.node in self.nodes:
+                    if self.cfg.max_clock_skew > 0 and self._summary_refused(subject, h.cluster, h.node, h.t):
+                        return
+                    vals, complete = wire.read_values(h, plan.layout)
+                    self._ingest_guarded(subject, h, plan, vals, complete, True)
+                    return
             lay = self.layouts.resolve(h)
             values = None if lay is None else wire.read_values(h, lay)
         except wire.WireError as e:
@@ -212,10 +229,30 @@ class Intake:
                 return
             if not self._summary_heard(subject, h.node, h.interval):
                 return
-            self.ingest_binary(h, self.layouts.keep(h.node, lay), *values)  # type: ignore[misc]
+            plan = self.layouts.keep(h.node, lay)
+            self._lanes.pop(h.node, None)
         except Exception:  # noqa: BLE001 - a callback must not die on one message; counted and shown
             self.stats.errors += 1
             log.exception("summary on %s not taken in", subject)
+            return
+        if self._ingest_guarded(subject, h, plan, *values, False):  # type: ignore[misc]
+            self._lanes[h.node] = (subject, h.cluster, plan)
+
+    def _ingest_guarded(self, subject: str, h: wire.BinarySummary, plan: IntakePlan, vals: list[float],
+                        complete: bool, on_lane: bool) -> bool:
+        """:meth:`ingest_binary`, guarded: whether it took the summary in. ``on_lane``: its node
+        is live (its lane's summary was admitted), and is noted as heard here."""
+        try:
+            if on_lane:
+                self.nodes.admit(h.node, self.wall(), h.interval)
+                if self.role == ROLE_PARTITION:
+                    self._check_placement(subject, h.node)
+            self.ingest_binary(h, plan, vals, complete)
+            return True
+        except Exception:  # noqa: BLE001 - a callback must not die on one message; counted and shown
+            self.stats.errors += 1
+            log.exception("summary on %s not taken in", subject)
+            return False
 
     def _summary_refused(self, subject: str, cluster: str, node: str, t: float) -> bool:
         """Refuse (counted, logged) a summary whose body does not belong on its subject or

@@ -213,6 +213,9 @@ class Controller(Intake, Evaluation, Suggestions, SilentNodes, PartitionExchange
         #: summary subject → the (cluster, node) a body named on it that matched it: every node
         #: sends on the same subject every interval, and the check was a tenth of a summary's cost
         self._subject_ok: dict[str, tuple[str, str]] = {}
+        #: node → (subject, cluster, plan) of its last binary summary taken in by the full checks:
+        #: its next ones alike skip the checks those decided (intake.py, _take_binary)
+        self._lanes: dict[str, tuple[str, str, Any]] = {}
         self._deferred: set[str] = set()  # incident ids whose publication waits for their node
         self._silenced: dict[str, float] = {}  # finding id → controller time it was resolved for silence
         self._shared = False  # started on another instance's connection (a scaled-out worker's)
@@ -479,6 +482,7 @@ class Controller(Intake, Evaluation, Suggestions, SilentNodes, PartitionExchange
             lead_open = self.role == ROLE_LEADER and f.state in (State.PENDING, State.FIRING)
             if (agent_open(f) or lead_open) and f.node not in self._unconfirmed:
                 self._unconfirmed.add(f.node)
+                self._lanes.pop(f.node, None)  # its next summary confirms it (intake.py, _heard)
                 self.nodes.admit(f.node, wall)
         log.info("state restored: %d findings, %d open incidents, %d suggestions, %d alert states; "
                  "%d nodes with open findings not heard from yet", len(self.correlator.findings),

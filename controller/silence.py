@@ -93,6 +93,7 @@ class SilentNodes:
         self.feed.forget_node(node)  # its store rows and known layouts
         self.layouts.forget_node(node)  # the binary summary layouts it kept
         self._health.pop(node, None)
+        self._lanes.pop(node, None)
 
     def _note_silence(self, inc: M.Incident) -> None:
         """Say why an incident resolved when its findings were resolved for their node's silence."""
