@@ -86,7 +86,6 @@ def test_controller_ingest_reports_controller_and_bare_transport() -> None:
     runs = [f["peer"], f["peer_latency"]] + [r[k] for r in f["skewd"].values() for k in ("saturation", "latency")]
     for r in runs:
         assert 0 < r["handled"] <= r["sent"]
-        assert r["saturated"] is (r["lost"] > 0.01 * r["sent"])
     assert not f["skewd"]["1"]["latency"]["saturated"]  # 16 agents at 200/s: all handled
     # a saturation run that handled all it was offered is reported as held back by its load
     held = [r for r in [f["peer"]] + [r["saturation"] for r in f["skewd"].values()] if not r["saturated"]]

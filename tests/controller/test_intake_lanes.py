@@ -20,15 +20,19 @@ from skewd.controller.service import Controller
 from .helpers import offline_controller, same_store_and_timelines
 
 T0 = 1_700_000_000.0
+#: summary signals sent (NOTE: values made up, value + position; names from the controller's catalogue)
 SIGNALS = ["summary_gpu_util_mean_ratio", "summary_gpu_power_watts", "summary_pcie_rx_bytes_per_second",
            "summary_kv_cache_usage_ratio", "summary_requests_waiting", "summary_engine_phase"]
 
 
 class _NoLanes(dict):
-    """A lane dict that never keeps one: every summary takes every check."""
+    """A lane dict that never keeps one (every summary takes every check); counts the lanes
+    the intake would have made."""
+
+    refused = 0
 
     def __setitem__(self, key, value) -> None:
-        pass
+        self.refused += 1
 
 
 class _Msg:
@@ -159,4 +163,5 @@ def test_summaries_on_a_lane_are_refused_and_taken_in_as_with_every_check(skew: 
     assert sorted(fast.layouts.plans) == sorted(full.layouts.plans)
     # and the lanes were taken: the node's next summaries alike never looked their layout up
     assert resolved["full"] == len(stream) and resolved["fast"] <= resolved["full"] - 10
+    assert full._lanes.refused == got.count(None)  # without lanes, each summary taken in would have made one
     assert "n0" not in fast._lanes and set(fast._lanes) == {"n1", "n2"}  # n0 forgotten, refused since
