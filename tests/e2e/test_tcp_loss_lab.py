@@ -263,14 +263,15 @@ async def test_spurious_resends_stay_silent_and_a_drop_storm_fires_on_its_node(l
         delta = {k: sum(a[k] - b[k] for a, b in zip(after, before)) for k in
                  ("TCPLossProbes", "TCPDSACKRecv", "TcpRetransSegs", "TCPTimeouts", "TCPOrigDataSent")}
         # The healthy traffic really resent segments. What they were depends on the host, so the
-        # kinds are reported, not required: on an AMD EPYC VM most were spurious (441 resent in 20 s
-        # on one node, 407 D-SACKed; TLPs from none to hundreds), on an Intel Xeon VM most were
-        # real (225 resent in 40 s over 3 nodes, 9 D-SACKed, no TLP: the veth backlog dropped
-        # them). Nor does the agents' D-SACK match count here: a resend in mid-transfer within
-        # 3 ms of the flow's last progress on a connection set up before the capture is reordering,
-        # as Wireshark says, so neither its retransmission nor its D-SACK counts (in CI the agents
-        # matched none of 22 D-SACKs in 90 s). tests/collectors/test_pkt_dsack.py checks the
-        # matching on real captures of this lab.
+        # failure messages show the kinds and nothing requires them: on an AMD EPYC VM most were
+        # spurious (441 segments resent in 20 s on one node, 407 of them D-SACKed - TCPDSACKRecvSegs;
+        # TLPs from none to hundreds), on an Intel Xeon VM most were real (225 resent in 40 s over
+        # 3 nodes, 9 D-SACK events - TCPDSACKRecv, what this test reads - no TLP: the other resends
+        # were veth backlog drops). Nor is an agent's D-SACK match required: on a connection set up
+        # before the capture, a resend in mid-transfer within 3 ms of the flow's last progress is
+        # reordering, as Wireshark says, unless two duplicate ACKs asked for it, and then neither it
+        # nor its D-SACK counts (in CI the agents matched none of 22 D-SACK events in 90 s).
+        # tests/collectors/test_pkt_dsack.py checks the matching on real captures of this lab.
         assert delta["TcpRetransSegs"] > 0, delta
         spurious = {k: v for k, v in watch.spurious.items() if v > 0}
         healthy = [(f.rule_id, f.node, f.entity) for f in watch.firing()]
