@@ -221,6 +221,7 @@ class Watch:
     def __init__(self) -> None:
         self.findings: list[Finding] = []
         self.spurious: dict[tuple[str, str], float] = {}
+        self.packets: dict[str, float] = {}  # per node: frames its capture took (pkt_packets_total)
 
     def attach(self, agent: Agent) -> None:
         node = agent.cfg.node
@@ -232,6 +233,8 @@ class Watch:
                 for e, s, v in zip(batch.entity, batch.signal, batch.value):
                     if s == "pkt_flow_tcp_spurious_retransmits_total":
                         watch.spurious[(node, str(e))] = float(v)
+                    elif s == "pkt_packets_total":
+                        watch.packets[node] = max(watch.packets.get(node, 0.0), float(v))
 
             def on_tick(self, t, findings) -> None:
                 pass
@@ -273,6 +276,9 @@ async def test_spurious_resends_stay_silent_and_a_drop_storm_fires_on_its_node(l
         # nor its D-SACK counts (in CI the agents matched none of 22 D-SACK events in 90 s).
         # tests/collectors/test_pkt_dsack.py checks the matching on real captures of this lab.
         assert delta["TcpRetransSegs"] > 0, delta
+        # silence means something only from agents that saw the traffic: every capture took the
+        # ring's and the streams' packets (tens of thousands in 40 s)
+        assert all(watch.packets.get(f"n{i + 1}", 0) >= 1000 for i in range(NODES)), watch.packets
         spurious = {k: v for k, v in watch.spurious.items() if v > 0}
         healthy = [(f.rule_id, f.node, f.entity) for f in watch.firing()]
         assert not healthy, f"loss rules fired on healthy traffic (kernel: {delta}; D-SACKed: {spurious}): {healthy}"
