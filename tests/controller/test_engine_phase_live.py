@@ -93,13 +93,20 @@ async def test_an_incident_on_a_two_engine_node_quotes_that_engines_phase_kv_and
 
     await nc.subscribe(M.incident_subject(CLUSTER), cb=on_incident)
     agent = Agent(acfg)
+    transitions: list[str] = []  # the agent's finding transitions, for a failure's message
+    agent.findings.listeners.append(lambda f: transitions.append(f"{f.rule_id} {f.entity} {f.state.name}"))
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop))
     try:
         async def shown():
             return next((i for i in seen if i.state == "open" and i.pathology == "GPU-2"), None)
         t0 = time.monotonic()
-        inc = await wait_for(shown, 90, "the GPU-2 incident")
+        try:
+            inc = await wait_for(shown, 90, "the GPU-2 incident")
+        except AssertionError as e:  # seen twice in full suite runs only (alone: 20 s): say what there was
+            raise AssertionError(f"{e}; agent findings: {transitions[-20:]}; incidents: "
+                                 f"{[(i.pathology, i.state) for i in seen]}; controller summaries: "
+                                 f"{ctl.stats.summaries} taken, {ctl.stats.summaries_rejected} rejected") from None
         print(f"shown {time.monotonic() - t0:.0f}s after the agent started: {inc.summary}")
 
         # the engine that saturates, not the node's other one
