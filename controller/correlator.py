@@ -406,7 +406,13 @@ class Correlator:
             if g.key in self.ids:
                 iid, opened = self.ids[g.key]
             else:
-                first = min(g.members, key=lambda f: f.active_at)
+                # a culprit incident is its claim's (the group rule's finding naming the node): the
+                # culprit's own node findings ride JetStream and may reach the controller before or
+                # after the claim fires, so the earliest member present would make the id (and the
+                # opening time) depend on delivery order - and a replay would not match the live run
+                claims = [f for f in g.members if g.kind == "culprit" and self._is_group_finding(f)
+                          and f.node == g.culprit]
+                first = min(claims or g.members, key=lambda f: (f.active_at, f.id))
                 opened = first.fired_at or first.active_at
                 iid = stable_key(self.cluster, g.key, first.id)
                 self.ids[g.key] = (iid, opened)

@@ -495,3 +495,26 @@ def test_bad_inhibit_rules_are_refused_with_the_field_and_what_to_do(rules, mess
         load_config(f, env={})
     text = str(e.value)
     assert message in text and str(f) in text, text
+
+
+@pytest.mark.parametrize("own_first", [True, False])
+def test_a_culprit_incident_has_the_same_id_whichever_its_evidence_or_claim_arrived_first(own_first) -> None:
+    # the culprit's own node finding (earlier onset) rides JetStream; the claim is the controller's.
+    # Live, either may reach the correlator first; a replay hands both over at once. The incident
+    # they make must be the same one (id and opening time), or a replay cannot match the live run.
+    def run(together: bool):
+        c = _corr()
+        own = finding("n2", "GPU-5-x", "GPU-5", Layer.GPU, 98.0, cluster="c")
+        claim = _straggler(100.0)
+        if together:
+            c.observe(own), c.observe(claim)
+            (inc,) = c.correlate(101.0)
+            return inc
+        c.observe(own if own_first else claim)
+        c.correlate(100.5)
+        c.observe(claim if own_first else own)
+        return next(i for i in c.correlate(101.0) if i.culprit and i.culprit.node == "n2")
+
+    live, replayed = run(False), run(True)
+    assert live.id == replayed.id and live.opened_at == replayed.opened_at == 100.0
+    assert sorted(live.findings) == sorted(replayed.findings)
