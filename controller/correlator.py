@@ -412,7 +412,7 @@ class Correlator:
                 # opening time) depend on delivery order - and a replay would not match the live run
                 claims = [f for f in g.members if g.kind == "culprit" and self._is_group_finding(f)
                           and f.node == g.culprit]
-                first = min(claims or g.members, key=lambda f: (f.active_at, f.id))
+                first = min(claims or g.members, key=lambda f: f.active_at)
                 opened = first.fired_at or first.active_at
                 iid = stable_key(self.cluster, g.key, first.id)
                 self.ids[g.key] = (iid, opened)
@@ -462,9 +462,10 @@ class Correlator:
 
     def hold_start(self, inc: Incident) -> float:
         """When the hold of ``inc`` began: when correlation first had it as an incident of its
-        own - its ``opened_at`` (first member fired) as a rule; later when that finding arrived
-        late, or was until then attached to another incident (a symptom left firing after its
-        cause resolved opens an incident of its own then, with its old ``opened_at``)."""
+        own - its ``opened_at`` (first member fired; a culprit incident's claim) as a rule; later
+        when that finding arrived late, or was until then attached to another incident (a
+        symptom left firing after its cause resolved opens an incident of its own then, with
+        its old ``opened_at``)."""
         return max(inc.opened_at, self.held_from.get(inc.id, inc.opened_at))
 
     def cause_pending(self, inc: Incident, now: float, wait: float) -> bool:

@@ -268,7 +268,7 @@ class Page:
             t0, t1 = self.t0, self.t1
         series = report_data.load_series(self.r, sigs, self.catalogue, t0, t1)
         inc = c.incident
-        marks = [(c.onset, "onset", "onset"), (inc.opened_at, "detected", "detected (first finding fired)")]
+        marks = [(c.onset, "onset", "onset"), (inc.opened_at, "detected", "detected (incident opened)")]
         if not c.held:
             marks.append((c.story.published_at, "published", "published (after group_wait)"))
         span = (inc.opened_at, c.story.closed_at if c.story.closed_at is not None else t1)

@@ -10,7 +10,8 @@ summaries and health; ``skewd.controller.messages`` for incidents and remap sugg
 - **False findings**: every other firing finding (in a healthy run: every firing finding).
   Per node-hour over the time the agents ran (t0 → end).
 - Incident times: ``t`` is the controller's ``opened_at`` (its group's first finding, which may
-  predate the incident's pathology joining it), ``published`` when a subscriber first saw it.
+  predate the incident's pathology joining it; for an incident naming a culprit, the group
+  rule's finding that names it), ``published`` when a subscriber first saw it.
 - **A fault that ends** (``cleared`` in truth.json): a detection counts up to
   :data:`RECOVERY_GRACE_S` after it; ``recovery`` lists what still fired and how many incidents
   were still open when the run ended, and the false findings that fired after the grace.

@@ -518,3 +518,21 @@ def test_a_culprit_incident_has_the_same_id_whichever_its_evidence_or_claim_arri
     live, replayed = run(False), run(True)
     assert live.id == replayed.id and live.opened_at == replayed.opened_at == 100.0
     assert sorted(live.findings) == sorted(replayed.findings)
+
+
+def test_a_claim_that_resolved_and_fires_again_opens_a_new_culprit_incident() -> None:
+    # docs/controller.md, Stale nodes: a culprit incident's id is its claim's, so the claim's next
+    # occurrence is a new incident even while the culprit's own finding fired throughout
+    c = _corr()
+    own = finding("n2", "GPU-5-x", "GPU-5", Layer.GPU, 98.0, cluster="c")
+    c.observe(own), c.observe(_straggler(100.0))
+    (first,) = c.correlate(101.0)
+    gone = _straggler(100.0)
+    gone.state, gone.resolved_at, gone.evaluated_at = State.RESOLVED, 110.0, 110.0
+    c.observe(gone)
+    changed = {i.id: i for i in c.correlate(110.0)}
+    assert changed[first.id].state == "resolved"
+    c.observe(_straggler(120.0))
+    again = next(i for i in c.correlate(121.0) if i.culprit and i.culprit.node == "n2" and i.state == "open"
+                 and i.group.get("tp_group"))
+    assert again.id != first.id and again.opened_at == 120.0 and own.id in again.findings
