@@ -47,8 +47,8 @@ CLUSTER = "ph2"
 #: is 12-14 %, and a step the loaded host delays tips it for a while. At the shipped 1.0 the
 #: rule went pending and dropped back three times before it held for its second (alone, quiet
 #: host), and in two full suite runs the incident had not come after 90 s. At 0.8 it fired at
-#: its first pending (two runs); the guard still holds (an engine that slowed by a fifth does
-#: not fire).
+#: its first pending (two runs); the guard still holds (an engine that slowed by well over a
+#: fifth does not fire).
 SITE = """\
 required_engine_version: 1
 rules:
