@@ -410,8 +410,8 @@ class Correlator:
                 # culprit's own node findings ride JetStream and may reach the controller before or
                 # after the claim fires, so the earliest member present would make the id (and the
                 # opening time) depend on delivery order - and a replay would not match the live run
-                claims = [f for f in g.members if g.kind == "culprit" and self._is_group_finding(f)
-                          and f.node == g.culprit]
+                claims = ([f for f in g.members if self._is_group_finding(f) and f.node == g.culprit]
+                          if g.kind == "culprit" else [])
                 first = min(claims or g.members, key=lambda f: f.active_at)
                 opened = first.fired_at or first.active_at
                 iid = stable_key(self.cluster, g.key, first.id)
