@@ -110,7 +110,7 @@ async def test_an_incident_on_a_two_engine_node_quotes_that_engines_phase_kv_and
         t0 = time.monotonic()
         try:
             inc = await wait_for(shown, 90, "the GPU-2 incident")
-        except AssertionError as e:  # seen twice in full suite runs only (alone: 20 s): say what there was
+        except AssertionError as e:  # (before SITE's work bar: twice in full suite runs) say what there was
             raise AssertionError(f"{e}; agent findings: {transitions[-20:]}; incidents: "
                                  f"{[(i.pathology, i.state) for i in seen]}; controller summaries: "
                                  f"{ctl.stats.summaries} taken, {ctl.stats.summaries_rejected} rejected") from None
